@@ -1,0 +1,148 @@
+"""What every adapter is: its abilities as data, and a few primitives.
+
+The planner (``bf16bridge.routes``) reads only the data here; ``convert`` runs
+the primitives the chosen route names. An adapter module may import its
+framework at the top: it is imported only when first used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from .. import dtypes
+
+#: Alignment (bytes) a buffer needs to be taken without a copy by the pickiest
+#: importer we know (XLA on CPU), and that our own copies are allocated with.
+ALIGN = 64
+
+# Memory layouts, from the most to the least regular. An importer states the
+# least regular one it takes; anything beyond needs a copy first.
+CONTIGUOUS = 0  # row-major, no gaps
+STRIDED = 1  # positive (or zero) strides: transposes, slices with steps, broadcasts
+NEGATIVE = 2  # at least one negative stride (numpy's a[::-1])
+LAYOUT_NAMES = ("contiguous", "strided", "negatively strided")
+
+
+def layout_of(shape, strides_in_elements) -> int:
+    """Classify strides (in elements, not bytes) into CONTIGUOUS/STRIDED/NEGATIVE."""
+    if any(s < 0 for s in strides_in_elements):
+        return NEGATIVE
+    expected = 1
+    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides_in_elements))):
+        if size != 1 and stride != expected:
+            # a zero-size array is contiguous whatever its strides say
+            return CONTIGUOUS if 0 in tuple(shape) else STRIDED
+        expected *= size
+    return CONTIGUOUS
+
+
+@dataclass(frozen=True)
+class Source:
+    """What an adapter reports of an input: enough for the planner to choose a route."""
+
+    value: Any  # the tensor to move (torch: detached; tf.Variable: its current value)
+    dtype: str  # bridge dtype name
+    shape: tuple
+    nbytes: int
+    layout: int  # CONTIGUOUS / STRIDED / NEGATIVE
+    aligned: bool  # data pointer is a multiple of ALIGN
+    readonly: bool  # memory marked read-only (numpy's writeable flag)
+    device: str  # "cpu", "cuda:0", ...
+    must_copy: str | None = None  # why the value cannot leave as it is (torch conj/neg bits)
+    notes: tuple = ()  # what the user should know (gradients dropped, a Variable's snapshot)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """An extra edge an adapter offers besides DLPack and bit-views.
+
+    ``copies(layout, aligned)`` returns None when the hand-off is zero-copy for
+    such an input, or the reason it copies. ``verify`` asks ``convert`` to check
+    the data pointer afterwards, for hand-offs whose copying we predict but the
+    framework decides.
+    """
+
+    src: str
+    dst: str
+    label: str
+    run: Callable[[Any], Any]
+    copies: Callable[[int, bool], str | None]
+    dtypes: frozenset = field(default_factory=lambda: frozenset(dtypes.ALL))
+    verify: bool = False
+
+
+class Adapter:
+    """Base class: the abilities every adapter declares, and its primitives."""
+
+    name: ClassVar[str]
+    #: tensors of this framework are never written in place (jax, tf)
+    immutable: ClassVar[bool] = False
+    #: the framework can mark memory read-only (numpy's writeable flag)
+    marks_readonly: ClassVar[bool] = False
+    #: holds host (CPU) memory only
+    host_only: ClassVar[bool] = False
+    #: dtypes it exports / imports over DLPack
+    dlpack_export: ClassVar[frozenset] = frozenset(dtypes.ALL)
+    dlpack_import: ClassVar[frozenset] = frozenset(dtypes.ALL)
+    #: the least regular layout its DLPack import takes (see CONTIGUOUS/STRIDED/NEGATIVE)
+    dlpack_accepts: ClassVar[int] = STRIDED
+    #: its DLPack import copies (silently) unless the buffer is ALIGN-aligned
+    dlpack_needs_alignment: ClassVar[bool] = False
+    #: a bit-view (bf16 <-> uint16) is free; False: it copies; None: impossible
+    bitview_free: ClassVar[bool | None] = True
+    #: its own copies are ALIGN-aligned
+    copies_aligned: ClassVar[bool] = True
+
+    # Labels shown by plan(); the adapter names its own calls.
+    label_bitview: ClassVar[str] = "view as {dtype}"
+    label_import: ClassVar[str] = "from_dlpack"
+    label_copy: ClassVar[str] = "copy"
+
+    # -- data the planner reads ------------------------------------------
+    def holds(self, dtype: str) -> bool:
+        """Whether tensors of this framework can hold ``dtype`` at all."""
+        return self.cannot_hold(dtype) is None
+
+    def cannot_hold(self, dtype: str) -> str | None:
+        """Why this framework cannot hold ``dtype`` here (and the way out), or None."""
+        return None if dtype in dtypes.ALL else f"{self.name} holds no {dtype}"
+
+    def handoffs(self) -> list[Handoff]:
+        """Extra edges into or out of this framework (default: none)."""
+        return []
+
+    # -- primitives convert() runs ------------------------------------------
+    def describe(self, x) -> Source:  # pragma: no cover - every adapter overrides
+        raise NotImplementedError
+
+    def data_ptr(self, x) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def is_writable(self, x) -> bool:
+        return not self.immutable
+
+    def bitview(self, x, dtype: str):  # pragma: no cover
+        raise NotImplementedError
+
+    def export(self, x, readonly: bool):
+        """An object with ``__dlpack__`` for the next framework to import."""
+        return x
+
+    def from_dlpack(self, obj):  # pragma: no cover
+        raise NotImplementedError
+
+    def copy(self, x):  # pragma: no cover
+        """A fresh, contiguous, writable (where the framework allows) copy."""
+        raise NotImplementedError
+
+    def astype(self, x, dtype: str):  # pragma: no cover
+        """Convert values (used only for the float32 fallback: bf16 -> float32 is exact)."""
+        raise NotImplementedError
+
+    def to_host(self, x):
+        """A copy in host memory (only asked for with copy=True)."""
+        raise NotImplementedError(f"{self.name} cannot move data to the host")
+
+    def native_type_names(self) -> str:
+        return self.name

@@ -1,0 +1,42 @@
+"""Read a DLPack producer's data pointer without importing any consumer.
+
+Used by adapters whose framework has no public data-pointer call (tensorflow):
+asking for a capsule and reading its DLTensor costs about 2 microseconds; the
+unconsumed capsule frees itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def data_ptr(obj) -> int:
+    """Address of the first element of a legacy (unversioned) DLPack producer."""
+    capsule = obj.__dlpack__()
+    tensor = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    return (tensor.data or 0) + tensor.byte_offset

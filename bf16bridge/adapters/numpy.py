@@ -1,0 +1,95 @@
+"""NumPy (bf16 through ml_dtypes). NumPy <= 2.4 cannot pass bf16 over DLPack,
+so bf16 crosses as a uint16 bit-view, which is free."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import UnsupportedDtypeError
+from ._base import ALIGN, NEGATIVE, Adapter, Source, layout_of
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised C-ordered array whose buffer starts on an ALIGN-byte boundary."""
+    dtype = np.dtype(dtype)
+    n = math.prod(shape) * dtype.itemsize
+    raw = np.empty(n + ALIGN, dtype=np.uint8)
+    start = (-raw.__array_interface__["data"][0]) % ALIGN
+    return raw[start:start + n].view(dtype).reshape(shape)
+
+
+class _WritableAlias:
+    """Shows read-only memory as writable, only to hand it over DLPack to an
+    immutable framework (jax, tensorflow), which never writes to it. NumPy's
+    DLPack export refuses read-only arrays (its protocol version cannot flag
+    them); keeping a reference to the original keeps the memory alive."""
+
+    def __init__(self, a: np.ndarray):
+        self._keep = a
+        iface = dict(a.__array_interface__)
+        iface["data"] = (iface["data"][0], False)
+        self.__array_interface__ = iface
+
+
+class NumpyAdapter(Adapter):
+    name = "numpy"
+    marks_readonly = True
+    host_only = True
+    dlpack_export = frozenset(dtypes.STANDARD)  # no bf16 over DLPack in NumPy <= 2.4
+    dlpack_import = frozenset(dtypes.STANDARD)
+    dlpack_accepts = NEGATIVE
+    label_bitview = "ndarray.view({dtype})"
+    label_import = "numpy.from_dlpack"
+    label_copy = "copy into a 64-byte aligned array"
+
+    def cannot_hold(self, dtype):
+        if dtype == "bfloat16" and dtypes.bfloat16 is None:
+            return f"ml_dtypes is unusable: {dtypes.ML_DTYPES_ERROR}"
+        return super().cannot_hold(dtype)
+
+    def describe(self, x) -> Source:
+        notes = ()
+        if isinstance(x, np.generic):
+            x = np.asarray(x)
+            notes = ("a numpy scalar is taken as a 0-d array",)
+        name = dtypes.name_of_numpy(x.dtype)
+        if name is None:
+            raise UnsupportedDtypeError(
+                f"numpy array of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
+            )
+        itemsize = x.dtype.itemsize
+        ptr = x.__array_interface__["data"][0]
+        return Source(
+            value=x, dtype=name, shape=x.shape, nbytes=x.nbytes,
+            layout=layout_of(x.shape, [s // itemsize for s in x.strides]),
+            aligned=ptr % ALIGN == 0, readonly=not x.flags.writeable, device="cpu", notes=notes,
+        )
+
+    def data_ptr(self, x) -> int:
+        return x.__array_interface__["data"][0]
+
+    def is_writable(self, x) -> bool:
+        return bool(x.flags.writeable)
+
+    def bitview(self, x, dtype):
+        return x.view(dtypes.numpy_dtype(dtype))
+
+    def export(self, x, readonly):
+        return np.asarray(_WritableAlias(x)) if readonly else x
+
+    def from_dlpack(self, obj):
+        return np.from_dlpack(obj)
+
+    def copy(self, x):
+        out = aligned_empty(x.shape, x.dtype)
+        out[...] = x
+        return out
+
+    def astype(self, x, dtype):
+        return x.astype(dtypes.numpy_dtype(dtype))
+
+
+ADAPTER = NumpyAdapter()

@@ -1,0 +1,74 @@
+"""PyTorch. bf16 crosses DLPack to jax and tensorflow as it is; to numpy as a
+free ``view(torch.uint16)``."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dtypes
+from ..errors import UnsupportedDtypeError, UnsupportedTypeError
+from ._base import ALIGN, STRIDED, Adapter, Source, layout_of
+
+_TO_TORCH = {name: getattr(torch, name) for name in dtypes.ALL if isinstance(getattr(torch, name, None), torch.dtype)}
+_FROM_TORCH = {dt: name for name, dt in _TO_TORCH.items()}
+
+
+class TorchAdapter(Adapter):
+    name = "torch"
+    dlpack_accepts = STRIDED  # negative strides abort the process in torch.from_dlpack
+    label_bitview = "Tensor.view(torch.{dtype})"
+    label_import = "torch.from_dlpack"
+    label_copy = "copy into a new contiguous tensor"
+
+    def cannot_hold(self, dtype):
+        if dtype not in _TO_TORCH:
+            return f"torch {torch.__version__} has no {dtype} (torch.uint16 needs torch >= 2.3)"
+        return None
+
+    def describe(self, x) -> Source:
+        if x.layout != torch.strided:
+            raise UnsupportedTypeError(
+                f"torch tensor with layout {x.layout} is not moved; call .to_dense() first"
+            )
+        if x.device.type == "meta":
+            raise UnsupportedTypeError("a torch tensor on the meta device has no data to move")
+        name = _FROM_TORCH.get(x.dtype)
+        if name is None:
+            raise UnsupportedDtypeError(
+                f"torch tensor of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
+            )
+        notes = []
+        if x.requires_grad:
+            x = x.detach()
+            notes.append("the tensor requires grad: its data crosses, detached; gradients do not cross")
+        must_copy = None
+        if x.is_conj() or x.is_neg():
+            must_copy = "the tensor has a pending conj/neg bit, which only a copy can resolve"
+        device = x.device.type if x.device.type == "cpu" else str(x.device)
+        return Source(
+            value=x, dtype=name, shape=tuple(x.shape), nbytes=x.numel() * x.element_size(),
+            layout=layout_of(x.shape, x.stride()), aligned=x.data_ptr() % ALIGN == 0,
+            readonly=False, device=device, must_copy=must_copy, notes=tuple(notes),
+        )
+
+    def data_ptr(self, x) -> int:
+        return x.data_ptr()
+
+    def bitview(self, x, dtype):
+        return x.view(_TO_TORCH[dtype])
+
+    def from_dlpack(self, obj):
+        return torch.from_dlpack(obj)
+
+    def copy(self, x):
+        # copy_ resolves conj/neg bits; clone() would keep them
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+    def astype(self, x, dtype):
+        return x.to(_TO_TORCH[dtype])
+
+    def to_host(self, x):
+        return x.to("cpu", copy=True)
+
+
+ADAPTER = TorchAdapter()

@@ -1,0 +1,102 @@
+"""convert(), plan(), convert_tree(): run the planner's route and check it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from . import registry, routes
+from .errors import Bf16BridgeError, CopyRequiredError, UnsupportedTypeError
+
+
+def _describe(x, to):
+    source = registry.framework_of(x)
+    target = registry.resolve(to)
+    registry.get(target)  # a missing target framework fails here, naming its pip extra
+    adapter = registry.get(source)
+    return source, target, adapter.describe(x)
+
+
+def plan(x, to: str, *, copy: bool | None = None, fallback: str = "error") -> routes.Plan:
+    """What ``convert(x, to, copy=..., fallback=...)`` would do, without doing it."""
+    source, target, src = _describe(x, to)
+    return routes.plan_for(src, source, target, copy=copy, fallback=fallback)
+
+
+def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error"):
+    """Move tensor ``x`` to framework ``to`` ("numpy", "torch", "jax", "tensorflow" or an alias).
+
+    bf16 stays bf16 bit for bit, like every other dtype both sides hold.
+    ``copy=None``: zero-copy where the route allows, a copy otherwise;
+    ``copy=True``: always a fresh copy; ``copy=False``: zero-copy or CopyRequiredError.
+    ``fallback`` decides what happens when the target cannot hold bf16: "error"
+    (default), "float32" (exact widening), "bits" (raw uint16), "auto".
+    ``plan(x, to, ...)`` shows the route and whether the result shares memory and is writable.
+    """
+    source, target, src = _describe(x, to)
+    p = routes.plan_for(src, source, target, copy=copy, fallback=fallback)
+    value, here = src.value, source
+    for step in p.steps:
+        out = step.run(value)
+        if step.verify and not step.copies and p.nbytes:
+            # the framework decides whether it copies; check, so copy=False is never a lie
+            before = registry.get(here).data_ptr(value)
+            after = registry.get(step.framework).data_ptr(out)
+            if before != after and copy is False:
+                raise CopyRequiredError(
+                    f"copy=False, but {step.label} copied this {source} input; pass copy=None to allow it"
+                )
+        value, here = out, step.framework
+    return value
+
+
+def to_numpy(x, **kwargs):
+    """``convert(x, "numpy", ...)``"""
+    return convert(x, "numpy", **kwargs)
+
+
+def to_torch(x, **kwargs):
+    """``convert(x, "torch", ...)``"""
+    return convert(x, "torch", **kwargs)
+
+
+def to_jax(x, **kwargs):
+    """``convert(x, "jax", ...)``"""
+    return convert(x, "jax", **kwargs)
+
+
+def to_tensorflow(x, **kwargs):
+    """``convert(x, "tensorflow", ...)``"""
+    return convert(x, "tensorflow", **kwargs)
+
+
+def convert_tree(tree, to: str, **kwargs):
+    """Convert every tensor leaf of nested dicts, lists and tuples (namedtuples too).
+
+    Returns new containers of the same types; the input is not modified.
+    Leaves that are not tensors of a registered framework (ints, strings,
+    None) are kept as they are. An error names the path of the leaf.
+    """
+    return _tree(tree, to, kwargs, ())
+
+
+def _tree(node, to, kwargs, path):
+    if isinstance(node, Mapping):
+        items = {k: _tree(v, to, kwargs, path + (k,)) for k, v in node.items()}
+        try:
+            return type(node)(items)
+        except TypeError:
+            return items
+    if isinstance(node, (list, tuple)):
+        items = [_tree(v, to, kwargs, path + (i,)) for i, v in enumerate(node)]
+        if hasattr(node, "_fields"):  # namedtuple
+            return type(node)(*items)
+        return type(node)(items)
+    try:
+        registry.framework_of(node)
+    except UnsupportedTypeError:
+        return node
+    try:
+        return convert(node, to, **kwargs)
+    except Bf16BridgeError as err:
+        where = "".join(f"[{p!r}]" for p in path) or "the root"
+        raise type(err)(f"at {where}: {err}") from err

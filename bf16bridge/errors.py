@@ -1,0 +1,36 @@
+"""The error classes. Every failure of ours is a Bf16BridgeError.
+
+Each subclass is also the builtin exception a caller would expect
+(TypeError, ValueError, ImportError), so ``except TypeError`` still works.
+Messages name the input and the way out.
+"""
+
+from __future__ import annotations
+
+
+class Bf16BridgeError(Exception):
+    """Base class of every error raised by bf16bridge."""
+
+
+class UnsupportedTypeError(Bf16BridgeError, TypeError):
+    """The input is not a tensor of any registered framework."""
+
+
+class UnknownFrameworkError(Bf16BridgeError, ValueError):
+    """The target framework name (or alias) is not registered."""
+
+
+class FrameworkNotInstalledError(Bf16BridgeError, ImportError):
+    """The target framework is registered but cannot be imported here."""
+
+
+class UnsupportedDtypeError(Bf16BridgeError, TypeError):
+    """No route keeps this dtype bit for bit, and no fallback was asked for."""
+
+
+class CopyRequiredError(Bf16BridgeError, ValueError):
+    """``copy=False`` was asked for, but this input cannot cross without a copy."""
+
+
+class DeviceError(Bf16BridgeError, ValueError):
+    """The target framework cannot hold data on the input's device."""

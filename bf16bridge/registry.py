@@ -1,0 +1,183 @@
+"""The table of adapters: names, aliases, pip extras, the types that mark a
+tensor of each framework, and lazy loading.
+
+Nothing here imports a framework to ask a question about it: ``framework_of``
+checks the input's type against classes of modules already in
+``sys.modules`` (a tensor of a framework cannot exist before its module was
+imported), and caches the answer per type. An adapter module is imported on
+first use, under a lock, so several threads may ask at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from .adapters._base import Adapter
+from .errors import FrameworkNotInstalledError, UnknownFrameworkError, UnsupportedTypeError
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One row of the registry."""
+
+    name: str
+    module: str  # import path of a module whose ADAPTER attribute is the adapter
+    types: tuple  # "module:Attr.Path" of the classes whose instances belong to it
+    aliases: tuple = ()
+    extra: str | None = None  # the pip extra that installs the framework
+    requires: str | None = None  # the framework's own top-level package
+    instance: Adapter | None = field(default=None, compare=False)
+
+
+_SPECS: dict[str, AdapterSpec] = {}
+_ALIASES: dict[str, str] = {}
+_LOADED: dict[str, Adapter] = {}
+_TYPE_CACHE: dict[type, str] = {}
+_LOCK = threading.RLock()
+
+
+def register_adapter(
+    name: str,
+    module: str | Adapter,
+    *,
+    types: tuple | list,
+    aliases: tuple | list = (),
+    extra: str | None = None,
+    requires: str | None = None,
+    replace: bool = False,
+) -> None:
+    """Add a framework to the registry.
+
+    ``module`` is an import path whose ``ADAPTER`` attribute is an
+    ``Adapter`` (imported on first use), or an ``Adapter`` instance.
+    ``types`` lists the tensor classes as ``"module:Attr"`` strings: they are
+    looked up only once that module is in ``sys.modules``.
+    """
+    key = name.lower()
+    with _LOCK:
+        taken = {key, *(a.lower() for a in aliases)}
+        clash = [n for n in taken if (n in _SPECS or n in _ALIASES) and _ALIASES.get(n, n) != key]
+        if (key in _SPECS or clash) and not replace:
+            raise ValueError(
+                f"register_adapter: {sorted(clash) or [key]} already registered; pass replace=True to override"
+            )
+        instance = module if isinstance(module, Adapter) else None
+        spec = AdapterSpec(
+            name=key,
+            module="" if instance else module,
+            types=tuple(types),
+            aliases=tuple(a.lower() for a in aliases),
+            extra=extra,
+            requires=requires,
+            instance=instance,
+        )
+        _SPECS[key] = spec
+        for alias in spec.aliases:
+            _ALIASES[alias] = key
+        _LOADED.pop(key, None)
+        _TYPE_CACHE.clear()
+
+
+def names() -> list[str]:
+    """The registered framework names, in registration order."""
+    return list(_SPECS)
+
+
+def spec(name: str) -> AdapterSpec:
+    return _SPECS[resolve(name)]
+
+
+def resolve(name: str) -> str:
+    """Canonical framework name for a name or alias; UnknownFrameworkError otherwise."""
+    if not isinstance(name, str):
+        raise UnknownFrameworkError(
+            f"the target must be a framework name (one of {_choices()}), got {type(name).__name__}"
+        )
+    key = name.lower()
+    key = _ALIASES.get(key, key)
+    if key not in _SPECS:
+        raise UnknownFrameworkError(f"unknown framework {name!r}; choose one of {_choices()}")
+    return key
+
+
+def _choices() -> str:
+    out = []
+    for s in _SPECS.values():
+        out.append(s.name + (f" ({', '.join(s.aliases)})" if s.aliases else ""))
+    return ", ".join(out)
+
+
+def get(name: str) -> Adapter:
+    """The adapter for a framework, importing its module on first use."""
+    key = resolve(name)
+    adapter = _LOADED.get(key)
+    if adapter is not None:
+        return adapter
+    with _LOCK:
+        adapter = _LOADED.get(key)
+        if adapter is None:
+            s = _SPECS[key]
+            if s.instance is not None:
+                adapter = s.instance
+            else:
+                try:
+                    adapter = importlib.import_module(s.module).ADAPTER
+                except ImportError as err:
+                    how = f"pip install 'bf16bridge[{s.extra}]'" if s.extra else f"install {s.requires or key}"
+                    raise FrameworkNotInstalledError(
+                        f"{key} is not usable here ({err}); {how}"
+                    ) from err
+            _LOADED[key] = adapter
+    return adapter
+
+
+def _classes(s: AdapterSpec):
+    for path in s.types:
+        mod_name, _, attr = path.partition(":")
+        mod = sys.modules.get(mod_name)
+        if mod is None:
+            continue
+        obj = mod
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        if isinstance(obj, type):
+            yield obj
+
+
+def framework_of(x) -> str:
+    """The name of the framework whose tensor ``x`` is, without importing any framework."""
+    t = type(x)
+    name = _TYPE_CACHE.get(t)
+    if name is not None:
+        return name
+    for s in _SPECS.values():
+        if any(issubclass(t, cls) for cls in _classes(s)):
+            _TYPE_CACHE[t] = s.name
+            return s.name
+    hint = ""
+    if isinstance(x, (bool, int, float, complex, list, tuple)):
+        hint = (
+            "; make an array first, for example "
+            "numpy.asarray(x, dtype=ml_dtypes.bfloat16) or torch.tensor(x, dtype=torch.bfloat16)"
+        )
+    raise UnsupportedTypeError(
+        f"{t.__module__}.{t.__qualname__} is not a tensor of any registered framework "
+        f"({', '.join(_SPECS)}){hint}"
+    )
+
+
+register_adapter("numpy", "bf16bridge.adapters.numpy", types=("numpy:ndarray", "numpy:generic"),
+                 aliases=("np",), requires="numpy")
+register_adapter("torch", "bf16bridge.adapters.torch", types=("torch:Tensor",),
+                 aliases=("pt", "pytorch"), extra="torch", requires="torch")
+register_adapter("jax", "bf16bridge.adapters.jax", types=("jax:Array", "jax:core.Tracer"),
+                 extra="jax", requires="jax")
+register_adapter("tensorflow", "bf16bridge.adapters.tensorflow",
+                 types=("tensorflow:Tensor", "tensorflow:Variable"),
+                 aliases=("tf",), extra="tensorflow", requires="tensorflow")

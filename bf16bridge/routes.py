@@ -1,0 +1,306 @@
+"""The planner: the cheapest route between two adapters for one input.
+
+Routes are a small graph. A node is a tensor in some framework with some
+dtype and memory layout; an edge is one step that an adapter declares as data
+(a DLPack hand-over, a bit-view between bf16 and uint16, a hand-off of its
+own, a copy, a widening). A step that copies costs one copy of the data; one
+that does not costs nothing. The planner runs a shortest-path search, so
+a new adapter or dtype joins by declaring its abilities, with no
+framework-by-framework branches here.
+
+A route only passes through the source, the target and numpy (the core
+dependency), so planning never imports a third framework.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Callable
+
+from . import dtypes, registry
+from .adapters._base import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
+from .errors import CopyRequiredError, DeviceError, UnsupportedDtypeError
+
+HUB = "numpy"
+FALLBACKS = ("error", "float32", "bits", "auto")
+
+
+@dataclass(frozen=True)
+class State:
+    framework: str
+    dtype: str
+    layout: int
+    aligned: bool
+    readonly: bool  # memory marked read-only: never handed to a framework that cannot mark it
+    shared: bool  # still the input's memory
+    host: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a route, as plan() shows it and convert() runs it."""
+
+    kind: str  # bitview | dlpack | handoff | copy | to_host | widen
+    framework: str  # where the result of the step lives
+    label: str
+    dtype: str  # dtype after the step
+    copies: bool
+    reason: str = ""  # why it copies
+    verify: bool = False  # check the data pointer after running (the framework decides)
+    run: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        how = f"copy ({self.reason})" if self.copies else "zero-copy"
+        return f"{self.framework}: {self.label} -> {self.dtype}  [{how}]"
+
+
+@dataclass(frozen=True)
+class Route:
+    steps: tuple
+    final: State
+    dtype: str
+    decision: str | None  # why the dtype changed (fallback), or None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What convert() will do with one input: the route, its copies, the result's nature."""
+
+    source: str
+    target: str
+    dtype_in: str
+    dtype_out: str
+    shape: tuple
+    nbytes: int
+    device: str
+    steps: tuple
+    copies: bool
+    shares_memory: bool  # the result aliases the input's memory
+    writable: bool  # the result can be written in place
+    decision: str | None  # why the dtype changed (fallback), or None
+    notes: tuple = ()
+
+    @property
+    def zero_copy(self) -> bool:
+        return not self.copies
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        lines = [
+            f"{self.source} {self.dtype_in} [{shape}, {_size(self.nbytes)}, {self.device}]"
+            f" -> {self.target} {self.dtype_out}"
+        ]
+        if not self.steps:
+            lines.append("  (nothing to do: already a tensor of the target framework)")
+        for i, step in enumerate(self.steps, 1):
+            lines.append(f"  {i}. {step}")
+        kind = "zero-copy, shares memory with the input" if self.shares_memory else (
+            "copied" if self.copies else "new tensor")
+        lines.append(f"  result: {kind}; {'writable' if self.writable else 'read-only'}")
+        if self.decision:
+            lines.append(f"  dtype: {self.decision}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source, "target": self.target, "dtype_in": self.dtype_in,
+            "dtype_out": self.dtype_out, "shape": list(self.shape), "nbytes": self.nbytes,
+            "device": self.device, "copies": self.copies, "shares_memory": self.shares_memory,
+            "writable": self.writable, "decision": self.decision, "notes": list(self.notes),
+            "steps": [{"framework": s.framework, "label": s.label, "dtype": s.dtype,
+                       "copies": s.copies, "reason": s.reason} for s in self.steps],
+        }
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+# -- the graph ------------------------------------------------------------------
+
+
+def _copy_reason(s: State, target: str, copy: bool | None) -> str:
+    if copy:
+        return "copy=True"
+    if not s.host:
+        return "to host memory"
+    why = []
+    if s.readonly:
+        why.append(f"the input is read-only and {target} tensors cannot be")
+    if s.layout != CONTIGUOUS:
+        why.append(f"the input is {LAYOUT_NAMES[s.layout]}")
+    if not s.aligned:
+        why.append("not 64-byte aligned")
+    return "; ".join(why) or "needed by the next step"
+
+
+def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
+    """The state after moving into ``dst``; None if ``dst`` cannot take it that way."""
+    if dst.host_only and not s.host:
+        return None
+    if not dst.holds(s.dtype):
+        return None
+    if copies:
+        return State(dst.name, s.dtype, CONTIGUOUS, True, False, False, s.host)
+    if s.readonly and not (dst.immutable or dst.marks_readonly):
+        return None  # e.g. a read-only numpy array into torch: must copy first
+    readonly = s.readonly or (src.immutable and dst.marks_readonly)
+    return replace(s, framework=dst.name, readonly=readonly)
+
+
+def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
+    """Yield (cost, Step, next State) for every step out of state ``s``."""
+    a = adapters[s.framework]
+    # bit-views within a framework: bf16 <-> uint16
+    if a.bitview_free is not None:
+        views = [dtypes.BITS_OF[s.dtype]] if s.dtype in dtypes.BITS_OF else [
+            d for d, bits in dtypes.BITS_OF.items() if bits == s.dtype and a.holds(d)]
+        for d in views:
+            copies = not a.bitview_free
+            nxt = replace(s, dtype=d) if not copies else State(
+                s.framework, d, CONTIGUOUS, True, False, False, s.host)
+            yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
+                                    "the framework's bit-view copies" if copies else "",
+                                    run=lambda x, a=a, d=d: a.bitview(x, d)), nxt
+    if copy is not False:
+        # a copy within the framework: contiguous, aligned as the framework allocates, writable
+        if s.host:
+            bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
+            yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
+                                 _copy_reason(s, target, copy), run=a.copy), State(
+                s.framework, s.dtype, CONTIGUOUS, a.copies_aligned, False, False, True)
+        elif copy:
+            yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
+                          run=a.to_host), State(s.framework, s.dtype, CONTIGUOUS, True, False, False, True)
+        if s.dtype == "bfloat16" and "float32" in goal and a.holds("float32"):
+            yield 2, Step("widen", a.name, "widen to float32 (exact)", "float32", True,
+                          "fallback: widen to float32",
+                          run=lambda x, a=a: a.astype(x, "float32")), State(
+                s.framework, "float32", CONTIGUOUS, a.copies_aligned, False, False, s.host)
+    for b in adapters.values():
+        if b is a:
+            continue
+        # DLPack between frameworks
+        if s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts:
+            copies = b.dlpack_needs_alignment and not s.aligned
+            nxt = _enter(s, a, b, copies)
+            if nxt is not None and not (copies and copy is False):
+                yield int(copies), Step(
+                    "dlpack", b.name, b.label_import, s.dtype, copies,
+                    "not 64-byte aligned" if copies else "", verify=b.dlpack_needs_alignment,
+                    run=lambda x, a=a, b=b, ro=s.readonly: b.from_dlpack(a.export(x, ro))), nxt
+        # hand-offs either adapter declares
+        for h in (*a.handoffs(), *b.handoffs()):
+            if h.src != a.name or h.dst != b.name or s.dtype not in h.dtypes:
+                continue
+            reason = h.copies(s.layout, s.aligned)
+            nxt = _enter(s, a, b, reason is not None)
+            if nxt is not None and not (reason and copy is False):
+                yield int(reason is not None), Step(
+                    "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
+                    verify=h.verify, run=h.run), nxt
+
+
+def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
+    """Dijkstra over states: the cheapest list of steps reaching the target with a goal dtype."""
+    tie = itertools.count()
+    heap = [(0, 0, next(tie), start, ())]
+    seen = set()
+    while heap:
+        cost, n, _, s, steps = heapq.heappop(heap)
+        if s in seen:
+            continue
+        seen.add(s)
+        if s.framework == target and s.dtype in goal and not (copy and s.shared):
+            return steps, s
+        for c, step, nxt in _edges(s, adapters, target, goal, copy):
+            if nxt not in seen:
+                heapq.heappush(heap, (cost + c, n + 1, next(tie), nxt, steps + (step,)))
+    return None
+
+
+@lru_cache(maxsize=1024)
+def _route(source: str, target: str, start: State, must_copy: str | None,
+           copy: bool | None, fallback: str) -> Route:
+    names = dict.fromkeys((source, HUB, target))
+    adapters = {n: registry.get(n) for n in names}
+    prefix: tuple = ()
+    if must_copy:
+        if copy is False:
+            raise CopyRequiredError(f"copy=False, but {must_copy}; pass copy=None to allow the copy")
+        a = adapters[source]
+        prefix = (Step("copy", source, a.label_copy, start.dtype, True, must_copy, run=a.copy),)
+        start = State(source, start.dtype, CONTIGUOUS, a.copies_aligned, False, False, start.host)
+
+    dtype = start.dtype
+    attempts = [(frozenset([dtype]), None)]
+    if dtype in dtypes.BITS_OF:
+        bits = dtypes.BITS_OF[dtype]
+        why = f"{target} cannot hold {dtype} bit for bit here"
+        if fallback in ("float32", "auto") and dtype == "bfloat16":
+            attempts.append((frozenset(["float32"]), f"float32 (fallback={fallback!r}: {why}; widened exactly)"))
+        elif fallback == "bits":
+            attempts.append((frozenset([bits]), f"{bits} (fallback='bits': {why}; raw bit patterns)"))
+
+    for goal, decision in attempts:
+        found = _search(start, adapters, target, goal, copy)
+        if found:
+            steps, final = found
+            return Route(prefix + steps, final, final.dtype, decision)
+
+    # No route: say why, as precisely as we can.
+    if copy is False and _search(start, adapters, target, attempts[0][0], None):
+        steps, _ = _search(start, adapters, target, attempts[0][0], None)
+        why = "; ".join(f"{s.label}: {s.reason}" for s in steps if s.copies)
+        raise CopyRequiredError(f"copy=False, but {source} -> {target} must copy here ({why}); "
+                                "pass copy=None to allow the copy, or make the input contiguous and aligned")
+    if not start.host and adapters[target].host_only:
+        raise DeviceError(f"{target} holds host memory only and the {source} input is on a device; "
+                          "pass copy=True to copy it to the host, or move it yourself first")
+    if not start.host:
+        raise DeviceError(f"no route takes this {source} device tensor to {target} without a host copy; "
+                          "pass copy=True to allow one")
+    held = adapters[target].cannot_hold(dtype)
+    raise UnsupportedDtypeError(
+        f"{target} cannot hold {dtype} from {source} bit for bit here"
+        + (f" ({held})" if held else "") + "; "
+        + ("pass fallback='float32' (exact widening) or fallback='bits' (raw uint16)"
+           if dtype in dtypes.BITS_OF else "no fallback exists for this dtype")
+    )
+
+
+def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
+             fallback: str = "error") -> Plan:
+    """The plan for an already-described input (``convert`` calls this)."""
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
+    if copy not in (None, True, False):
+        raise ValueError(f"copy must be None, True or False; got {copy!r}")
+    host = src.device == "cpu"
+    start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
+    route = _route(source, target, start, src.must_copy, copy, fallback)
+    src_adapter, dst_adapter = registry.get(source), registry.get(target)
+    final = route.final
+    shares = final.shared and src.nbytes > 0
+    writable = (not dst_adapter.immutable) and not final.readonly
+    notes = list(src.notes)
+    if shares and writable and src_adapter.immutable:
+        notes.append(f"the result shares memory with an immutable {source} tensor: writing to it changes "
+                     f"that tensor too; pass copy=True to write safely")
+    if shares and dst_adapter.immutable and not src_adapter.immutable and not src.readonly:
+        notes.append(f"the {target} result shares the {source} input's memory: writing to the input "
+                     f"afterwards changes it; pass copy=True to decouple them")
+    return Plan(
+        source=source, target=target, dtype_in=src.dtype, dtype_out=route.dtype,
+        shape=tuple(src.shape), nbytes=src.nbytes, device=src.device, steps=route.steps,
+        copies=any(s.copies for s in route.steps), shares_memory=shares, writable=writable,
+        decision=route.decision, notes=tuple(notes),
+    )

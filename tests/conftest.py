@@ -1,0 +1,138 @@
+"""Shared helpers: make a tensor of any framework from numpy bits, and read a
+tensor's bits and data pointer back, using each framework's own calls (never
+bf16bridge's), so the tests check the bridge against the frameworks."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow")
+#: The frameworks this test run must have. A named one that cannot be imported
+#: is a failure (test_environment.py), never a skip.
+REQUIRED = tuple(
+    f.strip() for f in os.environ.get("BF16BRIDGE_TEST_FRAMEWORKS", ",".join(FRAMEWORKS)).split(",") if f.strip()
+)
+PAIRS = [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def fw(name):
+    """Import a framework module the test needs (fails, never skips, when missing)."""
+    mod = {"numpy": "numpy", "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}[name]
+    return importlib.import_module(mod)
+
+
+def aligned_copy(a: np.ndarray, offset_bytes: int = 0) -> np.ndarray:
+    """A C-contiguous copy of ``a`` whose data starts ``offset_bytes`` past a 64-byte boundary."""
+    raw = np.empty(a.nbytes + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset_bytes
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def make(framework: str, a: np.ndarray):
+    """A tensor of ``framework`` holding exactly the bits of numpy array ``a`` (any dtype, bf16 too)."""
+    a = aligned_copy(a)
+    bits_dtype = np.uint16 if a.dtype == BF16 else None
+    if framework == "numpy":
+        return a
+    if framework == "torch":
+        torch = fw("torch")
+        if bits_dtype is not None:
+            return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+    if framework == "jax":
+        jax = fw("jax")
+        return jax.device_put(a)
+    if framework == "tensorflow":
+        tf = fw("tensorflow")
+        return tf.constant(a)
+    raise ValueError(framework)
+
+
+def bits(x) -> np.ndarray:
+    """The raw bytes of any framework's tensor as a numpy array of same-width unsigned ints."""
+    mod = type(x).__module__.split(".")[0]
+    if isinstance(x, np.ndarray):
+        a = np.ascontiguousarray(x)
+    elif mod == "torch":
+        import torch
+
+        t = x.detach().resolve_conj().resolve_neg().contiguous().cpu()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.uint16).numpy().copy()
+        if t.dtype == torch.bool:
+            return t.numpy().view(np.uint8).copy()
+        a = t.numpy()
+    elif mod in ("jax", "jaxlib"):
+        a = np.array(x)
+    else:  # tensorflow
+        import tensorflow as tf
+
+        if x.dtype == tf.bfloat16:
+            return tf.bitcast(x, tf.uint16).numpy()
+        a = x.numpy()
+    if a.dtype == np.bool_:
+        return a.view(np.uint8).copy()
+    return a.view(f"u{a.dtype.itemsize}" if a.dtype.kind != "c" else f"u{a.dtype.itemsize // 2}").copy()
+
+
+def ptr(x) -> int:
+    """The address of a tensor's first element, by each framework's own means."""
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0]
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return x.data_ptr()
+    if mod in ("jax", "jaxlib"):
+        x.block_until_ready()
+        return x.unsafe_buffer_pointer()
+    import tensorflow as tf
+
+    return np.from_dlpack(tf.bitcast(x, tf.uint16) if x.dtype == tf.bfloat16 else x).__array_interface__["data"][0]
+
+
+def dtype_name(x) -> str:
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return str(x.dtype).replace("torch.", "")
+    if mod == "tensorflow":
+        return x.dtype.name
+    return np.dtype(x.dtype).name
+
+
+def type_framework(x) -> str:
+    mod = type(x).__module__.split(".")[0]
+    return {"jaxlib": "jax"}.get(mod, mod)
+
+
+@pytest.fixture(scope="session")
+def all_bf16():
+    """Every bf16 bit pattern, as uint16."""
+    return np.arange(1 << 16, dtype=np.uint16)
+
+
+# A process that imported torch, tensorflow and jax together has crashed at
+# interpreter shutdown here ("terminate called without an active exception").
+# Leave with pytest's own exit status once it has printed its summary, so the
+# status reflects the tests, not the frameworks' teardown.
+_STATUS = {}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _STATUS["code"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if "code" in _STATUS and any(m in sys.modules for m in ("torch", "tensorflow", "jax")):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_STATUS["code"])

@@ -1,0 +1,268 @@
+"""Awkward inputs: each gives the right bits (a copy where needed, said so by
+plan) or a clear error of ours. The input is never modified."""
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import BF16, FRAMEWORKS, aligned_copy, bits, make, ptr, type_framework
+
+TARGETS = FRAMEWORKS
+
+
+def _bf16(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 1 << 16, int(np.prod(shape)), dtype=np.uint16).reshape(shape).view(BF16)
+
+
+def _expect(y, a):
+    np.testing.assert_array_equal(bits(y), np.ascontiguousarray(a).view(np.uint16))
+
+
+@pytest.mark.parametrize("dst", TARGETS)
+@pytest.mark.parametrize("kind", ["transposed", "fortran", "negative", "stepped", "broadcast"])
+def test_strided_numpy_inputs(kind, dst):
+    base = aligned_copy(_bf16((6, 8)))
+    a = {
+        "transposed": base.T,
+        "fortran": np.asfortranarray(base),
+        "negative": base[::-1, ::-2],
+        "stepped": base[:, ::3],
+        "broadcast": np.broadcast_to(base[:1], (6, 8)),
+    }[kind]
+    before = bits(a).copy()
+    p = bb.plan(a, to=dst)
+    y = bb.convert(a, dst)
+    _expect(y, a)
+    np.testing.assert_array_equal(bits(a), before)
+    # broadcast_to gives a read-only array, which torch cannot hold without a copy
+    if dst in ("tensorflow", "jax") or (dst == "torch" and kind in ("negative", "broadcast")):
+        assert p.copies, "this target takes no such layout without a copy"
+        assert any(s.copies and s.reason for s in p.steps)
+        with pytest.raises(bb.CopyRequiredError, match="copy=False"):
+            bb.convert(a, dst, copy=False)
+    elif dst == "torch":
+        assert not p.copies and ptr(y) == ptr(a)
+
+
+@pytest.mark.parametrize("dst", TARGETS)
+@pytest.mark.parametrize("kind", ["transposed", "sliced"])
+def test_strided_torch_inputs(kind, dst):
+    import torch
+
+    t = torch.from_numpy(aligned_copy(_bf16((8, 6))).view(np.uint16)).view(torch.bfloat16)
+    x = t.T if kind == "transposed" else t[:, 1::2]
+    y = bb.convert(x, dst)
+    np.testing.assert_array_equal(bits(y), bits(x))
+    p = bb.plan(x, to=dst)
+    if dst in ("tensorflow", "jax"):
+        assert p.copies
+    elif dst == "numpy":
+        assert not p.copies and ptr(y) == ptr(x) and tuple(y.strides) != (12, 2)
+
+
+@pytest.mark.parametrize("src", ["numpy", "torch", "tensorflow"])
+@pytest.mark.parametrize("offset", [2, 16, 32])
+def test_unaligned_buffer_into_jax_copies_and_says_so(src, offset):
+    a = aligned_copy(_bf16((1000,)), offset_bytes=offset)
+    x = a
+    if src == "torch":
+        import torch
+
+        x = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    if src == "tensorflow":
+        x = bb.to_tensorflow(a)  # zero-copy, keeps numpy's odd alignment
+        assert ptr(x) == ptr(a)
+    p = bb.plan(x, to="jax")
+    assert p.copies and "aligned" in " ".join(s.reason for s in p.steps)
+    y = bb.convert(x, "jax")
+    _expect(y, a)
+    with pytest.raises(bb.CopyRequiredError, match="64-byte aligned"):
+        bb.convert(x, "jax", copy=False)
+
+
+@pytest.mark.parametrize("dst", ["torch", "tensorflow"])
+def test_unaligned_buffer_elsewhere_stays_zero_copy(dst):
+    a = aligned_copy(_bf16((1000,)), offset_bytes=2)
+    y = bb.convert(a, dst, copy=False)
+    assert ptr(y) == ptr(a)
+    _expect(y, a)
+
+
+def test_readonly_numpy_into_torch_copies():
+    a = aligned_copy(_bf16((64,)))
+    a.flags.writeable = False
+    p = bb.plan(a, to="torch")
+    assert p.copies and p.writable
+    assert any("read-only" in s.reason for s in p.steps if s.copies)
+    y = bb.convert(a, "torch")
+    _expect(y, a)
+    assert ptr(y) != ptr(a)
+    y[0] = 1.0  # writable and detached from the read-only source
+    assert bits(a)[0] == _bf16((64,)).view(np.uint16)[0]
+    with pytest.raises(bb.CopyRequiredError, match="read-only"):
+        bb.convert(a, "torch", copy=False)
+
+
+@pytest.mark.parametrize("dst", ["jax", "tensorflow"])
+def test_readonly_numpy_into_immutable_frameworks_is_zero_copy(dst):
+    a = aligned_copy(_bf16((64,)))
+    a.flags.writeable = False
+    y = bb.convert(a, dst, copy=False)
+    assert ptr(y) == ptr(a)
+    _expect(y, a)
+    assert not a.flags.writeable
+
+
+@pytest.mark.parametrize("src", ["jax", "tensorflow"])
+def test_immutable_sources_give_readonly_numpy(src):
+    x = make(src, _bf16((16,)))
+    y = bb.to_numpy(x)
+    assert not y.flags.writeable and not bb.plan(x, to="numpy").writable
+    assert ptr(y) == ptr(x)
+    with pytest.raises(ValueError):
+        y[0] = 1
+
+
+def test_readonly_mark_is_not_laundered_through_another_framework():
+    # jax -> numpy is read-only; that numpy array into torch must copy
+    y = bb.to_numpy(make("jax", _bf16((16,))))
+    p = bb.plan(y, to="torch")
+    assert p.copies and p.writable
+
+
+@pytest.mark.parametrize("dst", ["numpy", "jax", "tensorflow"])
+def test_torch_requires_grad_moves_data_only(dst):
+    import torch
+
+    t = torch.randn(4, 5).to(torch.bfloat16).requires_grad_()
+    p = bb.plan(t, to=dst)
+    assert any("gradients do not cross" in n for n in p.notes)
+    y = bb.convert(t, dst)
+    np.testing.assert_array_equal(bits(y), bits(t))
+    assert t.requires_grad and t.grad is None
+
+
+def test_torch_parameter_is_torch():
+    import torch
+
+    w = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    assert bb.framework_of(w) == "torch"
+    np.testing.assert_array_equal(bits(bb.to_numpy(w)), bits(w))
+
+
+@pytest.mark.parametrize("dst", ["numpy", "jax", "tensorflow"])
+def test_torch_conj_and_neg_bits_are_resolved(dst):
+    import torch
+
+    c = torch.complex(torch.randn(6), torch.randn(6)).conj()  # pending conj bit
+    assert c.is_conj()
+    n = c.imag  # pending neg bit
+    assert n.is_neg()
+    for x in (c, n):
+        p = bb.plan(x, to=dst)
+        assert p.copies and "conj/neg" in p.steps[0].reason
+        y = bb.convert(x, dst)
+        np.testing.assert_array_equal(bits(y), bits(x.resolve_conj().resolve_neg()))
+        assert x.is_conj() or x.is_neg()  # the input is untouched
+        with pytest.raises(bb.CopyRequiredError, match="conj/neg"):
+            bb.convert(x, dst, copy=False)
+
+
+@pytest.mark.parametrize("dst", ["numpy", "torch", "jax"])
+def test_tf_variable_crosses_as_its_current_value(dst):
+    import tensorflow as tf
+
+    v = tf.Variable(tf.constant([1.5, -0.0, 3.0], dtype=tf.bfloat16))
+    assert bb.framework_of(v) == "tensorflow"
+    p = bb.plan(v, to=dst)
+    assert any("tf.Variable" in n for n in p.notes)
+    y = bb.convert(v, dst)
+    snapshot = bits(y).copy()
+    np.testing.assert_array_equal(snapshot, bits(v.read_value()))
+    v.assign([7.0, 8.0, 9.0])
+    np.testing.assert_array_equal(bits(y), snapshot)
+
+
+@pytest.mark.parametrize("src", FRAMEWORKS)
+@pytest.mark.parametrize("dst", TARGETS)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2)])
+def test_zero_d_and_empty(src, dst, shape):
+    a = _bf16(shape) if shape == () else np.zeros(shape, dtype=BF16)
+    x = make(src, a)
+    y = bb.convert(x, dst)
+    assert tuple(y.shape) == shape and type_framework(y) == dst
+    _expect(y, a)
+
+
+def test_numpy_scalar_is_taken_as_0d():
+    s = np.float32(-0.0)
+    y = bb.to_torch(s)
+    assert y.shape == () and bits(y)[()] == np.float32(-0.0).view(np.uint32)
+
+
+@pytest.mark.parametrize("bad", [1.5, 3, [1.0, 2.0], (1, 2), True])
+def test_python_values_get_a_clear_error(bad):
+    with pytest.raises(bb.UnsupportedTypeError, match="numpy.asarray") as err:
+        bb.convert(bad, "torch")
+    assert isinstance(err.value, TypeError)
+
+
+def test_unsupported_type_names_it_and_lists_frameworks():
+    with pytest.raises(bb.UnsupportedTypeError) as err:
+        bb.convert(object(), "numpy")
+    msg = str(err.value)
+    assert "builtins.object" in msg and all(f in msg for f in FRAMEWORKS)
+
+
+def test_unsupported_dtype_is_named():
+    with pytest.raises(bb.UnsupportedDtypeError, match="datetime64"):
+        bb.convert(np.array(["2020-01-01"], dtype="datetime64[D]"), "torch")
+    import torch
+
+    with pytest.raises(bb.UnsupportedDtypeError, match="float8_e5m2"):
+        bb.convert(torch.zeros(2, dtype=torch.float8_e5m2), "numpy")
+
+
+@pytest.mark.parametrize("to", ["pytroch", "mlx", ""])
+def test_unknown_target(to):
+    with pytest.raises(bb.UnknownFrameworkError) as err:
+        bb.convert(np.zeros(2, BF16), to)
+    assert "tensorflow (tf)" in str(err.value) and isinstance(err.value, ValueError)
+
+
+def test_aliases():
+    a = aligned_copy(_bf16((4,)))
+    for alias, fw_name in [("np", "numpy"), ("pt", "torch"), ("tf", "tensorflow"), ("JAX", "jax")]:
+        assert type_framework(bb.convert(a, alias)) == fw_name
+
+
+def test_jax_tracer_gets_a_clear_error():
+    import jax
+
+    def f(x):
+        return bb.to_numpy(x)
+
+    with pytest.raises(bb.UnsupportedTypeError, match="traced"):
+        jax.jit(f)(make("jax", _bf16((3,))))
+
+
+def test_torch_sparse_and_meta_get_clear_errors():
+    import torch
+
+    with pytest.raises(bb.UnsupportedTypeError, match="to_dense"):
+        bb.to_numpy(torch.eye(3).to_sparse())
+    with pytest.raises(bb.UnsupportedTypeError, match="meta"):
+        bb.to_numpy(torch.empty(3, device="meta"))
+
+
+@pytest.mark.parametrize("src", FRAMEWORKS)
+@pytest.mark.parametrize("dst", TARGETS)
+def test_same_framework_is_identity_or_copy(src, dst):
+    if src != dst:
+        return
+    x = make(src, _bf16((5,)))
+    assert bb.convert(x, dst) is x
+    y = bb.convert(x, dst, copy=True)
+    assert y is not x and ptr(y) != ptr(x)
+    np.testing.assert_array_equal(bits(y), bits(x))
