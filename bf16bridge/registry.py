@@ -79,6 +79,9 @@ def register_adapter(
             _ALIASES[alias] = key
         _LOADED.pop(key, None)
         _TYPE_CACHE.clear()
+        routes = sys.modules.get(__package__ + ".routes")
+        if routes is not None:  # cached routes may have passed through the old adapter
+            routes.clear_cache()
 
 
 def names() -> list[str]:

@@ -277,6 +277,11 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
     )
 
 
+def clear_cache() -> None:
+    """Forget planned routes (the registry calls this when an adapter changes)."""
+    _route.cache_clear()
+
+
 def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
              fallback: str = "error") -> Plan:
     """The plan for an already-described input (``convert`` calls this)."""

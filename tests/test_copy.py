@@ -1,0 +1,50 @@
+"""copy=True always copies; copy=False never does (or raises); inputs are never modified."""
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import BF16, PAIRS, bits, make, ptr
+
+
+def _data():
+    return np.arange(1, 65, dtype=np.uint16).view(BF16)
+
+
+@pytest.mark.parametrize("src,dst", PAIRS)
+def test_copy_true_gives_fresh_memory(src, dst):
+    x = make(src, _data())
+    p = bb.plan(x, to=dst, copy=True)
+    assert p.copies and not p.shares_memory
+    y = bb.convert(x, dst, copy=True)
+    assert ptr(y) != ptr(x)
+    np.testing.assert_array_equal(bits(y), bits(x))
+    if dst in ("numpy", "torch"):
+        assert p.writable
+        y[0] = 5.0  # writing to the copy leaves the source alone
+        np.testing.assert_array_equal(bits(x), _data().view(np.uint16))
+
+
+@pytest.mark.parametrize("src,dst", PAIRS)
+def test_copy_false_on_zero_copy_route(src, dst):
+    x = make(src, _data())
+    y = bb.convert(x, dst, copy=False)
+    assert ptr(y) == ptr(x)
+
+
+@pytest.mark.parametrize("dst", ["numpy", "torch", "jax", "tensorflow"])
+def test_zero_copy_results_share_memory_both_ways(dst):
+    import torch
+
+    t = torch.zeros(8, dtype=torch.bfloat16)
+    y = bb.convert(t, dst)
+    t[0] = 2.0  # torch is mutable; every zero-copy result sees the write
+    assert bits(y)[0] == np.array(2.0, dtype=BF16).view(np.uint16)
+
+
+def test_invalid_copy_and_fallback_values():
+    a = _data()
+    with pytest.raises(ValueError, match="copy must be"):
+        bb.convert(a, "torch", copy="yes")
+    with pytest.raises(ValueError, match="fallback must be"):
+        bb.convert(a, "torch", fallback="float16")

@@ -1,0 +1,131 @@
+"""The registry: aliases, detection, outsiders' adapters, missing frameworks."""
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from bf16bridge import registry
+from bf16bridge.adapters.numpy import NumpyAdapter
+from conftest import BF16, bits
+
+
+def test_framework_of_each():
+    import jax.numpy as jnp
+    import tensorflow as tf
+    import torch
+
+    assert bb.framework_of(np.zeros(2)) == "numpy"
+    assert bb.framework_of(np.float32(1)) == "numpy"
+    assert bb.framework_of(torch.zeros(2)) == "torch"
+    assert bb.framework_of(jnp.zeros(2)) == "jax"
+    assert bb.framework_of(tf.zeros(2)) == "tensorflow"
+
+
+def test_missing_framework_names_the_extra():
+    registry.register_adapter("ghostfw", "bf16bridge_no_such_module", types=("ghostfw:Tensor",),
+                              extra="ghostfw", aliases=("gh",))
+    try:
+        with pytest.raises(bb.FrameworkNotInstalledError, match=r"pip install 'bf16bridge\[ghostfw\]'") as err:
+            bb.convert(np.zeros(2, BF16), "gh")
+        assert isinstance(err.value, ImportError)
+    finally:
+        _unregister("ghostfw")
+
+
+def _unregister(name):
+    s = registry._SPECS.pop(name)
+    for a in s.aliases:
+        registry._ALIASES.pop(a, None)
+    registry._LOADED.pop(name, None)
+    registry._TYPE_CACHE.clear()
+
+
+def test_register_refuses_a_taken_name():
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_adapter("torch2", "x", types=(), aliases=("pt",))
+
+
+class _Box:
+    """A toy framework: a box around a numpy array, which cannot hold bf16."""
+
+    def __init__(self, a):
+        self.a = a
+
+
+class BoxAdapter(NumpyAdapter):
+    name = "box"
+    dlpack_export = frozenset()
+    dlpack_import = frozenset()
+
+    def cannot_hold(self, dtype):
+        return "box holds no bfloat16" if dtype == "bfloat16" else None
+
+    def describe(self, x):
+        import dataclasses
+
+        return dataclasses.replace(super().describe(x.a), value=x)
+
+    def data_ptr(self, x):
+        return super().data_ptr(x.a)
+
+    def handoffs(self):
+        from bf16bridge.adapters._base import Handoff
+
+        return [
+            Handoff("box", "numpy", "Box.a", lambda b: b.a, lambda layout, aligned: None),
+            Handoff("numpy", "box", "Box(...)", _Box, lambda layout, aligned: None),
+        ]
+
+    def copy(self, x):
+        return _Box(super().copy(x.a)) if isinstance(x, _Box) else super().copy(x)
+
+    def astype(self, x, dtype):
+        return _Box(super().astype(x.a, dtype)) if isinstance(x, _Box) else super().astype(x, dtype)
+
+    def bitview(self, x, dtype):
+        return _Box(super().bitview(x.a, dtype)) if isinstance(x, _Box) else super().bitview(x, dtype)
+
+
+@pytest.fixture
+def box():
+    registry.register_adapter("box", BoxAdapter(), types=(f"{__name__}:_Box",))
+    yield
+    _unregister("box")
+
+
+def test_an_outside_adapter_joins_by_declaring_edges(box):
+    a = np.arange(10, dtype=np.float32)
+    b = bb.convert(a, "box")
+    assert isinstance(b, _Box) and b.a is a
+    assert bb.framework_of(b) == "box"
+    back = bb.convert(b, "numpy")
+    assert back is a
+    import torch
+
+    t = bb.convert(b, "torch")  # box -> numpy -> torch, found by the planner
+    assert isinstance(t, torch.Tensor) and t.data_ptr() == a.ctypes.data
+
+
+def test_fallback_when_the_target_cannot_hold_bf16(box, all_bf16):
+    a = all_bf16.view(BF16)
+    with pytest.raises(bb.UnsupportedDtypeError, match="fallback='float32'"):
+        bb.convert(a, "box")
+    p = bb.plan(a, to="box", fallback="float32")
+    assert p.dtype_out == "float32" and p.copies and "float32" in p.decision
+    assert "float32" in str(p)
+    wide = bb.convert(a, "box", fallback="float32").a
+    assert wide.dtype == np.float32
+    # exact widening: the bf16 bits become the top half of the float32 bits
+    np.testing.assert_array_equal(wide.view(np.uint32), all_bf16.astype(np.uint32) << 16)
+    raw = bb.convert(a, "box", fallback="bits")
+    assert raw.a.dtype == np.uint16 and bb.plan(a, to="box", fallback="bits").dtype_out == "uint16"
+    np.testing.assert_array_equal(raw.a, all_bf16)
+    auto = bb.convert(a, "box", fallback="auto")
+    assert auto.a.dtype == np.float32
+
+
+def test_fallback_is_unused_when_bf16_fits(all_bf16):
+    p = bb.plan(all_bf16.view(BF16), to="torch", fallback="float32")
+    assert p.dtype_out == "bfloat16" and p.decision is None
+    y = bb.convert(all_bf16.view(BF16), "torch", fallback="bits")
+    np.testing.assert_array_equal(bits(y), all_bf16)
