@@ -134,7 +134,7 @@ def _copy_reason(s: State, target: str, copy: bool | None) -> str:
         return "to host memory"
     why = []
     if s.readonly:
-        why.append(f"the input is read-only and {target} tensors cannot be")
+        why.append(f"the input is read-only and {target} cannot hold read-only memory")
     if s.layout != CONTIGUOUS:
         why.append(f"the input is {LAYOUT_NAMES[s.layout]}")
     if not s.aligned:

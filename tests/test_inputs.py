@@ -266,3 +266,43 @@ def test_same_framework_is_identity_or_copy(src, dst):
     y = bb.convert(x, dst, copy=True)
     assert y is not x and ptr(y) != ptr(x)
     np.testing.assert_array_equal(bits(y), bits(x))
+
+
+@pytest.mark.parametrize("dst", ["torch", "jax", "tensorflow"])
+def test_big_endian_numpy_is_copied_to_native_order(dst):
+    a = (np.arange(6, dtype=np.float32) - 2.5).astype(">f4")
+    p = bb.plan(a, to=dst)
+    assert p.copies and "byte order" in p.steps[0].reason
+    y = bb.convert(a, dst)
+    np.testing.assert_array_equal(bits(y), a.astype("<f4").view(np.uint32))
+    with pytest.raises(bb.CopyRequiredError, match="byte order"):
+        bb.convert(a, dst, copy=False)
+
+
+@pytest.mark.parametrize("dst", ["torch", "jax", "tensorflow"])
+def test_element_misaligned_numpy_is_copied(dst):
+    raw = np.zeros(1 + 2 * 16, dtype=np.uint8)
+    a = raw[1:].view(np.uint16).view(BF16)  # an odd address
+    a[...] = _bf16((16,))
+    assert not a.flags.aligned
+    assert "aligned to its element size" in bb.plan(a, to=dst).steps[0].reason
+    _expect(bb.convert(a, dst), a)
+
+
+def test_masked_array_is_refused():
+    m = np.ma.masked_array(np.ones(3, BF16), mask=[0, 1, 0])
+    with pytest.raises(bb.UnsupportedTypeError, match="mask"):
+        bb.to_torch(m)
+
+
+@pytest.mark.parametrize("src,dst", [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d])
+def test_result_outlives_its_source(src, dst):
+    import gc
+
+    a = _bf16((1000,), seed=3)
+    x = make(src, a)
+    y = bb.convert(x, dst)
+    del x
+    gc.collect()
+    _ = [np.ones(1000, np.uint16) * 7 for _ in range(50)]  # reuse freed memory, if any was freed
+    _expect(y, a)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..errors import UnsupportedDtypeError
+from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from ._base import ALIGN, NEGATIVE, Adapter, Source, layout_of
 
 
@@ -52,6 +52,10 @@ class NumpyAdapter(Adapter):
 
     def describe(self, x) -> Source:
         notes = ()
+        if isinstance(x, np.ma.MaskedArray):
+            raise UnsupportedTypeError(
+                "a numpy masked array would lose its mask; pass a.filled(value) or a.data explicitly"
+            )
         if isinstance(x, np.generic):
             x = np.asarray(x)
             notes = ("a numpy scalar is taken as a 0-d array",)
@@ -60,12 +64,18 @@ class NumpyAdapter(Adapter):
             raise UnsupportedDtypeError(
                 f"numpy array of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
             )
+        must_copy = None
+        if not x.dtype.isnative:
+            must_copy = f"the array is in non-native byte order ({x.dtype.str}), which DLPack cannot carry"
+        elif not x.flags.aligned:
+            must_copy = "the buffer is not aligned to its element size"
         itemsize = x.dtype.itemsize
         ptr = x.__array_interface__["data"][0]
         return Source(
             value=x, dtype=name, shape=x.shape, nbytes=x.nbytes,
             layout=layout_of(x.shape, [s // itemsize for s in x.strides]),
-            aligned=ptr % ALIGN == 0, readonly=not x.flags.writeable, device="cpu", notes=notes,
+            aligned=ptr % ALIGN == 0, readonly=not x.flags.writeable, device="cpu",
+            must_copy=must_copy, notes=notes,
         )
 
     def data_ptr(self, x) -> int:
@@ -84,7 +94,7 @@ class NumpyAdapter(Adapter):
         return np.from_dlpack(obj)
 
     def copy(self, x):
-        out = aligned_empty(x.shape, x.dtype)
+        out = aligned_empty(x.shape, x.dtype.newbyteorder("="))
         out[...] = x
         return out
 
