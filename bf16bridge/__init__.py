@@ -15,13 +15,14 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedTypeError,
 )
+from .probe import Capabilities, Decision, probe
 from .registry import framework_of, register_adapter
 from .routes import Plan, Step
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Bf16BridgeError", "CopyRequiredError", "DeviceError", "FrameworkNotInstalledError", "Plan",
+    "Bf16BridgeError", "Capabilities", "Decision", "probe", "CopyRequiredError", "DeviceError", "FrameworkNotInstalledError", "Plan",
     "Step", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
     "convert", "convert_tree", "framework_of", "plan", "register_adapter", "to_jax", "to_numpy",
     "to_tensorflow", "to_torch",

@@ -1,4 +1,4 @@
-"""``bf16bridge`` / ``python -m bf16bridge``: demo, matrix."""
+"""``bf16bridge`` / ``python -m bf16bridge``: demo, matrix, probe."""
 
 from __future__ import annotations
 
@@ -15,7 +15,18 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--repeat", type=int, default=5, help="timed runs per call (median)")
     m = sub.add_parser("matrix", help="the route of each of the 12 ordered pairs")
     m.add_argument("--format", choices=["text", "markdown", "json"], default="text")
+    p = sub.add_parser("probe", help="what this machine and these libraries can do with bf16")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--frameworks", default="", help="comma-separated frameworks to import and try, or 'all'")
     args = parser.parse_args(argv)
+
+    if args.command == "probe":
+        from .probe import probe
+
+        names = args.frameworks.split(",") if args.frameworks and args.frameworks != "all" else args.frameworks
+        caps = probe(frameworks=[n for n in names if n] if isinstance(names, list) else (names or None))
+        print(caps.to_json() if args.json else caps)
+        return _exit(0)
 
     from . import demo
 

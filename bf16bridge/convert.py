@@ -16,24 +16,28 @@ def _describe(x, to):
     return source, target, adapter.describe(x)
 
 
-def plan(x, to: str, *, copy: bool | None = None, fallback: str = "error") -> routes.Plan:
-    """What ``convert(x, to, copy=..., fallback=...)`` would do, without doing it."""
+def plan(x, to: str, *, copy: bool | None = None, fallback: str = "error",
+         for_compute: bool = False) -> routes.Plan:
+    """What ``convert(x, to, ...)`` with the same keywords would do, without doing it."""
     source, target, src = _describe(x, to)
-    return routes.plan_for(src, source, target, copy=copy, fallback=fallback)
+    return routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
 
 
-def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error"):
+def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error", for_compute: bool = False):
     """Move tensor ``x`` to framework ``to`` ("numpy", "torch", "jax", "tensorflow" or an alias).
 
     bf16 stays bf16 bit for bit, like every other dtype both sides hold.
     ``copy=None``: zero-copy where the route allows, a copy otherwise;
     ``copy=True``: always a fresh copy; ``copy=False``: zero-copy or CopyRequiredError.
     ``fallback`` decides what happens when the target cannot hold bf16: "error"
-    (default), "float32" (exact widening), "bits" (raw uint16), "auto".
-    ``plan(x, to, ...)`` shows the route and whether the result shares memory and is writable.
+    (default), "float32" (exact widening), "bits" (raw uint16), or "auto": the
+    capability probe chooses (bf16 where the target holds it, float32 where it
+    cannot, and with ``for_compute=True`` float32 where the hardware has no bf16
+    arithmetic). ``plan(x, to, ...)`` shows the route, the decision and its
+    reason, and whether the result shares memory and is writable.
     """
     source, target, src = _describe(x, to)
-    p = routes.plan_for(src, source, target, copy=copy, fallback=fallback)
+    p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
     value, here = src.value, source
     for step in p.steps:
         out = step.run(value)

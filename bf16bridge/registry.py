@@ -32,6 +32,9 @@ class AdapterSpec:
     instance: Adapter | None = field(default=None, compare=False)
 
 
+#: the framework every route may pass through: the core dependency, always importable
+HUB = "numpy"
+
 _SPECS: dict[str, AdapterSpec] = {}
 _ALIASES: dict[str, str] = {}
 _LOADED: dict[str, Adapter] = {}

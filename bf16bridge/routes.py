@@ -24,7 +24,7 @@ from . import dtypes, registry
 from .adapters._base import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
 from .errors import CopyRequiredError, DeviceError, UnsupportedDtypeError
 
-HUB = "numpy"
+from .registry import HUB
 FALLBACKS = ("error", "float32", "bits", "auto")
 
 
@@ -80,7 +80,7 @@ class Plan:
     copies: bool
     shares_memory: bool  # the result aliases the input's memory
     writable: bool  # the result can be written in place
-    decision: str | None  # why the dtype changed (fallback), or None
+    decision: str | None  # the dtype chosen by a fallback, and why; None when none was asked
     notes: tuple = ()
 
     @property
@@ -229,7 +229,8 @@ def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bo
 
 @lru_cache(maxsize=1024)
 def _route(source: str, target: str, start: State, must_copy: str | None,
-           copy: bool | None, fallback: str) -> Route:
+           copy: bool | None, attempts: tuple) -> Route:
+    """The cheapest route; ``attempts`` are (goal dtypes, decision) tried in order."""
     names = dict.fromkeys((source, HUB, target))
     adapters = {n: registry.get(n) for n in names}
     prefix: tuple = ()
@@ -239,16 +240,7 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
         a = adapters[source]
         prefix = (Step("copy", source, a.label_copy, start.dtype, True, must_copy, run=a.copy),)
         start = State(source, start.dtype, CONTIGUOUS, a.copies_aligned, False, False, start.host)
-
     dtype = start.dtype
-    attempts = [(frozenset([dtype]), None)]
-    if dtype in dtypes.BITS_OF:
-        bits = dtypes.BITS_OF[dtype]
-        why = f"{target} cannot hold {dtype} bit for bit here"
-        if fallback in ("float32", "auto") and dtype == "bfloat16":
-            attempts.append((frozenset(["float32"]), f"float32 (fallback={fallback!r}: {why}; widened exactly)"))
-        elif fallback == "bits":
-            attempts.append((frozenset([bits]), f"{bits} (fallback='bits': {why}; raw bit patterns)"))
 
     for goal, decision in attempts:
         found = _search(start, adapters, target, goal, copy)
@@ -257,8 +249,9 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
             return Route(prefix + steps, final, final.dtype, decision)
 
     # No route: say why, as precisely as we can.
-    if copy is False and _search(start, adapters, target, attempts[0][0], None):
-        steps, _ = _search(start, adapters, target, attempts[0][0], None)
+    with_copies = _search(start, adapters, target, attempts[0][0], None) if copy is False else None
+    if with_copies:
+        steps, _ = with_copies
         why = "; ".join(f"{s.label}: {s.reason}" for s in steps if s.copies)
         raise CopyRequiredError(f"copy=False, but {source} -> {target} must copy here ({why}); "
                                 "pass copy=None to allow the copy, or make the input contiguous and aligned")
@@ -282,16 +275,39 @@ def clear_cache() -> None:
     _route.cache_clear()
 
 
+def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
+    """The goal dtypes to try in order, each with the decision to report."""
+    if dtype not in dtypes.BITS_OF:
+        return ((frozenset([dtype]), None),)
+    bits = dtypes.BITS_OF[dtype]
+    if fallback == "auto":
+        from .probe import probe  # the probe is cached; it imports no framework
+
+        d = probe().decide(target, for_compute=for_compute, device=device)
+        goal = {"bfloat16": dtype, "float32": "float32", "bits": bits}[d.dtype]
+        return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})"),)
+    why = f"{target} cannot hold {dtype} bit for bit here"
+    out = ((frozenset([dtype]), None),)
+    if fallback == "float32" and dtype == "bfloat16":
+        out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly)"),)
+    elif fallback == "bits":
+        out += ((frozenset([bits]), f"{bits} (fallback='bits': {why}; raw bit patterns)"),)
+    return out
+
+
 def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
-             fallback: str = "error") -> Plan:
+             fallback: str = "error", for_compute: bool = False) -> Plan:
     """The plan for an already-described input (``convert`` calls this)."""
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
     if copy not in (None, True, False):
         raise ValueError(f"copy must be None, True or False; got {copy!r}")
+    if for_compute and fallback != "auto":
+        raise ValueError("for_compute=True asks the probe to choose the dtype: pass fallback='auto' with it")
     host = src.device == "cpu"
     start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
-    route = _route(source, target, start, src.must_copy, copy, fallback)
+    attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
+    route = _route(source, target, start, src.must_copy, copy, attempts)
     src_adapter, dst_adapter = registry.get(source), registry.get(target)
     final = route.final
     shares = final.shared and src.nbytes > 0

@@ -144,5 +144,11 @@ class Adapter:
         """A copy in host memory (only asked for with copy=True)."""
         raise NotImplementedError(f"{self.name} cannot move data to the host")
 
-    def native_type_names(self) -> str:
-        return self.name
+    # -- facts for the capability probe ---------------------------------------
+    def devices(self) -> list[tuple[str, bool | None, str]]:
+        """Accelerators this framework sees: (name, bf16 compute?, why). Default: none."""
+        return []
+
+    def facts(self) -> dict:
+        """Extra capabilities worth reporting (found by trying), as {name: (value, why)}."""
+        return {}

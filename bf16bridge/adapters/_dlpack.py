@@ -40,3 +40,25 @@ def data_ptr(obj) -> int:
     capsule = obj.__dlpack__()
     tensor = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
     return (tensor.data or 0) + tensor.byte_offset
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+_get_name = ctypes.pythonapi.PyCapsule_GetName
+_get_name.restype = ctypes.c_char_p
+_get_name.argtypes = [ctypes.py_object]
+
+
+def protocol_version(obj) -> str:
+    """The newest DLPack protocol version ``obj`` exports, found by asking for 1.x."""
+    try:
+        capsule = obj.__dlpack__(max_version=(1, 0))
+    except TypeError:
+        return "0.x (legacy capsule only)"
+    name = _get_name(capsule)
+    if name == b"dltensor_versioned":
+        v = _DLPackVersion.from_address(_get_pointer(capsule, name))
+        return f"{v.major}.{v.minor}"
+    return "0.x (legacy capsule only)"

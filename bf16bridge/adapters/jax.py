@@ -94,5 +94,26 @@ class JaxAdapter(Adapter):
     def to_host(self, x):
         return jax.device_put(x, jax.devices("cpu")[0])
 
+    def devices(self):
+        out = []
+        for d in jax.devices():
+            if d.platform == "cpu":
+                continue
+            cap = getattr(d, "compute_capability", None)
+            if d.platform == "tpu":
+                out.append((f"{d.platform}:{d.id} {d.device_kind}", True, "TPUs compute in bf16"))
+            elif cap is not None:
+                major = int(str(cap).split(".")[0])
+                out.append((f"{d.platform}:{d.id} {d.device_kind}", major >= 8,
+                            f"compute capability {cap} (bf16 arithmetic from 8.0)"))
+            else:
+                out.append((f"{d.platform}:{d.id} {d.device_kind}", None, "jax does not say"))
+        return out
+
+    def facts(self):
+        return {"x64": (bool(jax.config.jax_enable_x64),
+                        "jax_enable_x64 is on" if jax.config.jax_enable_x64 else
+                        "jax_enable_x64 is off: 64-bit dtypes are refused rather than narrowed")}
+
 
 ADAPTER = JaxAdapter()

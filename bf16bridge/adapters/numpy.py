@@ -99,6 +99,10 @@ class NumpyAdapter(Adapter):
         return out
 
     def astype(self, x, dtype):
+        if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous:
+            from ..kernels import to_float32  # chunked: extra memory bounded by a chunk
+
+            return to_float32(x)
         return x.astype(dtypes.numpy_dtype(dtype))
 
 

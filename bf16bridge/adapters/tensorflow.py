@@ -70,5 +70,16 @@ class TensorflowAdapter(Adapter):
         with tf.device("/CPU:0"):
             return tf.raw_ops.DeepCopy(x=x)
 
+    def devices(self):
+        out = []
+        for i, gpu in enumerate(tf.config.list_physical_devices("GPU")):
+            cap = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+            if cap is None:
+                out.append((f"gpu:{i}", None, "tensorflow does not say"))
+            else:
+                out.append((f"gpu:{i}", tuple(cap) >= (8, 0),
+                            f"compute capability {cap[0]}.{cap[1]} (bf16 arithmetic from 8.0)"))
+        return out
+
 
 ADAPTER = TensorflowAdapter()

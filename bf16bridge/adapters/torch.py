@@ -70,5 +70,21 @@ class TorchAdapter(Adapter):
     def to_host(self, x):
         return x.to("cpu", copy=True)
 
+    def devices(self):
+        out = []
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                cap = torch.cuda.get_device_capability(i)
+                out.append((f"cuda:{i} {torch.cuda.get_device_name(i)}", cap >= (8, 0),
+                            f"compute capability {cap[0]}.{cap[1]} (bf16 arithmetic from 8.0)"))
+        return out
+
+    def facts(self):
+        try:
+            torch.zeros(2, dtype=torch.bfloat16).view(torch.uint16)
+            return {"uint16": (True, "Tensor.view(torch.uint16) works")}
+        except (AttributeError, RuntimeError, TypeError) as err:
+            return {"uint16": (False, f"{type(err).__name__}: {err} (torch >= 2.3 has it)")}
+
 
 ADAPTER = TorchAdapter()

@@ -1,0 +1,181 @@
+"""float32 <-> bf16 widening and rounding: chunked, bit-exact with ml_dtypes.
+
+``to_float32`` is exact (the 16 bf16 bits become the top half of the float32,
+NaN payloads included). ``to_bf16`` rounds to nearest, ties to even, keeps
+subnormals (no flush to zero), overflows to infinity, and turns every NaN into
+the quiet NaN with its sign (0x7FC0 / 0xFFC0), as ml_dtypes (Eigen) does; an
+exhaustive check over all 2**32 float32 inputs is
+``python -m benchmarks.exhaustive_kernels``.
+
+Both work chunk by chunk, so the extra memory is bounded by a chunk, whatever
+the size (``out=`` may be a memory-mapped file). Backends, fastest first as
+measured here (``make bench``): ml_dtypes' own casts (the reference itself),
+then integer kernels in torch (when torch is already imported; never imported
+for this) or numpy, for a NumPy without a usable ml_dtypes. Never torch's
+``.to(bfloat16)``, whose vectorised path differs on NaNs and, with AVX512-BF16,
+flushes subnormals.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from . import dtypes
+
+#: elements per chunk: 4 Mi elements keeps each temporary at 16 MiB
+CHUNK = 1 << 22
+#: show a progress bar when a conversion is still running after this many seconds
+PROGRESS_AFTER_S = 1.0
+BACKENDS = ("auto", "ml_dtypes", "torch", "numpy")
+
+
+def pick_backend(name: str = "auto") -> str:
+    """The backend ``name`` stands for here ("auto": the fastest usable one)."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
+    if name == "auto":
+        if dtypes.bfloat16 is not None:
+            return "ml_dtypes"
+        return "torch" if "torch" in sys.modules else "numpy"
+    if name == "ml_dtypes" and dtypes.bfloat16 is None:
+        raise ValueError(f"backend 'ml_dtypes' is unusable here: {dtypes.ML_DTYPES_ERROR}")
+    return name
+
+
+def _flat_bits(x, width: int, what: str) -> np.ndarray:
+    a = np.asarray(x)
+    want = {16: ("bfloat16", "uint16"), 32: ("float32", "uint32")}[width]
+    name = a.dtype.name
+    if name not in want:
+        raise TypeError(f"{what} takes a {want[0]} array (or its {want[1]} bits); got dtype {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
+    return a.reshape(-1).view(f"u{width // 8}")
+
+
+def _out(out, shape, dtype, what: str) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if out.shape != tuple(shape) or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{what}: out must be a writable C-contiguous {dtype} array of shape {tuple(shape)}")
+    return out
+
+
+class _Progress:
+    """A plain progress bar on stderr, shown only once a conversion has taken a while."""
+
+    def __init__(self, total: int, label: str, enabled: bool | None):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def update(self, done: int) -> None:
+        if self.enabled is False:
+            return
+        if not self.shown:
+            if self.enabled is None and (time.perf_counter() - self.start < PROGRESS_AFTER_S or not sys.stderr.isatty()):
+                return
+            self.shown = True
+        frac = done / self.total if self.total else 1.0
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%}")
+        if done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def to_float32(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", progress: bool | None = None) -> np.ndarray:
+    """Widen a bf16 array (ml_dtypes.bfloat16, or its uint16 bits) to float32, exactly."""
+    src = _flat_bits(x, 16, "to_float32")
+    shape = np.shape(x)
+    result = _out(out, shape, np.float32, "to_float32")
+    dst = result.reshape(-1).view(np.uint32)
+    kernel = _WIDEN[pick_backend(backend)]
+    bar = _Progress(src.size, "bf16 -> float32", progress)
+    for lo in range(0, src.size, chunk):
+        hi = min(lo + chunk, src.size)
+        kernel(src[lo:hi], dst[lo:hi])
+        bar.update(hi)
+    return result
+
+
+def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", progress: bool | None = None) -> np.ndarray:
+    """Round a float32 array to bf16 (nearest, ties to even), bit-identical to ml_dtypes.
+
+    Returns an ml_dtypes.bfloat16 array, or uint16 bits where ml_dtypes is unusable
+    (then ``out`` must be uint16 too).
+    """
+    src = _flat_bits(x, 32, "to_bf16")
+    shape = np.shape(x)
+    bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else np.dtype(np.uint16)
+    result = _out(out, shape, bf16, "to_bf16")
+    dst = result.reshape(-1).view(np.uint16)
+    kernel = _ROUND[pick_backend(backend)]
+    bar = _Progress(src.size, "float32 -> bf16", progress)
+    for lo in range(0, src.size, chunk):
+        hi = min(lo + chunk, src.size)
+        kernel(src[lo:hi], dst[lo:hi])
+        bar.update(hi)
+    return result
+
+
+# -- the kernels: bits in, bits out -------------------------------------------------
+
+
+def _widen_ml_dtypes(src: np.ndarray, dst: np.ndarray) -> None:
+    np.copyto(dst.view(np.float32), src.view(dtypes.bfloat16))
+
+
+def _round_ml_dtypes(src: np.ndarray, dst: np.ndarray) -> None:
+    with np.errstate(invalid="ignore"):  # NaN inputs are expected; they become quiet NaNs
+        np.copyto(dst.view(dtypes.bfloat16), src.view(np.float32), casting="unsafe")
+
+
+def _widen_numpy(src: np.ndarray, dst: np.ndarray) -> None:
+    np.left_shift(src, 16, out=dst, dtype=np.uint32)
+
+
+def _round_numpy(src: np.ndarray, dst: np.ndarray) -> None:
+    # r = (u + 0x7FFF + lsb) >> 16 rounds to nearest even, carrying into the
+    # exponent (so the largest finite values overflow to inf, as they should).
+    t = src >> 16  # the truncated result, as uint32
+    lsb = t & 1
+    t = src + lsb  # reuse: u + lsb (cannot overflow for non-NaN inputs)
+    t += 0x7FFF
+    t >>= 16
+    nan = (src & 0x7FFFFFFF) > 0x7F800000
+    dst[...] = t
+    if nan.any():
+        dst[nan] = ((src[nan] >> 16) & 0x8000) | 0x7FC0
+
+
+def _torch():
+    import torch  # only reached when torch is already imported, or asked for
+
+    return torch
+
+
+def _widen_torch(src: np.ndarray, dst: np.ndarray) -> None:
+    torch = _torch()
+    s = torch.from_numpy(src.view(np.int16))
+    d = torch.from_numpy(dst.view(np.int32))
+    torch.bitwise_left_shift(s.to(torch.int32), 16, out=d)
+
+
+def _round_torch(src: np.ndarray, dst: np.ndarray) -> None:
+    torch = _torch()
+    u = torch.from_numpy(src.view(np.int32))
+    # int32 arithmetic wraps like uint32 for the low bits we keep; >> is arithmetic, so mask
+    r = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+    r &= 0xFFFF
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    if bool(nan.any()):
+        r = torch.where(nan, ((u >> 16) & 0x8000) | 0x7FC0, r)
+    torch.from_numpy(dst.view(np.int16)).copy_(r.to(torch.int16))
+
+
+_WIDEN = {"ml_dtypes": _widen_ml_dtypes, "torch": _widen_torch, "numpy": _widen_numpy}
+_ROUND = {"ml_dtypes": _round_ml_dtypes, "torch": _round_torch, "numpy": _round_numpy}

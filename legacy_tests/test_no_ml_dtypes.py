@@ -1,0 +1,88 @@
+"""Run in a second, small environment: NumPy 1.26, torch, and no ml_dtypes.
+
+There numpy cannot hold bf16. import bf16bridge must still work, the probe
+must say why bf16 storage is unavailable, and fallback="auto" must hand back
+float32 (or raw uint16 bits when asked) with the values right.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import bf16bridge as bb
+from bf16bridge import dtypes, kernels
+
+
+def test_the_environment_is_the_one_we_mean():
+    assert np.__version__.startswith("1.26")
+    with pytest.raises(ImportError):
+        import ml_dtypes  # noqa: F401
+    assert dtypes.bfloat16 is None and "ml_dtypes" in dtypes.ML_DTYPES_ERROR
+
+
+def test_probe_says_why_bf16_storage_is_unavailable():
+    caps = bb.probe()
+    assert caps.numpy.bf16_storage is False
+    assert "ml_dtypes is unusable" in caps.numpy.bf16_storage_why
+    assert caps.numpy.version.startswith("1.26") and caps.numpy.ml_dtypes_version is None
+    d = caps.decide("numpy")
+    assert d.dtype == "float32" and "numpy cannot hold bf16" in d.reason
+    assert "numpy bf16 storage" in str(caps)
+
+
+def _all_bf16():
+    return torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def test_auto_gives_float32_with_the_values_right():
+    t = _all_bf16()
+    p = bb.plan(t, to="numpy", fallback="auto")
+    assert p.dtype_out == "float32" and "numpy cannot hold bf16" in p.decision
+    a = bb.convert(t, "numpy", fallback="auto")
+    assert a.dtype == np.float32 and a.shape == (65536,)
+    expect = (t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16)
+    np.testing.assert_array_equal(a.view(np.uint32), expect)  # exact, NaN payloads included
+
+
+def test_bits_when_asked():
+    t = _all_bf16()
+    a = bb.convert(t, "numpy", fallback="bits")
+    assert a.dtype == np.uint16
+    np.testing.assert_array_equal(a, t.view(torch.int16).numpy().view(np.uint16))
+    assert a.__array_interface__["data"][0] == t.data_ptr()  # the bits cross without a copy
+
+
+def test_error_by_default_names_the_way_out():
+    with pytest.raises(bb.UnsupportedDtypeError, match="fallback='float32'"):
+        bb.convert(_all_bf16(), "numpy")
+
+
+def test_other_dtypes_still_cross():
+    a = np.arange(10, dtype=np.float32)
+    t = bb.convert(a, "torch")
+    assert t.data_ptr() == a.__array_interface__["data"][0]
+    assert bb.convert(t, "numpy") is not None
+
+
+def test_kernels_work_on_bits():
+    assert kernels.pick_backend("auto") in ("numpy", "torch")
+    x = np.array([1.0, -0.0, 3.140625, np.inf, np.nan, 1e-40], dtype=np.float32)
+    for backend in ("numpy", "torch"):
+        b = kernels.to_bf16(x, backend=backend)
+        assert b.dtype == np.uint16
+        assert b.tolist() == [0x3F80, 0x8000, 0x4049, 0x7F80, 0x7FC0, 0x0001]
+        np.testing.assert_array_equal(kernels.to_float32(b, backend=backend).view(np.uint32),
+                                      b.astype(np.uint32) << 16)
+    u = np.arange(1 << 16, dtype=np.uint32) << 16 | 0x8000  # every tie
+    x = u.view(np.float32)
+    np.testing.assert_array_equal(kernels.to_bf16(x, backend="numpy"), kernels.to_bf16(x, backend="torch"))
+
+
+def test_import_pulls_no_framework():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", "import sys, bf16bridge; print('torch' in sys.modules)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
