@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "probe":
-        from .probe import probe
+        from .capabilities import probe
 
         names = args.frameworks.split(",") if args.frameworks and args.frameworks != "all" else args.frameworks
         caps = probe(frameworks=[n for n in names if n] if isinstance(names, list) else (names or None))

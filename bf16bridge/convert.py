@@ -4,8 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import registry, routes
+from typing import TYPE_CHECKING
+
+from . import registry
 from .errors import Bf16BridgeError, CopyRequiredError, UnsupportedTypeError
+
+
+if TYPE_CHECKING:
+    from .routes import Plan
+
+
+_ROUTES = None
+
+
+def _routes():
+    global _ROUTES
+    if _ROUTES is None:
+        from . import routes  # the planner loads on first use
+
+        _ROUTES = routes
+    return _ROUTES
 
 
 def _describe(x, to):
@@ -17,10 +35,10 @@ def _describe(x, to):
 
 
 def plan(x, to: str, *, copy: bool | None = None, fallback: str = "error",
-         for_compute: bool = False) -> routes.Plan:
+         for_compute: bool = False) -> Plan:
     """What ``convert(x, to, ...)`` with the same keywords would do, without doing it."""
     source, target, src = _describe(x, to)
-    return routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    return _routes().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
 
 
 def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error", for_compute: bool = False):
@@ -37,15 +55,15 @@ def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error", fo
     reason, and whether the result shares memory and is writable.
     """
     source, target, src = _describe(x, to)
-    p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    p = _routes().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
     value, here = src.value, source
     for step in p.steps:
         out = step.run(value)
-        if step.verify and not step.copies and p.nbytes:
+        if copy is False and step.verify and not step.copies and p.nbytes:
             # the framework decides whether it copies; check, so copy=False is never a lie
             before = registry.get(here).data_ptr(value)
             after = registry.get(step.framework).data_ptr(out)
-            if before != after and copy is False:
+            if before != after:
                 raise CopyRequiredError(
                     f"copy=False, but {step.label} copied this {source} input; pass copy=None to allow it"
                 )

@@ -13,14 +13,13 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .adapters._base import Adapter
 from .errors import FrameworkNotInstalledError, UnknownFrameworkError, UnsupportedTypeError
 
 
-@dataclass(frozen=True)
-class AdapterSpec:
+class AdapterSpec(NamedTuple):
     """One row of the registry."""
 
     name: str
@@ -29,7 +28,7 @@ class AdapterSpec:
     aliases: tuple = ()
     extra: str | None = None  # the pip extra that installs the framework
     requires: str | None = None  # the framework's own top-level package
-    instance: Adapter | None = field(default=None, compare=False)
+    instance: Adapter | None = None
 
 
 #: the framework every route may pass through: the core dependency, always importable

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import dtypes, registry
 from .adapters._base import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
@@ -28,8 +27,9 @@ from .registry import HUB
 FALLBACKS = ("error", "float32", "bits", "auto")
 
 
-@dataclass(frozen=True)
-class State:
+class State(NamedTuple):
+    """A node of the graph: a tensor in some framework, with what matters for the next step."""
+
     framework: str
     dtype: str
     layout: int
@@ -39,8 +39,7 @@ class State:
     host: bool
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One step of a route, as plan() shows it and convert() runs it."""
 
     kind: str  # bitview | dlpack | handoff | copy | to_host | widen
@@ -50,23 +49,21 @@ class Step:
     copies: bool
     reason: str = ""  # why it copies
     verify: bool = False  # check the data pointer after running (the framework decides)
-    run: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+    run: Callable[[Any], Any] | None = None
 
     def __str__(self) -> str:
         how = f"copy ({self.reason})" if self.copies else "zero-copy"
         return f"{self.framework}: {self.label} -> {self.dtype}  [{how}]"
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     steps: tuple
     final: State
     dtype: str
     decision: str | None  # why the dtype changed (fallback), or None
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What convert() will do with one input: the route, its copies, the result's nature."""
 
     source: str
@@ -153,7 +150,7 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     if s.readonly and not (dst.immutable or dst.marks_readonly):
         return None  # e.g. a read-only numpy array into torch: must copy first
     readonly = s.readonly or (src.immutable and dst.marks_readonly)
-    return replace(s, framework=dst.name, readonly=readonly)
+    return s._replace(framework=dst.name, readonly=readonly)
 
 
 def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
@@ -165,10 +162,10 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             d for d, bits in dtypes.BITS_OF.items() if bits == s.dtype and a.holds(d)]
         for d in views:
             copies = not a.bitview_free
-            nxt = replace(s, dtype=d) if not copies else State(
+            nxt = s._replace(dtype=d) if not copies else State(
                 s.framework, d, CONTIGUOUS, True, False, False, s.host)
             yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
-                                    "the framework's bit-view copies" if copies else "",
+                                    "the framework's bit-view copies" if copies else "", False,
                                     run=lambda x, a=a, d=d: a.bitview(x, d)), nxt
     if copy is not False:
         # a copy within the framework: contiguous, aligned as the framework allocates, writable
@@ -189,13 +186,15 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
         if b is a:
             continue
         # DLPack between frameworks
-        if s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts:
-            copies = b.dlpack_needs_alignment and not s.aligned
+        unaligned = b.dlpack_unaligned if not s.aligned else "ok"
+        if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts
+                and unaligned != "refuse"):
+            copies = unaligned == "copies"
             nxt = _enter(s, a, b, copies)
             if nxt is not None and not (copies and copy is False):
-                yield int(copies), Step(
+                yield b.import_copy_cost if copies else 0, Step(
                     "dlpack", b.name, b.label_import, s.dtype, copies,
-                    "not 64-byte aligned" if copies else "", verify=b.dlpack_needs_alignment,
+                    "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
                     run=lambda x, a=a, b=b, ro=s.readonly: b.from_dlpack(a.export(x, ro))), nxt
         # hand-offs either adapter declares
         for h in (*a.handoffs(), *b.handoffs()):
@@ -204,7 +203,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             reason = h.copies(s.layout, s.aligned)
             nxt = _enter(s, a, b, reason is not None)
             if nxt is not None and not (reason and copy is False):
-                yield int(reason is not None), Step(
+                yield b.import_copy_cost if reason else 0, Step(
                     "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
                     verify=h.verify, run=h.run), nxt
 
@@ -277,15 +276,20 @@ def clear_cache() -> None:
 
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
     """The goal dtypes to try in order, each with the decision to report."""
+    if dtype in dtypes.BITS_OF and fallback == "auto":
+        from .capabilities import probe  # cached; it imports no framework
+
+        d = probe().decide(target, for_compute=for_compute, device=device)
+        goal = {"bfloat16": dtype, "float32": "float32", "bits": dtypes.BITS_OF[dtype]}[d.dtype]
+        return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})"),)
+    return _fixed_attempts(dtype, target, fallback)
+
+
+@lru_cache(maxsize=256)
+def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
     if dtype not in dtypes.BITS_OF:
         return ((frozenset([dtype]), None),)
     bits = dtypes.BITS_OF[dtype]
-    if fallback == "auto":
-        from .probe import probe  # the probe is cached; it imports no framework
-
-        d = probe().decide(target, for_compute=for_compute, device=device)
-        goal = {"bfloat16": dtype, "float32": "float32", "bits": bits}[d.dtype]
-        return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})"),)
     why = f"{target} cannot hold {dtype} bit for bit here"
     out = ((frozenset([dtype]), None),)
     if fallback == "float32" and dtype == "bfloat16":

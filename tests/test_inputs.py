@@ -71,7 +71,11 @@ def test_unaligned_buffer_into_jax_copies_and_says_so(src, offset):
 
         x = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
     if src == "tensorflow":
-        x = bb.to_tensorflow(a)  # zero-copy, keeps numpy's odd alignment
+        import tensorflow as tf
+
+        # what a raw DLPack import makes (bf16bridge would have copied): a tf tensor that
+        # aborts the process in any tf kernel; the bridge must get it out without running one
+        x = tf.bitcast(tf.experimental.dlpack.from_dlpack(a.view(np.uint16).__dlpack__()), tf.bfloat16)
         assert ptr(x) == ptr(a)
     p = bb.plan(x, to="jax")
     assert p.copies and "aligned" in " ".join(s.reason for s in p.steps)
@@ -81,12 +85,44 @@ def test_unaligned_buffer_into_jax_copies_and_says_so(src, offset):
         bb.convert(x, "jax", copy=False)
 
 
-@pytest.mark.parametrize("dst", ["torch", "tensorflow"])
-def test_unaligned_buffer_elsewhere_stays_zero_copy(dst):
+def test_unaligned_buffer_into_torch_stays_zero_copy():
     a = aligned_copy(_bf16((1000,)), offset_bytes=2)
-    y = bb.convert(a, dst, copy=False)
+    y = bb.convert(a, "torch", copy=False)
     assert ptr(y) == ptr(a)
     _expect(y, a)
+    y.float().sum()  # torch computes on an unaligned tensor too
+
+
+@pytest.mark.parametrize("src", ["numpy", "torch"])
+@pytest.mark.parametrize("offset", [2, 32])
+def test_unaligned_buffer_into_tensorflow_is_copied_so_tf_can_compute(src, offset):
+    import tensorflow as tf
+
+    a = aligned_copy(_bf16((1000,)), offset_bytes=offset)
+    x = a if src == "numpy" else bb.to_torch(a)
+    p = bb.plan(x, to="tensorflow")
+    assert p.copies and any("not 64-byte aligned" in s.reason for s in p.steps)
+    y = bb.convert(x, "tensorflow")
+    _expect(y, a)
+    # a tf tensor over an unaligned buffer aborts the process in the first kernel
+    # ("Check failed: IsAligned()"); the copy is what makes these calls safe
+    tf.raw_ops.DeepCopy(x=y)
+    float(tf.reduce_sum(tf.cast(y, tf.float32)))
+    with pytest.raises(bb.CopyRequiredError, match="64-byte aligned"):
+        bb.convert(x, "tensorflow", copy=False)
+
+
+def test_unaligned_tf_tensor_leaves_without_running_a_tf_kernel():
+    import tensorflow as tf
+
+    a = aligned_copy(_bf16((1000,)), offset_bytes=2)
+    x = tf.bitcast(tf.experimental.dlpack.from_dlpack(a.view(np.uint16).__dlpack__()), tf.bfloat16)
+    for dst in ("numpy", "torch"):
+        y = bb.convert(x, dst, copy=False)
+        assert ptr(y) == ptr(a)
+    y = bb.convert(x, "tensorflow", copy=True)  # an aligned, safe copy
+    _expect(y, a)
+    float(tf.reduce_sum(tf.cast(y, tf.float32)))
 
 
 def test_readonly_numpy_into_torch_copies():
@@ -193,6 +229,16 @@ def test_zero_d_and_empty(src, dst, shape):
     y = bb.convert(x, dst)
     assert tuple(y.shape) == shape and type_framework(y) == dst
     _expect(y, a)
+
+
+@pytest.mark.parametrize("dst", ["jax", "tensorflow"])
+def test_aligned_empty_makes_numpy_arrays_that_cross_without_a_copy(dst):
+    a = bb.aligned_empty((33, 7))
+    assert a.dtype == BF16 and a.shape == (33, 7) and ptr(a) % 64 == 0
+    a[...] = _bf16((33, 7))
+    y = bb.convert(a, dst, copy=False)
+    assert ptr(y) == ptr(a)
+    assert bb.aligned_empty(5, np.float32).dtype == np.float32
 
 
 def test_numpy_scalar_is_taken_as_0d():

@@ -13,7 +13,7 @@ import pytest
 import bf16bridge as bb
 from conftest import BF16, aligned_copy, bits
 
-probe_mod = importlib.import_module("bf16bridge.probe")  # the module; bb.probe is the function
+probe_mod = importlib.import_module("bf16bridge.capabilities")
 
 
 class FakeReader(probe_mod.Reader):

@@ -61,9 +61,7 @@ class BoxAdapter(NumpyAdapter):
         return "box holds no bfloat16" if dtype == "bfloat16" else None
 
     def describe(self, x):
-        import dataclasses
-
-        return dataclasses.replace(super().describe(x.a), value=x)
+        return super().describe(x.a)._replace(value=x)
 
     def data_ptr(self, x):
         return super().data_ptr(x.a)

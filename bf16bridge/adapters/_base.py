@@ -7,8 +7,7 @@ framework at the top: it is imported only when first used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, NamedTuple
 
 from .. import dtypes
 
@@ -37,8 +36,7 @@ def layout_of(shape, strides_in_elements) -> int:
     return CONTIGUOUS
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """What an adapter reports of an input: enough for the planner to choose a route."""
 
     value: Any  # the tensor to move (torch: detached; tf.Variable: its current value)
@@ -53,8 +51,7 @@ class Source:
     notes: tuple = ()  # what the user should know (gradients dropped, a Variable's snapshot)
 
 
-@dataclass(frozen=True)
-class Handoff:
+class Handoff(NamedTuple):
     """An extra edge an adapter offers besides DLPack and bit-views.
 
     ``copies(layout, aligned)`` returns None when the hand-off is zero-copy for
@@ -68,7 +65,7 @@ class Handoff:
     label: str
     run: Callable[[Any], Any]
     copies: Callable[[int, bool], str | None]
-    dtypes: frozenset = field(default_factory=lambda: frozenset(dtypes.ALL))
+    dtypes: frozenset = frozenset(dtypes.ALL)
     verify: bool = False
 
 
@@ -87,12 +84,17 @@ class Adapter:
     dlpack_import: ClassVar[frozenset] = frozenset(dtypes.ALL)
     #: the least regular layout its DLPack import takes (see CONTIGUOUS/STRIDED/NEGATIVE)
     dlpack_accepts: ClassVar[int] = STRIDED
-    #: its DLPack import copies (silently) unless the buffer is ALIGN-aligned
-    dlpack_needs_alignment: ClassVar[bool] = False
+    #: what its DLPack import does with a buffer not ALIGN-aligned: "ok" (takes it),
+    #: "copies" (copies it, silently: jax), "refuse" (takes it, but its kernels then
+    #: abort the process: tensorflow; the planner copies first)
+    dlpack_unaligned: ClassVar[str] = "ok"
     #: a bit-view (bf16 <-> uint16) is free; False: it copies; None: impossible
     bitview_free: ClassVar[bool | None] = True
     #: its own copies are ALIGN-aligned
     copies_aligned: ClassVar[bool] = True
+    #: what a copy made by its import costs, against one made by an adapter's copy()
+    #: (measured by the benchmark harness; the planner prefers the cheaper)
+    import_copy_cost: ClassVar[float] = 1.0
 
     # Labels shown by plan(); the adapter names its own calls.
     label_bitview: ClassVar[str] = "view as {dtype}"

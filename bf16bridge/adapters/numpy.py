@@ -9,12 +9,17 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import ALIGN, NEGATIVE, Adapter, Source, layout_of
+from ._base import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
 
 
-def aligned_empty(shape, dtype) -> np.ndarray:
-    """An uninitialised C-ordered array whose buffer starts on an ALIGN-byte boundary."""
-    dtype = np.dtype(dtype)
+def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
+    """An uninitialised C-ordered numpy array whose buffer starts on a 64-byte boundary.
+
+    jax and tensorflow take such arrays without a copy; numpy's own allocations
+    are usually not so aligned. ``dtype`` is a numpy dtype or a name ("bfloat16").
+    """
+    dtype = dtypes.numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
     n = math.prod(shape) * dtype.itemsize
     raw = np.empty(n + ALIGN, dtype=np.uint8)
     start = (-raw.__array_interface__["data"][0]) % ALIGN
@@ -73,7 +78,7 @@ class NumpyAdapter(Adapter):
         ptr = x.__array_interface__["data"][0]
         return Source(
             value=x, dtype=name, shape=x.shape, nbytes=x.nbytes,
-            layout=layout_of(x.shape, [s // itemsize for s in x.strides]),
+            layout=CONTIGUOUS if x.flags.c_contiguous else layout_of(x.shape, [s // itemsize for s in x.strides]),
             aligned=ptr % ALIGN == 0, readonly=not x.flags.writeable, device="cpu",
             must_copy=must_copy, notes=notes,
         )
@@ -95,7 +100,10 @@ class NumpyAdapter(Adapter):
 
     def copy(self, x):
         out = aligned_empty(x.shape, x.dtype.newbyteorder("="))
-        out[...] = x
+        if x.dtype.name in dtypes.BITS_OF:  # copy the bits: numpy's loops for ml_dtypes types are slower
+            out.view(dtypes.BITS_OF[x.dtype.name])[...] = x.view(dtypes.BITS_OF[x.dtype.name])
+        else:
+            out[...] = x
         return out
 
     def astype(self, x, dtype):

@@ -1,8 +1,11 @@
 """TensorFlow. Tensors are immutable; its DLPack import takes only contiguous
-buffers, of any alignment; ``tf.bitcast`` is free, so bf16 crosses to and
-from numpy as uint16."""
+buffers, and only 64-byte aligned ones safely; ``tf.bitcast`` is free, so bf16
+crosses to and from numpy as uint16."""
 
 from __future__ import annotations
+
+import functools
+import math
 
 import tensorflow as tf
 
@@ -10,6 +13,22 @@ from .. import dtypes
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
 from ._base import ALIGN, CONTIGUOUS, Adapter, Source
+
+
+@functools.lru_cache(maxsize=64)
+def _device(name: str) -> str:
+    """"cpu", or "gpu:0" and the like, from a tf device string."""
+    spec = tf.DeviceSpec.from_string(name)
+    kind = (spec.device_type or "CPU").lower()
+    return "cpu" if kind == "cpu" else f"{kind}:{spec.device_index or 0}"
+
+
+@functools.lru_cache(maxsize=64)
+def _name(dtype) -> str | None:
+    """The bridge name of a tf dtype, or None if we do not carry it."""
+    if dtype == tf.bfloat16:
+        return "bfloat16"
+    return dtypes.name_of_numpy(dtype.as_numpy_dtype) if dtype.is_numpy_compatible else None
 
 
 def _tf_dtype(name: str):
@@ -20,9 +39,12 @@ class TensorflowAdapter(Adapter):
     name = "tensorflow"
     immutable = True
     dlpack_accepts = CONTIGUOUS  # anything else: "Invalid strides array from DLPack"
+    # it imports any buffer, but the first op on one not 64-byte aligned aborts the
+    # process ("Check failed: IsAligned()"): never hand it one
+    dlpack_unaligned = "refuse"
     label_bitview = "tf.bitcast({dtype})"
     label_import = "tf.experimental.dlpack.from_dlpack"
-    label_copy = "tf.raw_ops.DeepCopy"
+    label_copy = "copy into a new aligned tensor"
 
     def describe(self, x) -> Source:
         notes = ()
@@ -33,22 +55,18 @@ class TensorflowAdapter(Adapter):
             raise UnsupportedTypeError(
                 "a symbolic tf.Tensor (inside tf.function or a graph) has no data; convert eagerly"
             )
-        name = dtypes.name_of_numpy(x.dtype.as_numpy_dtype) if x.dtype.is_numpy_compatible else None
-        if x.dtype == tf.bfloat16:
-            name = "bfloat16"
+        name = _name(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
                 f"tf tensor of dtype {x.dtype.name} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
             )
-        spec = tf.DeviceSpec.from_string(x.device)
-        on_cpu = (spec.device_type or "CPU").upper() == "CPU"
-        nbytes = x.shape.num_elements() * x.dtype.size
+        shape = tuple(x.shape)
+        nbytes = math.prod(shape) * x.dtype.size
         return Source(
-            value=x, dtype=name, shape=tuple(x.shape), nbytes=nbytes, layout=CONTIGUOUS,
+            value=x, dtype=name, shape=shape, nbytes=nbytes, layout=CONTIGUOUS,
             # a tensor imported zero-copy from numpy keeps numpy's alignment
             aligned=nbytes == 0 or _dlpack.data_ptr(x) % ALIGN == 0,
-            readonly=False, device="cpu" if on_cpu else f"{spec.device_type.lower()}:{spec.device_index or 0}",
-            notes=notes,
+            readonly=False, device=_device(x.device), notes=notes,
         )
 
     def data_ptr(self, x) -> int:
@@ -61,7 +79,17 @@ class TensorflowAdapter(Adapter):
         return tf.experimental.dlpack.from_dlpack(obj.__dlpack__())
 
     def copy(self, x):
-        return tf.raw_ops.DeepCopy(x=x)
+        if _dlpack.data_ptr(x) % ALIGN == 0 or self.describe(x).device != "cpu":
+            return tf.raw_ops.DeepCopy(x=x)
+        # An unaligned tensor (someone else's zero-copy import) aborts the process in any
+        # tf kernel, DeepCopy included: copy its bits through numpy instead.
+        import numpy as np
+
+        from .numpy import ADAPTER as NUMPY
+
+        bits = tf.bitcast(x, tf.uint16) if x.dtype == tf.bfloat16 else x
+        fresh = tf.experimental.dlpack.from_dlpack(NUMPY.copy(np.from_dlpack(bits)).__dlpack__())
+        return tf.bitcast(fresh, tf.bfloat16) if x.dtype == tf.bfloat16 else fresh
 
     def astype(self, x, dtype):
         return tf.cast(x, _tf_dtype(dtype))

@@ -7,7 +7,7 @@ import torch
 
 from .. import dtypes
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import ALIGN, STRIDED, Adapter, Source, layout_of
+from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Source, layout_of
 
 _TO_TORCH = {name: getattr(torch, name) for name in dtypes.ALL if isinstance(getattr(torch, name, None), torch.dtype)}
 _FROM_TORCH = {dt: name for name, dt in _TO_TORCH.items()}
@@ -47,7 +47,8 @@ class TorchAdapter(Adapter):
         device = x.device.type if x.device.type == "cpu" else str(x.device)
         return Source(
             value=x, dtype=name, shape=tuple(x.shape), nbytes=x.numel() * x.element_size(),
-            layout=layout_of(x.shape, x.stride()), aligned=x.data_ptr() % ALIGN == 0,
+            layout=CONTIGUOUS if x.is_contiguous() else layout_of(x.shape, x.stride()),
+            aligned=x.data_ptr() % ALIGN == 0,
             readonly=False, device=device, must_copy=must_copy, notes=tuple(notes),
         )
 

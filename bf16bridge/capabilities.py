@@ -10,9 +10,6 @@ a ``Reader``, which tests replace to stand in for other hardware.
 
 from __future__ import annotations
 
-import ctypes
-import importlib.metadata as metadata
-import json
 import os
 import platform
 import sys
@@ -49,6 +46,8 @@ class Reader:
     def hwcap2(self) -> int | None:
         if self.system() != "Linux":
             return None
+        import ctypes
+
         try:
             getauxval = ctypes.CDLL(None).getauxval
         except (OSError, AttributeError):
@@ -70,6 +69,8 @@ class Reader:
 
     def version(self, package: str) -> str | None:
         """Installed version of the distribution that provides top-level ``package``."""
+        from importlib import metadata
+
         for dist in _distributions().get(package, [package]):
             try:
                 return metadata.version(dist)
@@ -128,6 +129,8 @@ def _distributions() -> dict:
     global _DISTS
     with _DIST_LOCK:
         if _DISTS is None:
+            from importlib import metadata
+
             _DISTS = metadata.packages_distributions()
         return _DISTS
 
@@ -235,6 +238,8 @@ class Capabilities:
         return asdict(self)
 
     def to_json(self) -> str:
+        import json
+
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def __str__(self) -> str:
@@ -258,7 +263,7 @@ class Capabilities:
             for d in fw.devices:
                 rows.append((f"{fw.name} device", f"{d.name}: bf16 compute {_yes(d.bf16_compute)} ({d.why})"))
         rows.append(("", ""))
-        for target in self.frameworks.keys() | {registry.HUB}:
+        for target in (registry.HUB, *self.frameworks):
             if target != registry.HUB and not self.frameworks[target].probed:
                 continue
             rows.append((f"decide({target!r})", str(self.decide(target))))

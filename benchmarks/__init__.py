@@ -1,0 +1,1 @@
+"""The speed and memory harness (``python -m benchmarks``) and exhaustive checks."""
