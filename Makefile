@@ -17,7 +17,7 @@ setup-legacy: $(LEGACY_STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[torch,jax,tensorflow-cpu,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[torch,jax,tensorflow-cpu,test,bench]'
 	touch $(STAMP)
 
 $(LEGACY_STAMP): pyproject.toml

@@ -91,10 +91,15 @@ def sample(nbytes: int, offset: int = 0) -> np.ndarray:
     return out.view(bb.dtypes.numpy_dtype("bfloat16"))
 
 
-def memcpy_floor(nbytes: int) -> dict:
-    """np.copy of the same bytes: a memcpy into fresh memory, as any copying route must make."""
+def memcpy_floor(nbytes: int, fresh: bool = True) -> dict:
+    """A memcpy of the same bytes: into fresh memory (np.copy), as a copying route must make;
+    or, fresh=False, into memory already there (the bandwidth floor for kernels given out=)."""
     src = np.ones(nbytes, dtype=np.uint8)
-    return measure(lambda: np.copy(src))
+    if fresh:
+        return measure(lambda: np.copy(src))
+    dst = np.empty_like(src)
+    dst[...] = 0
+    return measure(lambda: np.copyto(dst, src))
 
 
 def bench_pairs(sizes, log) -> list[dict]:
@@ -138,24 +143,29 @@ def bench_copying_routes(label: str, log) -> list[dict]:
     import torch
 
     nbytes = SIZES[label]
-    mem = memcpy_floor(nbytes)
     unaligned = sample(nbytes, offset=16)
     readonly = sample(nbytes)
     readonly.flags.writeable = False
     side = int((nbytes // 2) ** 0.5)
     t = torch.from_numpy(sample(side * side * 2).view(np.uint16)).view(torch.bfloat16).reshape(side, side).T
+    # (what, input, target, the framework's own call for the same layout change, or None)
     cases = [
-        ("numpy (not 64-byte aligned) -> jax", unaligned, "jax"),
-        ("numpy (read-only) -> torch", readonly, "torch"),
-        ("torch (transposed) -> tensorflow", t, "tensorflow"),
-        ("torch (transposed) -> jax", t, "jax"),
+        ("numpy (not 64-byte aligned) -> jax", unaligned, "jax", None),
+        ("numpy (not 64-byte aligned) -> tensorflow", unaligned, "tensorflow", None),
+        ("numpy (read-only) -> torch", readonly, "torch", None),
+        ("torch (transposed) -> tensorflow", t, "tensorflow", ("t.contiguous()", lambda: t.contiguous())),
+        ("torch (transposed) -> jax", t, "jax", ("t.contiguous()", lambda: t.contiguous())),
     ]
     rows = []
-    for name, x, d in cases:
+    for name, x, d, own in cases:
         p = bb.plan(x, to=d)
+        mem = memcpy_floor(nbytes)  # measured next to each case: the machine drifts
         r = measure(lambda: bb.convert(x, d))
-        rows.append({"case": name, "size": label, "copies": p.copies, "bridge": r, "memcpy": mem,
-                     "reasons": [st.reason for st in p.steps if st.copies]})
+        row = {"case": name, "size": label, "copies": p.copies, "bridge": r, "memcpy": mem,
+               "reasons": [st.reason for st in p.steps if st.copies]}
+        if own:
+            row["own"] = {"code": own[0], **measure(own[1])}
+        rows.append(row)
         log(f"  copy route {name}: {r['median'] * 1e3:.2f} ms vs memcpy {mem['median'] * 1e3:.2f} ms")
     return rows
 
@@ -170,7 +180,7 @@ def bench_kernels(sizes, log) -> list[dict]:
         n = nbytes // 2  # bf16 elements
         b = sample(nbytes)
         f = np.random.default_rng(1).standard_normal(n).astype(np.float32)
-        mem = memcpy_floor(nbytes)
+        mem = memcpy_floor(nbytes, fresh=False)
         bandwidth = 2 * nbytes / mem["median"]  # bytes read + written per second
         out_f = np.empty(n, np.float32)
         out_b = np.empty(n, ml_dtypes.bfloat16)

@@ -29,9 +29,9 @@ def _routes():
 def _describe(x, to):
     source = registry.framework_of(x)
     target = registry.resolve(to)
-    registry.get(target)  # a missing target framework fails here, naming its pip extra
-    adapter = registry.get(source)
-    return source, target, adapter.describe(x)
+    # a missing target framework fails here, naming its pip extra
+    alignment = registry.get(target).dlpack_unaligned != "ok"
+    return source, target, registry.get(source).describe(x, alignment=alignment)
 
 
 def plan(x, to: str, *, copy: bool | None = None, fallback: str = "error",

@@ -117,6 +117,9 @@ def _choices() -> str:
 
 def get(name: str) -> Adapter:
     """The adapter for a framework, importing its module on first use."""
+    adapter = _LOADED.get(name)  # the hot path: a canonical name, already loaded
+    if adapter is not None:
+        return adapter
     key = resolve(name)
     adapter = _LOADED.get(key)
     if adapter is not None:

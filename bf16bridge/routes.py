@@ -272,6 +272,7 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
 def clear_cache() -> None:
     """Forget planned routes (the registry calls this when an adapter changes)."""
     _route.cache_clear()
+    _outcome.cache_clear()
 
 
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
@@ -312,20 +313,23 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
     start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
     route = _route(source, target, start, src.must_copy, copy, attempts)
+    copies, shares, writable, notes = _outcome(route, source, target, src.readonly, src.nbytes > 0, src.notes)
+    return Plan(source, target, src.dtype, route.dtype, tuple(src.shape), src.nbytes, src.device,
+                route.steps, copies, shares, writable, route.decision, notes)
+
+
+@lru_cache(maxsize=1024)
+def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: bool, src_notes: tuple):
+    """What the result is (copied? shares memory? writable?) and what the user should know."""
     src_adapter, dst_adapter = registry.get(source), registry.get(target)
     final = route.final
-    shares = final.shared and src.nbytes > 0
+    shares = final.shared and nonempty
     writable = (not dst_adapter.immutable) and not final.readonly
-    notes = list(src.notes)
+    notes = list(src_notes)
     if shares and writable and src_adapter.immutable:
         notes.append(f"the result shares memory with an immutable {source} tensor: writing to it changes "
                      f"that tensor too; pass copy=True to write safely")
-    if shares and dst_adapter.immutable and not src_adapter.immutable and not src.readonly:
+    if shares and dst_adapter.immutable and not src_adapter.immutable and not readonly:
         notes.append(f"the {target} result shares the {source} input's memory: writing to the input "
                      f"afterwards changes it; pass copy=True to decouple them")
-    return Plan(
-        source=source, target=target, dtype_in=src.dtype, dtype_out=route.dtype,
-        shape=tuple(src.shape), nbytes=src.nbytes, device=src.device, steps=route.steps,
-        copies=any(s.copies for s in route.steps), shares_memory=shares, writable=writable,
-        decision=route.decision, notes=tuple(notes),
-    )
+    return any(s.copies for s in route.steps), shares, writable, tuple(notes)

@@ -60,7 +60,7 @@ class BoxAdapter(NumpyAdapter):
     def cannot_hold(self, dtype):
         return "box holds no bfloat16" if dtype == "bfloat16" else None
 
-    def describe(self, x):
+    def describe(self, x, *, alignment=True):
         return super().describe(x.a)._replace(value=x)
 
     def data_ptr(self, x):

@@ -115,7 +115,10 @@ class Adapter:
         return []
 
     # -- primitives convert() runs ------------------------------------------
-    def describe(self, x) -> Source:  # pragma: no cover - every adapter overrides
+    def describe(self, x, *, alignment: bool = True) -> Source:  # pragma: no cover - every adapter overrides
+        """What the planner needs to know of ``x``. ``alignment=False``: no step of the
+        route can depend on the buffer's alignment, so an adapter may skip an
+        expensive check and report ``aligned=True``."""
         raise NotImplementedError
 
     def data_ptr(self, x) -> int:  # pragma: no cover

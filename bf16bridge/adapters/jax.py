@@ -48,7 +48,7 @@ class JaxAdapter(Adapter):
             Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None),
         ]
 
-    def describe(self, x) -> Source:
+    def describe(self, x, *, alignment: bool = True) -> Source:
         if isinstance(x, jax.core.Tracer):
             raise UnsupportedTypeError(
                 "a traced jax value (inside jit, grad or vmap) has no data yet; convert outside the transform"

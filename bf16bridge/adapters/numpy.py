@@ -55,7 +55,7 @@ class NumpyAdapter(Adapter):
             return f"ml_dtypes is unusable: {dtypes.ML_DTYPES_ERROR}"
         return super().cannot_hold(dtype)
 
-    def describe(self, x) -> Source:
+    def describe(self, x, *, alignment: bool = True) -> Source:
         notes = ()
         if isinstance(x, np.ma.MaskedArray):
             raise UnsupportedTypeError(

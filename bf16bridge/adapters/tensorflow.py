@@ -46,7 +46,7 @@ class TensorflowAdapter(Adapter):
     label_import = "tf.experimental.dlpack.from_dlpack"
     label_copy = "copy into a new aligned tensor"
 
-    def describe(self, x) -> Source:
+    def describe(self, x, *, alignment: bool = True) -> Source:
         notes = ()
         if isinstance(x, tf.Variable):
             x = x.read_value()
@@ -64,8 +64,9 @@ class TensorflowAdapter(Adapter):
         nbytes = math.prod(shape) * x.dtype.size
         return Source(
             value=x, dtype=name, shape=shape, nbytes=nbytes, layout=CONTIGUOUS,
-            # a tensor imported zero-copy from numpy keeps numpy's alignment
-            aligned=nbytes == 0 or _dlpack.data_ptr(x) % ALIGN == 0,
+            # tf allocates on 64-byte boundaries, but a tensor imported zero-copy keeps its
+            # source's alignment; reading it costs a DLPack capsule, so only when it matters
+            aligned=not alignment or nbytes == 0 or _dlpack.data_ptr(x) % ALIGN == 0,
             readonly=False, device=_device(x.device), notes=notes,
         )
 
@@ -79,7 +80,7 @@ class TensorflowAdapter(Adapter):
         return tf.experimental.dlpack.from_dlpack(obj.__dlpack__())
 
     def copy(self, x):
-        if _dlpack.data_ptr(x) % ALIGN == 0 or self.describe(x).device != "cpu":
+        if _dlpack.data_ptr(x) % ALIGN == 0 or _device(x.device) != "cpu":
             return tf.raw_ops.DeepCopy(x=x)
         # An unaligned tensor (someone else's zero-copy import) aborts the process in any
         # tf kernel, DeepCopy included: copy its bits through numpy instead.

@@ -25,7 +25,7 @@ class TorchAdapter(Adapter):
             return f"torch {torch.__version__} has no {dtype} (torch.uint16 needs torch >= 2.3)"
         return None
 
-    def describe(self, x) -> Source:
+    def describe(self, x, *, alignment: bool = True) -> Source:
         if x.layout != torch.strided:
             raise UnsupportedTypeError(
                 f"torch tensor with layout {x.layout} is not moved; call .to_dense() first"
