@@ -7,8 +7,9 @@ the quiet NaN with its sign (0x7FC0 / 0xFFC0), as ml_dtypes (Eigen) does; an
 exhaustive check over all 2**32 float32 inputs is
 ``python -m benchmarks.exhaustive_kernels``.
 
-Both work chunk by chunk, so the extra memory is bounded by a chunk, whatever
-the size (``out=`` may be a memory-mapped file). Backends, fastest first as
+Both work chunk by chunk, so the extra memory is bounded by a chunk per thread,
+whatever the size (``out=`` may be a memory-mapped file); the ml_dtypes and
+numpy backends spread the chunks over threads (their loops release the GIL). Backends, fastest first as
 measured here (``make bench``): ml_dtypes' own casts (the reference itself),
 then integer kernels in torch (when torch is already imported; never imported
 for this) or numpy, for a NumPy without a usable ml_dtypes. Never torch's
@@ -18,6 +19,7 @@ flushes subnormals.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -27,6 +29,8 @@ from . import dtypes
 
 #: elements per chunk: 4 Mi elements keeps each temporary at 16 MiB
 CHUNK = 1 << 22
+#: the smallest piece worth a thread of its own
+MIN_PIECE = 1 << 18
 #: show a progress bar when a conversion is still running after this many seconds
 PROGRESS_AFTER_S = 1.0
 BACKENDS = ("auto", "ml_dtypes", "torch", "numpy")
@@ -87,39 +91,67 @@ class _Progress:
         sys.stderr.flush()
 
 
-def to_float32(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", progress: bool | None = None) -> np.ndarray:
+def to_float32(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: int | None = None,
+               progress: bool | None = None) -> np.ndarray:
     """Widen a bf16 array (ml_dtypes.bfloat16, or its uint16 bits) to float32, exactly."""
     src = _flat_bits(x, 16, "to_float32")
-    shape = np.shape(x)
-    result = _out(out, shape, np.float32, "to_float32")
+    result = _out(out, np.shape(x), np.float32, "to_float32")
     dst = result.reshape(-1).view(np.uint32)
-    kernel = _WIDEN[pick_backend(backend)]
-    bar = _Progress(src.size, "bf16 -> float32", progress)
-    for lo in range(0, src.size, chunk):
-        hi = min(lo + chunk, src.size)
-        kernel(src[lo:hi], dst[lo:hi])
-        bar.update(hi)
+    _run(_WIDEN, backend, src, dst, chunk, threads, _Progress(src.size, "bf16 -> float32", progress))
     return result
 
 
-def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", progress: bool | None = None) -> np.ndarray:
+def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: int | None = None,
+            progress: bool | None = None) -> np.ndarray:
     """Round a float32 array to bf16 (nearest, ties to even), bit-identical to ml_dtypes.
 
     Returns an ml_dtypes.bfloat16 array, or uint16 bits where ml_dtypes is unusable
     (then ``out`` must be uint16 too).
     """
     src = _flat_bits(x, 32, "to_bf16")
-    shape = np.shape(x)
     bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else np.dtype(np.uint16)
-    result = _out(out, shape, bf16, "to_bf16")
+    result = _out(out, np.shape(x), bf16, "to_bf16")
     dst = result.reshape(-1).view(np.uint16)
-    kernel = _ROUND[pick_backend(backend)]
-    bar = _Progress(src.size, "float32 -> bf16", progress)
-    for lo in range(0, src.size, chunk):
-        hi = min(lo + chunk, src.size)
-        kernel(src[lo:hi], dst[lo:hi])
-        bar.update(hi)
+    _run(_ROUND, backend, src, dst, chunk, threads, _Progress(src.size, "float32 -> bf16", progress))
     return result
+
+
+_POOLS: dict = {}
+
+
+def _run(kernels: dict, backend: str, src, dst, chunk: int, threads: int | None, bar: _Progress) -> None:
+    name = pick_backend(backend)
+    kernel = kernels[name]
+    n = src.size
+    # torch parallelises inside each call; the others get a thread per piece
+    workers = 1 if name == "torch" else max(1, min(threads or os.cpu_count() or 1, 8))
+    if chunk < 1:
+        raise ValueError(f"chunk must be a positive number of elements; got {chunk}")
+    if workers > 1:
+        chunk = min(chunk, max(MIN_PIECE, -(-n // workers)))
+    spans = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
+    if workers == 1 or len(spans) == 1:
+        for lo, hi in spans:
+            kernel(src[lo:hi], dst[lo:hi])
+            bar.update(hi)
+        return
+    pool = _POOLS.get(workers)
+    if pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = _POOLS.setdefault(workers, ThreadPoolExecutor(workers, thread_name_prefix="bf16bridge-kernel"))
+    # at most `workers` pieces in flight, so extra memory stays bounded by a chunk per thread
+    done, pending = 0, []
+    for lo, hi in spans:
+        pending.append(pool.submit(kernel, src[lo:hi], dst[lo:hi]))
+        if len(pending) >= workers:
+            pending.pop(0).result()
+            done += 1
+            bar.update(spans[done - 1][1])
+    for f in pending:
+        f.result()
+        done += 1
+        bar.update(spans[done - 1][1])
 
 
 # -- the kernels: bits in, bits out -------------------------------------------------

@@ -76,6 +76,17 @@ def test_chunking_does_not_change_results(backend):
     np.testing.assert_array_equal(wide, kernels.to_float32(pieces, backend=backend))
 
 
+@pytest.mark.parametrize("backend", ["ml_dtypes", "numpy"])
+def test_threads_do_not_change_results(backend, f32_inputs):
+    x, ref = f32_inputs
+    y = kernels.to_bf16(x, backend=backend, threads=3, chunk=1 << 20)
+    np.testing.assert_array_equal(y.view(np.uint16), ref)
+    w = kernels.to_float32(y, backend=backend, threads=4, chunk=333_333)
+    np.testing.assert_array_equal(w.view(np.uint32), ref.astype(np.uint32) << 16)
+    with pytest.raises(ValueError, match="chunk"):
+        kernels.to_bf16(x[:10], chunk=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_extra_memory_is_bounded_by_a_chunk(backend):
     n, chunk = 1 << 23, 1 << 16  # 32 MiB of float32, 256 KiB chunks
