@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -117,6 +118,7 @@ def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: 
 
 
 _POOLS: dict = {}
+_POOL_LOCK = threading.Lock()
 
 
 def _run(kernels: dict, backend: str, src, dst, chunk: int, threads: int | None, bar: _Progress) -> None:
@@ -135,11 +137,12 @@ def _run(kernels: dict, backend: str, src, dst, chunk: int, threads: int | None,
             kernel(src[lo:hi], dst[lo:hi])
             bar.update(hi)
         return
-    pool = _POOLS.get(workers)
-    if pool is None:
-        from concurrent.futures import ThreadPoolExecutor
+    with _POOL_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-        pool = _POOLS.setdefault(workers, ThreadPoolExecutor(workers, thread_name_prefix="bf16bridge-kernel"))
+            pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="bf16bridge-kernel")
     # at most `workers` pieces in flight, so extra memory stays bounded by a chunk per thread
     done, pending = 0, []
     for lo, hi in spans:
