@@ -1,4 +1,4 @@
-"""``bf16bridge`` / ``python -m bf16bridge``: demo, matrix, probe."""
+"""``bf16bridge`` / ``python -m bf16bridge``: demo, matrix, probe, parity."""
 
 from __future__ import annotations
 
@@ -18,7 +18,21 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("probe", help="what this machine and these libraries can do with bf16")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--frameworks", default="", help="comma-separated frameworks to import and try, or 'all'")
+    q = sub.add_parser("parity", help="the same bf16 computations in torch, jax and tensorflow, compared")
+    q.add_argument("--ops", default="", help="comma-separated built-in ops (default: all)")
+    q.add_argument("--frameworks", default="torch,jax,tensorflow")
+    q.add_argument("--policy", default="ulp(1)",
+                   help="exact, ulp(N), allclose(RTOL,ATOL), reference(K), torch, jax or tensorflow")
+    q.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="an op size, e.g. k=1024 (matmul's inner dimension), rows=128, cols=512, seq=128")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--format", default="text", choices=["text", "json", "markdown", "html"])
+    q.add_argument("--output", help="write the report here instead of printing it")
+    q.add_argument("--recheck", metavar="RESULTS_JSON", help="judge results saved with --format json again")
     args = parser.parse_args(argv)
+
+    if args.command == "parity":
+        return _exit(_parity(args))
 
     if args.command == "probe":
         from .capabilities import probe
@@ -36,6 +50,40 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(0 if ok else 1)
     print(demo.matrix(args.format))
     return _exit(0)
+
+
+def _parity(args) -> int:
+    from .parity import render, runner
+
+    if args.recheck:
+        reports = runner.recheck(args.recheck, args.policy)
+    else:
+        params = {}
+        for item in args.set:
+            name, _, value = item.partition("=")
+            if not value.isdigit():
+                raise SystemExit(f"--set takes NAME=INTEGER; got {item!r}")
+            params[name] = int(value)
+        ops = [o for o in args.ops.split(",") if o] or None
+        frameworks = [f for f in args.frameworks.split(",") if f]
+        reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed, params=params)
+    if args.format == "json":
+        out = runner.dumps(reports)
+    elif args.format == "markdown":
+        out = render.markdown(reports)
+    elif args.format == "html":
+        out = render.html(reports)
+    else:
+        out = "\n\n".join(str(r) for r in reports)
+        failed = [r.op for r in reports if not r.passed]
+        out += f"\n\n{len(reports) - len(failed)} of {len(reports)} cases pass {args.policy}" + (
+            f"; failing: {', '.join(failed)}" if failed else "")
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(out)
+    else:
+        print(out)
+    return 0 if all(r.passed for r in reports) else 1
 
 
 def _exit(code: int) -> int:

@@ -1,0 +1,21 @@
+"""Parity validation: does the same bf16 computation give the same numbers in two frameworks?
+
+    rep = bb.parity.compare(y_torch, y_jax)
+    rep = bb.parity.compare({"torch": y1, "jax": y2, "tensorflow": y3}, reference=y_fp64)
+    bb.parity.assert_parity(y_torch, y_jax, ulp=1)
+    rep = bb.parity.run("matmul", frameworks=["torch", "jax", "tensorflow"])
+"""
+
+from .compare import Against, Element, Pair, Report, assert_parity, compare
+from .policies import FRAMEWORK_DEFAULTS, Policy, allclose, exact, parse, reference, ulp
+
+__all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "Report", "allclose", "assert_parity",
+           "compare", "exact", "parse", "recheck", "reference", "run", "ulp", "OPS"]
+
+
+def __getattr__(name):
+    if name in ("run", "recheck", "OPS"):
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'bf16bridge.parity' has no attribute {name!r}")

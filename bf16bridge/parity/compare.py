@@ -1,0 +1,328 @@
+"""compare() and assert_parity(): the report of how far results from several frameworks differ."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from . import metrics
+from .policies import Policy, parse
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element where two results differ most."""
+
+    index: tuple
+    a: float
+    b: float
+    a_bits: str
+    b_bits: str
+    ulp: int | None  # None where one side is NaN or infinite
+    abs_error: float
+
+
+@dataclass(frozen=True)
+class Pair:
+    """How two results differ."""
+
+    a: str
+    b: str
+    shape: tuple
+    dtype: str
+    size: int
+    shape_mismatch: str | None = None
+    note: str | None = None
+    identical_fraction: float = 0.0
+    finite_compared: int = 0
+    ulp_histogram: dict = field(default_factory=dict)
+    ulp_p50: float = 0.0
+    ulp_p99: float = 0.0
+    ulp_p999: float = 0.0
+    max_ulp: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    rmse: float = 0.0
+    cosine: float = 1.0
+    nan_mismatches: int = 0
+    inf_mismatches: int = 0
+    signed_zero_mismatches: int = 0
+    subnormal_mismatches: int = 0
+    worst: tuple = ()
+    smallest_rtol: float = 0.0  # allclose(rtol, 0) that would pass
+    passed: bool | None = None
+
+    @property
+    def nonfinite_mismatches(self) -> int:
+        return self.nan_mismatches + self.inf_mismatches
+
+    @property
+    def label(self) -> str:
+        return f"{self.a} vs {self.b}"
+
+
+@dataclass(frozen=True)
+class Against:
+    """One result's error against the float64 reference."""
+
+    name: str
+    rms_error: float
+    max_abs_error: float
+    p99_ulps_of_reference: float  # |c - ref| in bf16 ULPs at ref, 99th percentile
+    max_ulps_of_reference: float
+    max_normalised: float | None  # |c - ref| / (u * condition), u = 2**-8; None without a condition
+    p99_normalised: float | None
+    nonfinite_mismatches: int
+    passed: bool | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    policy: str
+    pairs: tuple
+    references: tuple = ()
+    outlier: str | None = None
+    outlier_why: str | None = None
+    smallest: dict = field(default_factory=dict)  # the smallest tolerance of each kind that passes
+    passed: bool = False
+    op: str | None = None
+    settings: dict = field(default_factory=dict)
+    #: the results judged (packed), so a saved report can be judged again; not shown
+    data: dict | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def max_ulp(self) -> int:
+        return max((p.max_ulp for p in self.pairs), default=0)
+
+    @property
+    def identical_fraction(self) -> float:
+        return min((p.identical_fraction for p in self.pairs), default=1.0)
+
+    @property
+    def nonfinite_mismatches(self) -> int:
+        return sum(p.nonfinite_mismatches for p in self.pairs)
+
+    @property
+    def worst(self) -> tuple:
+        """The worst elements of the pair that differs most."""
+        if not self.pairs:
+            return ()
+        return max(self.pairs, key=lambda p: (p.shape_mismatch is not None, p.nonfinite_mismatches, p.max_ulp)).worst
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("data")
+        d.update(max_ulp=self.max_ulp, identical_fraction=self.identical_fraction,
+                 nonfinite_mismatches=self.nonfinite_mismatches)
+        return d
+
+    def __str__(self) -> str:
+        from .render import text
+
+        return text(self)
+
+
+def _names(results, names):
+    from ..registry import framework_of
+
+    if len(results) == 1 and isinstance(results[0], dict):
+        return list(results[0].keys()), list(results[0].values())
+    if names is not None:
+        return list(names), list(results)
+    out = []
+    for r in results:
+        try:
+            n = framework_of(r)
+        except Exception:  # noqa: BLE001 - a name is only a label
+            n = type(r).__name__
+        out.append(n if n not in out else f"{n}#{out.count(n) + 1}")
+    return out, list(results)
+
+
+def _pair(na, nb, a, b, k_worst) -> Pair:
+    if a.shape != b.shape:
+        return Pair(na, nb, tuple(a.shape), a.dtype.name, a.size,
+                    shape_mismatch=f"shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
+    a, b, note = metrics.same_dtype(a, b)
+    ca, cb = metrics.classify(a), metrics.classify(b)
+    ba, bb_ = metrics.bits(a).reshape(-1), metrics.bits(b).reshape(-1)
+    n = a.size
+    identical = int(np.count_nonzero(ba == bb_))
+    fa, fb = ca["finite"].reshape(-1), cb["finite"].reshape(-1)
+    both = fa & fb
+    d = metrics.ulp_distance(a, b).reshape(-1)
+    df = d[both]
+    xa, xb = metrics.to_float64(a).reshape(-1), metrics.to_float64(b).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: those elements are counted apart
+        diff = np.abs(xa - xb)
+    diff_f = diff[both]
+    denom = np.maximum(np.abs(xa[both]), np.abs(xb[both]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(denom > 0, diff_f / denom, 0.0)
+        rel_b = np.where(np.abs(xb[both]) > 0, diff_f / np.abs(xb[both]), np.where(diff_f > 0, np.inf, 0.0))
+    va, vb = xa[both], xb[both]
+    na_, nb_ = np.linalg.norm(va), np.linalg.norm(vb)
+    cosine = float(va @ vb / (na_ * nb_)) if na_ > 0 and nb_ > 0 else float(na_ == nb_)
+    # worst: non-finite disagreements first, then the largest ULP distances
+    both_nan = ca["nan"].reshape(-1) & cb["nan"].reshape(-1)  # NaN payloads may differ: not a mismatch here
+    nonfinite = ~both & ~both_nan & (ba != bb_)
+    score = np.where(both, d.astype(np.float64), -1.0)
+    score = np.where(nonfinite, np.inf, score)
+    order = np.argsort(-score, kind="stable")[:k_worst]
+    worst = tuple(
+        Element(tuple(int(i) for i in np.unravel_index(int(j), a.shape)), float(xa[j]), float(xb[j]),
+                metrics.hexbits(a, j), metrics.hexbits(b, j), int(d[j]) if both[j] else None, float(diff[j]))
+        for j in order if ba[j] != bb_[j]
+    )
+    pct = np.percentile(df, [50, 99, 99.9]) if df.size else np.zeros(3)
+    nan_mis = int(np.count_nonzero(ca["nan"] != cb["nan"]))
+    inf_a, inf_b = ca["inf"].reshape(-1), cb["inf"].reshape(-1)
+    inf_mis = int(np.count_nonzero((inf_a != inf_b) | (inf_a & inf_b & (ba != bb_))))
+    return Pair(
+        na, nb, tuple(a.shape), a.dtype.name, n, None, note,
+        identical_fraction=identical / n if n else 1.0,
+        finite_compared=int(both.sum()),
+        ulp_histogram=metrics.histogram(df),
+        ulp_p50=float(pct[0]), ulp_p99=float(pct[1]), ulp_p999=float(pct[2]),
+        max_ulp=int(df.max()) if df.size else 0,
+        max_abs=float(diff_f.max()) if diff_f.size else 0.0,
+        max_rel=float(rel.max()) if rel.size else 0.0,
+        rmse=float(np.sqrt(np.mean(diff_f ** 2))) if diff_f.size else 0.0,
+        cosine=cosine,
+        nan_mismatches=nan_mis,
+        inf_mismatches=inf_mis,
+        signed_zero_mismatches=int(np.count_nonzero(ca["zero"] & cb["zero"] & (ca["negzero"] != cb["negzero"]))),
+        subnormal_mismatches=int(np.count_nonzero(ca["subnormal"] != cb["subnormal"])),
+        worst=worst,
+        smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0,
+    )
+
+
+def _against(name, c, ref64, cond, nonfinite) -> Against:
+    x = metrics.to_float64(c).reshape(-1)
+    ok = np.isfinite(x) & np.isfinite(ref64)
+    err = np.abs(x[ok] - ref64[ok])
+    ulps = err / metrics.bf16_ulp(ref64[ok])
+    norm = None
+    if cond is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c_ok = cond[ok]
+            norm = np.where(c_ok > 0, err / (metrics.BF16_U * c_ok), np.where(err > 0, np.inf, 0.0))
+    q = lambda v, p: float(np.percentile(v, p)) if v.size else 0.0  # noqa: E731
+    return Against(
+        name, float(np.sqrt(np.mean(err ** 2))) if err.size else 0.0, float(err.max()) if err.size else 0.0,
+        q(ulps, 99), float(ulps.max()) if ulps.size else 0.0,
+        float(norm.max()) if norm is not None and norm.size else None,
+        q(norm, 99) if norm is not None else None, nonfinite,
+    )
+
+
+def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
+    """Whether one pair passes the policy (None: the policy judges against the reference)."""
+    if p.shape_mismatch:
+        return False
+    if pol.kind == "reference":
+        return None
+    if pol.kind == "exact":
+        return p.identical_fraction == 1.0
+    if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches):
+        return False
+    if pol.kind == "ulp":
+        return p.max_ulp <= pol.n
+    a, b, _ = metrics.same_dtype(a, b)  # allclose, with b as the expected side, as the frameworks do
+    xa, xb = metrics.to_float64(a).reshape(-1), metrics.to_float64(b).reshape(-1)
+    both = np.isfinite(xa) & np.isfinite(xb)
+    return bool(np.all(np.abs(xa[both] - xb[both]) <= pol.atol + pol.rtol * np.abs(xb[both])))
+
+
+def compare(*results, reference=None, condition=None, policy="ulp(1)", names=None, k_worst: int = 5,
+            op: str | None = None, settings: dict | None = None) -> Report:
+    """Compare results of the same computation from several frameworks.
+
+    ``compare(y_torch, y_jax)`` or ``compare({"torch": y1, "jax": y2, ...})``; any
+    framework's tensors (bf16, float16, float32, float64). ``reference``: a float64
+    result of the same computation, against which each result's error is measured;
+    ``condition``: the operation's condition scale per element (for a matmul,
+    |A|.|B|), so that cancellation near zero does not look like a huge error.
+    ``policy`` decides ``passed``: "exact", "ulp(n)", "allclose(rtol, atol)",
+    "torch"/"jax"/"tensorflow" (their bf16 defaults) or "reference(k)".
+    """
+    pol = parse(policy)
+    labels, values = _names(results, names)
+    if len(values) < 2 and reference is None:
+        raise ValueError("compare needs two results or more, or one and a reference")
+    arrays = [metrics.ensure_numpy(v) for v in values]
+    pairs = []
+    for i in range(len(arrays)):
+        for j in range(i + 1, len(arrays)):
+            p = _pair(labels[i], labels[j], arrays[i], arrays[j], k_worst)
+            pairs.append(replace(p, passed=_judge(pol, p, arrays[i], arrays[j])))
+    refs, outlier, why = (), None, None
+    if reference is not None:
+        ref = metrics.to_float64(metrics.ensure_numpy(reference)).reshape(-1)
+        cond = None if condition is None else metrics.to_float64(metrics.ensure_numpy(condition)).reshape(-1)
+        refs = []
+        for name, c in zip(labels, arrays):
+            if c.size != ref.size:
+                raise ValueError(f"{name}'s result has {c.size} elements, the reference {ref.size}")
+            cls = metrics.classify(c)
+            nonfinite = int(np.count_nonzero(~cls["finite"].reshape(-1) != ~np.isfinite(ref)))
+            refs.append(_against(name, c, ref, cond, nonfinite))
+        outlier, why = _outlier(refs)
+    elif pol.kind == "reference":
+        raise ValueError("policy reference(k) needs reference=")
+    if pol.kind == "reference":
+        best = max(min(r.rms_error for r in refs), 1e-300)
+        refs = [replace(r, passed=(r.rms_error <= pol.n * best and not r.nonfinite_mismatches)) for r in refs]
+        passed = all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
+    else:
+        passed = all(p.passed for p in pairs)
+    return Report(str(pol), tuple(pairs), tuple(refs), outlier, why, _smallest(pairs, refs), bool(passed), op,
+                  settings or {})
+
+
+def _outlier(refs):
+    if len(refs) < 2:
+        return None, None
+    bad = [r for r in refs if r.nonfinite_mismatches]
+    if len(bad) == 1:
+        return bad[0].name, (f"{bad[0].nonfinite_mismatches} of its elements are NaN or infinite where the "
+                             f"float64 reference is not, or the reverse; the others have none")
+    errs = sorted((r.rms_error, r.name) for r in refs)
+    best, worst = errs[0][0], errs[-1]
+    others = [e for e, n in errs if n != worst[1]]
+    typical = float(np.median(others))
+    if worst[0] > 2 * max(typical, 1e-300) and worst[0] > 0:
+        return worst[1], (f"its RMS error against the float64 reference is {worst[0] / max(typical, 1e-300):.1f}x "
+                          f"the others' ({worst[0]:.3g} against {typical:.3g})")
+    return None, f"no result stands out: RMS errors against the reference within {worst[0] / max(best, 1e-300):.2f}x"
+
+
+def _smallest(pairs, refs) -> dict:
+    ok = [p for p in pairs if not p.shape_mismatch]
+    out = {}
+    if ok and not any(p.nonfinite_mismatches for p in ok):
+        out["ulp"] = max(p.max_ulp for p in ok)
+        out["allclose_rtol_at_atol_0"] = max(p.smallest_rtol for p in ok)
+        out["allclose_atol_at_rtol_0"] = max(p.max_abs for p in ok)
+    else:
+        out["ulp"] = out["allclose_rtol_at_atol_0"] = out["allclose_atol_at_rtol_0"] = None
+    if refs:
+        best = max(min(r.rms_error for r in refs), 1e-300)
+        out["reference_k"] = max(r.rms_error for r in refs) / best
+    return out
+
+
+def assert_parity(*results, ulp: int | None = None, policy=None, **kwargs) -> Report:
+    """compare(...) and raise AssertionError, with the report, unless it passed.
+
+    ``ulp=n`` is short for ``policy=f"ulp({n})"``.
+    """
+    if ulp is not None and policy is not None:
+        raise ValueError("pass ulp= or policy=, not both")
+    pol = f"ulp({ulp})" if ulp is not None else (policy or "ulp(1)")
+    rep = compare(*results, policy=pol, **kwargs)
+    if not rep.passed:
+        raise AssertionError(f"results differ beyond {rep.policy}:\n{rep}")
+    return rep

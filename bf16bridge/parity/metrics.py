@@ -1,0 +1,135 @@
+"""Exact comparisons of two result arrays, element by element (numpy only).
+
+bf16 results are compared as their bits: the ULP distance is exact, through
+the monotonic mapping of bit patterns to integers (+0 and -0 both map to 0).
+NaN, infinity, signed-zero and subnormal disagreements are counted apart from
+the finite ones, since a ULP distance means nothing for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes
+
+#: ULP histogram bins: 0, 1, 2, 3, 4-7, 8-15, ... 64-127, >=128
+BIN_EDGES = (0, 1, 2, 3, 4, 8, 16, 32, 64, 128)
+BIN_LABELS = ("0", "1", "2", "3", "4-7", "8-15", "16-31", "32-63", "64-127", ">=128")
+
+# per float kind: (bits dtype, sign bit, exponent mask, mantissa mask)
+_LAYOUT = {
+    "bfloat16": (np.uint16, 0x8000, 0x7F80, 0x007F),
+    "float16": (np.uint16, 0x8000, 0x7C00, 0x03FF),
+    "float32": (np.uint32, 0x80000000, 0x7F800000, 0x007FFFFF),
+    "float64": (np.uint64, 0x8000000000000000, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+}
+
+
+def kind_of(a: np.ndarray) -> str:
+    name = a.dtype.name
+    if name not in _LAYOUT:
+        raise TypeError(f"parity compares floating results (bfloat16, float16, float32, float64); got {a.dtype}")
+    return name
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(_LAYOUT[kind_of(a)][0])
+
+
+def classify(a: np.ndarray) -> dict:
+    """Boolean masks: nan, inf, zero, negzero, subnormal, finite."""
+    kind = kind_of(a)
+    udt, sign, exp, man = _LAYOUT[kind]
+    b = bits(a)
+    e, m, s = b & udt(exp), b & udt(man), (b & udt(sign)) != 0
+    special = e == udt(exp)
+    zero = (e == 0) & (m == 0)
+    return {
+        "nan": special & (m != 0),
+        "inf": special & (m == 0),
+        "zero": zero,
+        "negzero": zero & s,
+        "subnormal": (e == 0) & (m != 0),
+        "finite": ~special,
+    }
+
+
+def ordered(a: np.ndarray) -> np.ndarray:
+    """Map bit patterns to integers in the order of their values (+0 and -0 both 0)."""
+    kind = kind_of(a)
+    udt, sign, _, _ = _LAYOUT[kind]
+    b = bits(a).astype(np.int64) if kind != "float64" else bits(a).view(np.int64)
+    if kind == "float64":
+        mag = b & np.int64(0x7FFFFFFFFFFFFFFF)
+        return np.where(b < 0, -mag, mag)
+    mag = b & (sign - 1)
+    return np.where(b & sign, -mag, mag)
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact ULP distance between same-dtype arrays (meaningful where both are finite)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"ULP distance needs one dtype; got {a.dtype} and {b.dtype}")
+    oa, ob = ordered(a), ordered(b)
+    if a.dtype.name == "float64":  # differences may overflow int64; go through Python ints only if needed
+        return np.abs(oa.astype(np.float64) - ob.astype(np.float64))
+    return np.abs(oa - ob)
+
+
+def histogram(d: np.ndarray) -> dict:
+    """Counts of ULP distances in BIN_LABELS bins."""
+    idx = np.searchsorted(np.array(BIN_EDGES), d, side="right") - 1
+    counts = np.bincount(idx, minlength=len(BIN_EDGES))
+    return dict(zip(BIN_LABELS, (int(c) for c in counts)))
+
+
+def to_float64(a: np.ndarray) -> np.ndarray:
+    if a.dtype.name == "bfloat16":
+        from ..kernels import to_float32
+
+        return to_float32(np.ascontiguousarray(a)).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def hexbits(a: np.ndarray, i) -> str:
+    b = bits(a).reshape(-1)[i]
+    return f"0x{int(b):0{b.dtype.itemsize * 2}X}"
+
+
+def bf16_ulp(x: np.ndarray) -> np.ndarray:
+    """The spacing of bf16 numbers at |x| (float64), for errors against a float64 reference."""
+    ax = np.abs(x)
+    tiny = 2.0 ** -126
+    e = np.floor(np.log2(np.where(ax >= tiny, ax, tiny)))
+    return np.where(np.isfinite(e), 2.0 ** (e - 7), 2.0 ** -133)
+
+
+#: bf16's unit roundoff (8 significant bits: half an ULP at 1)
+BF16_U = 2.0 ** -8
+
+
+def ensure_numpy(x):
+    """Any framework's tensor as a numpy array, bits kept (through the bridge)."""
+    if isinstance(x, np.ndarray):
+        return x
+    from ..convert import convert
+
+    return convert(x, "numpy")
+
+
+def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """Bring two results to one dtype for ULP comparison, saying what was done."""
+    if a.dtype == b.dtype:
+        return a, b, None
+    names = {a.dtype.name, b.dtype.name}
+    if names == {"bfloat16", "float32"}:
+        from ..kernels import to_bf16
+
+        fix = lambda x: x if x.dtype.name == "bfloat16" else to_bf16(np.ascontiguousarray(x))  # noqa: E731
+        return fix(a), fix(b), "float32 side rounded to bf16 (nearest-even) to compare in bf16 ULPs"
+    wide = np.dtype(np.float64) if "float64" in names else np.dtype(np.float32)
+    return a.astype(wide), b.astype(wide), f"compared as {wide.name}"
+
+
+def bf16_dtype():
+    return dtypes.numpy_dtype("bfloat16")

@@ -1,0 +1,182 @@
+"""A parity report as text, markdown, HTML (with the ULP histograms drawn) or JSON."""
+
+from __future__ import annotations
+
+import html as _html
+import json
+
+from .metrics import BIN_LABELS
+
+
+def _g(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def _pair_rows(rep):
+    head = ["pair", "identical", "max ulp", "p50", "p99", "p99.9", "max abs", "max rel", "rmse", "cosine",
+            "NaN", "inf", "-0/+0", "subnormal", "passed"]
+    rows = []
+    for p in rep.pairs:
+        if p.shape_mismatch:
+            rows.append([p.label, p.shape_mismatch] + [""] * 12 + ["no"])
+            continue
+        rows.append([p.label, _pct(p.identical_fraction), str(p.max_ulp), _g(p.ulp_p50), _g(p.ulp_p99),
+                     _g(p.ulp_p999), _g(p.max_abs), _g(p.max_rel), _g(p.rmse), f"{p.cosine:.6f}",
+                     str(p.nan_mismatches), str(p.inf_mismatches), str(p.signed_zero_mismatches),
+                     str(p.subnormal_mismatches), {True: "yes", False: "no", None: "-"}[p.passed]])
+    return head, rows
+
+
+def _ref_rows(rep):
+    head = ["result", "rms error", "max abs error", "p99 err (bf16 ulps of ref)", "max err (ulps of ref)",
+            "max err / (u * condition)", "p99 err / (u * condition)", "non-finite mismatches", "passed"]
+    rows = [[r.name, _g(r.rms_error), _g(r.max_abs_error), _g(r.p99_ulps_of_reference), _g(r.max_ulps_of_reference),
+             _g(r.max_normalised), _g(r.p99_normalised), str(r.nonfinite_mismatches),
+             {True: "yes", False: "no", None: "-"}[r.passed]] for r in rep.references]
+    return head, rows
+
+
+def _smallest(rep) -> str:
+    s = rep.smallest
+    parts = []
+    if s.get("ulp") == 0 and s.get("allclose_atol_at_rtol_0") == 0:
+        parts.append("exact (every element bit-identical)" if all(p.identical_fraction == 1 for p in rep.pairs)
+                     else "ulp(0): equal values, some bits differ (signed zeros or NaN payloads)")
+    elif s.get("ulp") is not None:
+        parts.append(f"ulp({s['ulp']})")
+        parts.append(f"allclose(rtol={_g(s['allclose_rtol_at_atol_0'])}, atol=0)")
+        parts.append(f"allclose(rtol=0, atol={_g(s['allclose_atol_at_rtol_0'])})")
+    else:
+        parts.append("no ulp or allclose tolerance (NaN/inf positions or shapes differ)")
+    if "reference_k" in s:
+        parts.append(f"reference({s['reference_k']:.3g})")
+    return "; ".join(parts)
+
+
+def _title(rep) -> str:
+    names = []
+    for p in rep.pairs:
+        for n in (p.a, p.b):
+            if n not in names:
+                names.append(n)
+    names = names or [r.name for r in rep.references]
+    shape = next((p.shape for p in rep.pairs), ())
+    dtype = next((p.dtype for p in rep.pairs), "")
+    what = f"{rep.op}: " if rep.op else ""
+    return (f"parity {what}{' vs '.join(names)} [{'x'.join(map(str, shape)) or 'scalar'} {dtype}], "
+            f"policy {rep.policy}: {'PASSED' if rep.passed else 'FAILED'}")
+
+
+def _table(head, rows) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [fmt(head)] + [fmt(r) for r in rows]
+
+
+def _worst_lines(rep) -> list[str]:
+    out = []
+    for p in rep.pairs:
+        if p.worst:
+            out.append(f"worst elements, {p.label}:")
+            for e in p.worst:
+                dist = f"{e.ulp} ulp" if e.ulp is not None else "non-finite"
+                out.append(f"  {list(e.index)}  {p.a} {e.a:.8g} ({e.a_bits})  {p.b} {e.b:.8g} ({e.b_bits})  {dist}")
+    return out
+
+
+def text(rep) -> str:
+    lines = [_title(rep), ""]
+    lines += _table(*_pair_rows(rep))
+    lines += ["", "ULP histogram (finite elements):"]
+    for p in rep.pairs:
+        if p.ulp_histogram:
+            lines.append(f"  {p.label}: " + "  ".join(f"{k}: {v}" for k, v in p.ulp_histogram.items() if v))
+    notes = [f"  {p.label}: {p.note}" for p in rep.pairs if p.note]
+    if notes:
+        lines += ["", "notes:"] + notes
+    if rep.references:
+        lines += ["", "against the float64 reference (u = 2**-8, bf16's unit roundoff):"]
+        lines += ["  " + line for line in _table(*_ref_rows(rep))]
+        lines.append(f"outlier: {rep.outlier} ({rep.outlier_why})" if rep.outlier else f"outlier: none ({rep.outlier_why})")
+    lines += ["", *_worst_lines(rep)] if any(p.worst for p in rep.pairs) else []
+    lines += ["", f"smallest tolerance of each kind that passes: {_smallest(rep)}"]
+    if rep.settings:
+        lines += ["", "settings: " + "; ".join(f"{k}={v}" for k, v in rep.settings.items())]
+    return "\n".join(lines)
+
+
+def _md_table(head, rows) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def markdown(reports) -> str:
+    reports = reports if isinstance(reports, (list, tuple)) else [reports]
+    out = []
+    for rep in reports:
+        out += [f"### {_title(rep)}", ""]
+        out += _md_table(*_pair_rows(rep))
+        out += ["", "| pair | " + " | ".join(BIN_LABELS) + " |", "|" + "---|" * (len(BIN_LABELS) + 1)]
+        out += [f"| {p.label} | " + " | ".join(str(p.ulp_histogram.get(k, 0)) for k in BIN_LABELS) + " |"
+                for p in rep.pairs if not p.shape_mismatch]
+        if rep.references:
+            out += [""] + _md_table(*_ref_rows(rep))
+            out += ["", f"Outlier: {rep.outlier or 'none'} ({rep.outlier_why})."]
+        out += ["", f"Smallest passing tolerance: {_smallest(rep)}.", ""]
+    return "\n".join(out)
+
+
+def _svg_histogram(p, width=420, height=120) -> str:
+    counts = [p.ulp_histogram.get(k, 0) for k in BIN_LABELS]
+    top = max(counts) or 1
+    bw = width / len(counts)
+    bars = []
+    for i, (k, c) in enumerate(zip(BIN_LABELS, counts)):
+        h = 0 if c == 0 else max(1.0, (height - 30) * (c / top) ** 0.5)  # sqrt scale: small bins stay visible
+        x = i * bw + 2
+        bars.append(f'<rect x="{x:.1f}" y="{height - 18 - h:.1f}" width="{bw - 4:.1f}" height="{h:.1f}" fill="#3b7dd8">'
+                    f"<title>{k} ulp: {c}</title></rect>")
+        bars.append(f'<text x="{x + (bw - 4) / 2:.1f}" y="{height - 4}" font-size="9" text-anchor="middle">{k}</text>')
+        if c:
+            bars.append(f'<text x="{x + (bw - 4) / 2:.1f}" y="{height - 21 - h:.1f}" font-size="8" '
+                        f'text-anchor="middle">{c}</text>')
+    return f'<svg width="{width}" height="{height}" role="img" aria-label="ULP histogram">{"".join(bars)}</svg>'
+
+
+def html(reports) -> str:
+    reports = reports if isinstance(reports, (list, tuple)) else [reports]
+    esc = _html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>bf16bridge parity</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:.5em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}.fail{color:#b00}.pass{color:#070}</style>",
+             "</head><body><h1>bf16bridge parity</h1>"]
+    for rep in reports:
+        cls = "pass" if rep.passed else "fail"
+        parts.append(f"<h2 class='{cls}'>{esc(_title(rep))}</h2>")
+        for head, rows in (_pair_rows(rep), _ref_rows(rep) if rep.references else (None, None)):
+            if head:
+                parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+                             + "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+                             + "</table>")
+        for p in rep.pairs:
+            if not p.shape_mismatch:
+                parts.append(f"<p>ULP histogram, {esc(p.label)}</p>{_svg_histogram(p)}")
+        if rep.references:
+            parts.append(f"<p>Outlier: {esc(str(rep.outlier or 'none'))} ({esc(str(rep.outlier_why))})</p>")
+        parts.append(f"<p>Smallest passing tolerance: {esc(_smallest(rep))}</p>")
+        if rep.settings:
+            parts.append("<p>Settings: " + esc("; ".join(f"{k}={v}" for k, v in rep.settings.items())) + "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def to_json(reports) -> str:
+    reports = reports if isinstance(reports, (list, tuple)) else [reports]
+    return json.dumps([r.to_dict() for r in reports], indent=1, default=str)

@@ -1,0 +1,150 @@
+"""run(): the same computation in each framework, from the same bf16 bits, against float64."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from dataclasses import replace
+
+import numpy as np
+
+from .. import dtypes
+from ..convert import convert
+from . import metrics
+from .compare import compare
+from .ops import OPS, Op
+
+DEFAULT_FRAMEWORKS = ("torch", "jax", "tensorflow")
+
+
+def settings(frameworks) -> dict:
+    """What changes numerics, recorded with each report."""
+    from ..capabilities import probe
+
+    caps = probe()
+    out = {"cpu_bf16": caps.cpu.why, "cores": caps.cpu.cores, "numpy": caps.numpy.version}
+    for name in frameworks:
+        fw = caps.frameworks.get(name)
+        out[f"{name}_version"] = fw.version if fw else None
+    if "torch" in frameworks and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        out["torch_threads"] = torch.get_num_threads()
+        out["torch_mkldnn"] = torch.backends.mkldnn.is_available()
+    if "jax" in frameworks and "jax" in sys.modules:
+        jax = sys.modules["jax"]
+        out["jax_default_matmul_precision"] = jax.config.jax_default_matmul_precision
+        out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
+    if "tensorflow" in frameworks and "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        out["tf_intra_op_threads"] = tf.config.threading.get_intra_op_parallelism_threads()
+        out["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86)")
+    return out
+
+
+def run(op, inputs: dict | None = None, frameworks=DEFAULT_FRAMEWORKS, *, policy="ulp(1)", kind: str | None = None,
+        seed: int = 0, **params):
+    """Run ``op`` (a built-in name or an Op) in each framework on identical bf16 inputs.
+
+    Inputs are made from ``seed`` and ``kind`` (normal, wide, cancel; "all" for the
+    unary ops' exhaustive inputs) unless given as {name: bf16 numpy array}. Each
+    framework gets the same bits through the bridge; the float64 reference is
+    computed from the same bits. Returns the Report of compare(); a framework
+    that cannot run the op is recorded in ``report.settings["not run"]``.
+    """
+    o: Op = OPS[op] if isinstance(op, str) else op
+    p = {**o.params, **params}
+    kind = kind or o.kinds[0]
+    if inputs is None:
+        inputs = o.inputs(np.random.default_rng(seed), kind, p)
+    wide = {k: metrics.to_float64(v) for k, v in inputs.items()}
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # exp(88.7) = inf is the answer
+        ref = o.reference(**wide, **p)
+        cond = o.condition(**wide, **p) if o.condition else None
+    results, failed = {}, {}
+    for fw in frameworks:
+        fn = o.impl.get(fw)
+        if fn is None:
+            failed[fw] = "no definition of this op"
+            continue
+        try:
+            args = {k: convert(v, fw, copy=True) for k, v in inputs.items()}
+            y = fn(**args, **p)
+            results[fw] = np.array(convert(y, "numpy"))  # own the memory: the framework may reuse its buffer
+        except Exception as err:  # noqa: BLE001 - a framework that cannot run the op is reported, not fatal
+            failed[fw] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    label = o.name + "".join(f" {k}={v}" for k, v in params.items()) + f" [{kind}]"
+    s = settings(frameworks)
+    if failed:
+        s["not run"] = failed
+    rep = compare(results, reference=ref, condition=cond, policy=policy, op=label, settings=s)
+    data = {"results": {k: _pack(v) for k, v in results.items()}, "reference": _pack(ref),
+            "condition": _pack(cond) if cond is not None else None}
+    return replace(rep, data=data)
+
+
+#: matmul's sweep over the inner dimension K
+MATMUL_K = (16, 256, 4096)
+
+
+def suite(frameworks=DEFAULT_FRAMEWORKS, *, ops=None, policy="ulp(1)", seed=0, params: dict | None = None) -> list:
+    """The built-in cases: every op with each of its input kinds, and matmul over a sweep of K.
+
+    ``params`` (e.g. {"k": 1024, "rows": 128}) set the sizes of the ops that have them;
+    a given "k" replaces matmul's sweep.
+    """
+    params = params or {}
+    reports = []
+    for name in ops or OPS:
+        if name not in OPS:
+            raise ValueError(f"unknown op {name!r}; built-in ops: {', '.join(OPS)}")
+        o = OPS[name]
+        own = {k: v for k, v in params.items() if k in o.params}
+        sweep = [{"k": k} for k in MATMUL_K] if name == "matmul" and "k" not in own else [{}]
+        for extra in sweep:
+            for kind in o.kinds:
+                reports.append(run(o, frameworks=frameworks, policy=policy, kind=kind, seed=seed, **own, **extra))
+    return reports
+
+
+def _pack(a: np.ndarray) -> dict:
+    a = np.ascontiguousarray(a)
+    return {"dtype": a.dtype.name, "shape": list(a.shape), "bits": base64.b64encode(a.tobytes()).decode()}
+
+
+def _unpack(d: dict) -> np.ndarray:
+    dt = dtypes.numpy_dtype(d["dtype"]) if d["dtype"] == "bfloat16" else np.dtype(d["dtype"])
+    return np.frombuffer(base64.b64decode(d["bits"]), dtype=dt).reshape(d["shape"]).copy()
+
+
+def save(reports, path) -> None:
+    """Reports with the results they judged, as JSON that recheck() can read."""
+    with open(path, "w") as f:
+        f.write(dumps(reports))
+
+
+def dumps(reports) -> str:
+    out = []
+    for r in reports:
+        d = r.to_dict()
+        d["data"] = r.data
+        out.append(d)
+    return json.dumps(out, indent=1, default=str)
+
+
+def recheck(path, policy):
+    """Judge saved results again under another policy, running nothing."""
+    with open(path) as f:
+        saved = json.load(f)
+    reports = []
+    for d in saved:
+        data = d.get("data")
+        if not data:
+            raise ValueError(f"{path}: a report without its results ({d.get('op')}); save with --format json")
+        results = {k: _unpack(v) for k, v in data["results"].items()}
+        cond = _unpack(data["condition"]) if data.get("condition") else None
+        rep = compare(results, reference=_unpack(data["reference"]), condition=cond, policy=policy,
+                      op=d.get("op"), settings=d.get("settings", {}))
+        reports.append(replace(rep, data=data))
+    return reports
