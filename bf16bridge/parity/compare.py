@@ -199,9 +199,9 @@ def _pair(na, nb, a, b, k_worst) -> Pair:
     )
 
 
-def _against(name, c, ref64, cond, nonfinite) -> Against:
+def _against(name, c, held, ref64, cond, nonfinite) -> Against:
     x = metrics.to_float64(c).reshape(-1)
-    ok = np.isfinite(x) & np.isfinite(ref64)
+    ok = np.isfinite(x) & np.isfinite(held) & np.isfinite(ref64)
     err = np.abs(x[ok] - ref64[ok])
     ulps = err / metrics.bf16_ulp(ref64[ok])
     norm = None
@@ -266,9 +266,12 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
         for name, c in zip(labels, arrays):
             if c.size != ref.size:
                 raise ValueError(f"{name}'s result has {c.size} elements, the reference {ref.size}")
-            cls = metrics.classify(c)
-            nonfinite = int(np.count_nonzero(~cls["finite"].reshape(-1) != ~np.isfinite(ref)))
-            refs.append(_against(name, c, ref, cond, nonfinite))
+            # the reference as the result's dtype would hold it: beyond its range is infinite
+            held = metrics.round_to(ref, c.dtype)
+            x = metrics.to_float64(c).reshape(-1)
+            xf, hf = np.isfinite(x), np.isfinite(held)
+            differ = (xf != hf) | (~xf & ~hf & ~(np.isnan(x) & np.isnan(held)) & (x != held))
+            refs.append(_against(name, c, held, ref, cond, int(np.count_nonzero(differ))))
         outlier, why = _outlier(refs)
     elif pol.kind == "reference":
         raise ValueError("policy reference(k) needs reference=")
@@ -282,18 +285,23 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
                   settings or {})
 
 
+#: a result whose RMS error against the reference is this many times the others' is named
+OUTLIER_RATIO = 1.5
+
+
 def _outlier(refs):
     if len(refs) < 2:
         return None, None
     bad = [r for r in refs if r.nonfinite_mismatches]
-    if len(bad) == 1:
-        return bad[0].name, (f"{bad[0].nonfinite_mismatches} of its elements are NaN or infinite where the "
-                             f"float64 reference is not, or the reverse; the others have none")
+    if bad and len(bad) < len(refs):
+        return ", ".join(r.name for r in bad), (
+            "NaN or infinite where the float64 reference (as the result dtype holds it) is finite, or the reverse: "
+            + ", ".join(f"{r.name} {r.nonfinite_mismatches}" for r in bad) + "; the others none")
     errs = sorted((r.rms_error, r.name) for r in refs)
     best, worst = errs[0][0], errs[-1]
     others = [e for e, n in errs if n != worst[1]]
     typical = float(np.median(others))
-    if worst[0] > 2 * max(typical, 1e-300) and worst[0] > 0:
+    if worst[0] > OUTLIER_RATIO * max(typical, 1e-300) and worst[0] > 0:
         return worst[1], (f"its RMS error against the float64 reference is {worst[0] / max(typical, 1e-300):.1f}x "
                           f"the others' ({worst[0]:.3g} against {typical:.3g})")
     return None, f"no result stands out: RMS errors against the reference within {worst[0] / max(best, 1e-300):.2f}x"

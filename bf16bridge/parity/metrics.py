@@ -91,6 +91,17 @@ def to_float64(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float64)
 
 
+def round_to(ref64: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A float64 reference as ``dtype`` would hold it (so values beyond its range are
+    infinite), back in float64. Used to count NaN/inf disagreements fairly."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dtype.name == "bfloat16":
+            from ..kernels import to_bf16
+
+            return to_float64(to_bf16(ref64.astype(np.float32)).view(dtype))
+        return ref64.astype(dtype).astype(np.float64)
+
+
 def hexbits(a: np.ndarray, i) -> str:
     b = bits(a).reshape(-1)[i]
     return f"0x{int(b):0{b.dtype.itemsize * 2}X}"

@@ -189,6 +189,8 @@ _add(Op(
     {"torch": lambda x, **p: _torch().nn.functional.layer_norm(x, (x.shape[-1],)),
      "jax": lambda x, **p: _jax().nn.standardize(x, axis=-1, epsilon=1e-5),
      "tensorflow": lambda x, **p: _tf_layer_norm(x)},
+    # x - mean cancels: scale errors by (|x| + |mean|) / std
+    condition=lambda x, **p: (np.abs(x) + np.abs(x.mean(-1, keepdims=True))) / np.sqrt(x.var(-1, keepdims=True) + 1e-5),
     params={"rows": 64, "cols": 256},
 ))
 _add(Op(
