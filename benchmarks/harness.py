@@ -132,8 +132,7 @@ def bench_pairs(sizes, log) -> list[dict]:
             rows.append(row)
             log(f"  {s:>10} -> {d:<10} bridge {bridge['median'] * 1e6:9.1f} us  raw {raw['median'] * 1e6:9.1f} us"
                 f"  workaround {works[0]['median'] * 1e6:11.1f} us")
-            del x
-        del base
+        base = x = None  # free the largest buffers before the next size
         gc.collect()
     return rows
 
@@ -187,14 +186,14 @@ def bench_kernels(sizes, log) -> list[dict]:
         tb, tf_ = torch.from_numpy(b.view(np.uint16)).view(torch.bfloat16), torch.from_numpy(f)
         cases = {
             "bf16 -> float32": (6 * n, [
-                ("kernels.to_float32 (auto: ml_dtypes)", lambda: kernels.to_float32(b, out=out_f)),
+                (f"kernels.to_float32 (auto: {kernels.pick_backend()})", lambda: kernels.to_float32(b, out=out_f)),
                 ("kernels.to_float32 backend=numpy", lambda: kernels.to_float32(b, out=out_f, backend="numpy")),
                 ("kernels.to_float32 backend=torch", lambda: kernels.to_float32(b, out=out_f, backend="torch")),
                 ("ml_dtypes astype", lambda: b.astype(np.float32)),
                 ("torch .to(float32)", lambda: tb.to(torch.float32)),
             ], lambda: kernels.to_float32(b, out=out_f)),
             "float32 -> bf16": (6 * n, [
-                ("kernels.to_bf16 (auto: ml_dtypes)", lambda: kernels.to_bf16(f, out=out_b)),
+                (f"kernels.to_bf16 (auto: {kernels.pick_backend()})", lambda: kernels.to_bf16(f, out=out_b)),
                 ("kernels.to_bf16 backend=numpy", lambda: kernels.to_bf16(f, out=out_b, backend="numpy")),
                 ("kernels.to_bf16 backend=torch", lambda: kernels.to_bf16(f, out=out_b, backend="torch")),
                 ("ml_dtypes astype", lambda: f.astype(ml_dtypes.bfloat16)),

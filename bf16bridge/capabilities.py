@@ -267,7 +267,7 @@ class Capabilities:
             if target != registry.HUB and not self.frameworks[target].probed:
                 continue
             rows.append((f"decide({target!r})", str(self.decide(target))))
-            rows.append((f"  for_compute=True", str(self.decide(target, for_compute=True))))
+            rows.append(("  for_compute=True", str(self.decide(target, for_compute=True))))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 

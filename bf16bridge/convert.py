@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-
 from typing import TYPE_CHECKING
 
 from . import registry
 from .errors import Bf16BridgeError, CopyRequiredError, UnsupportedTypeError
-
 
 if TYPE_CHECKING:
     from .routes import Plan
