@@ -10,7 +10,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge import parity
-from bf16bridge.parity import metrics
+from bf16bridge.parity import metrics, runner
 from conftest import BF16
 
 F32 = np.float32
@@ -179,6 +179,24 @@ def test_every_builtin_op_runs_in_every_framework(op):
             assert r.p99_normalised < 4, (op, r)
         else:
             assert r.p99_ulps_of_reference < 8, (op, r)
+
+
+def test_ties_inputs_put_exact_results_half_way_between_bf16_numbers():
+    from bf16bridge.parity.ops import OPS
+
+    o = OPS["matmul"]
+    x = o.inputs(np.random.default_rng(0), "ties", o.params)
+    a, b = (metrics.to_float64(x[k]) for k in ("a", "b"))
+    exact = a @ b  # integers, exact in float64 (and in float32)
+    assert np.all(exact == np.round(exact))
+    rne = bb.kernels.to_bf16(exact.astype(np.float32))  # nearest, ties to even
+    gap = np.abs(exact - metrics.to_float64(rne))
+    ties = (gap > 0) & (gap == metrics.bf16_ulp(exact) / 2)
+    assert ties.sum() > 100, "the inputs must put many results exactly half-way"
+    rep = parity.run("matmul", inputs=x, policy="exact")
+    for name, packed in rep.data["results"].items():  # every framework rounds every tie to even
+        got = runner._unpack(packed)
+        np.testing.assert_array_equal(got.view(np.uint16), rne.view(np.uint16), err_msg=name)
 
 
 def test_matmul_agrees_with_the_reference_within_bf16_rounding():

@@ -40,9 +40,13 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 def _values(rng, shape, kind: str) -> np.ndarray:
     """Seeded bf16 inputs: normal; wide (values spread over 2**-20 .. 2**20); cancel
-    (pairs of nearly equal magnitude and opposite sign, so sums cancel)."""
+    (pairs of nearly equal magnitude and opposite sign, so sums cancel); ties (small
+    integers: products and sums are exact integers, and those above 256 often fall
+    exactly half-way between two bf16 numbers, so the final rounding must be to even)."""
     x = rng.standard_normal(shape).astype(np.float32)
-    if kind == "wide":
+    if kind == "ties":
+        x = rng.integers(-16, 17, shape).astype(np.float32)
+    elif kind == "wide":
         x *= np.exp2(rng.integers(-20, 21, shape)).astype(np.float32)
     elif kind == "cancel":
         flat = x.reshape(-1)
@@ -51,7 +55,7 @@ def _values(rng, shape, kind: str) -> np.ndarray:
         rng.shuffle(flat)
         x = flat.reshape(shape)
     elif kind != "normal":
-        raise ValueError(f"input kind must be normal, wide or cancel; got {kind!r}")
+        raise ValueError(f"input kind must be normal, wide, cancel or ties; got {kind!r}")
     return _bf16(x)
 
 
@@ -161,7 +165,7 @@ _add(Op(
      "jax": lambda a, b, **p: _jnp().matmul(a, b),
      "tensorflow": lambda a, b, **p: _tf().linalg.matmul(a, b)},
     condition=lambda a, b, **p: np.abs(a) @ np.abs(b),
-    params={"m": 64, "k": 256, "n": 64}, kinds=("normal", "wide", "cancel"),
+    params={"m": 64, "k": 256, "n": 64}, kinds=("normal", "wide", "cancel", "ties"),
 ))
 _add(Op(
     "conv2d", "2-d convolution, NCHW input, OIHW filter, stride 1, no padding",
@@ -173,7 +177,7 @@ _add(Op(
                                                              dimension_numbers=("NCHW", "OIHW", "NCHW")),
      "tensorflow": lambda x, w, **p: _tf_conv(x, w)},
     condition=lambda x, w, **p: _conv64(np.abs(x), np.abs(w)),
-    params={"c": 8, "o": 8, "hw": 16},
+    params={"c": 8, "o": 8, "hw": 16}, kinds=("normal", "ties"),
 ))
 _add(Op(
     "softmax", "softmax over the last axis",
@@ -208,7 +212,7 @@ _add(Op(
      "jax": lambda x, **p: _jnp().sum(x, axis=-1),
      "tensorflow": lambda x, **p: _tf().reduce_sum(x, axis=-1)},
     condition=lambda x, **p: np.abs(x).sum(axis=-1),
-    params={"rows": 64, "cols": 1024}, kinds=("normal", "cancel"),
+    params={"rows": 64, "cols": 1024}, kinds=("normal", "cancel", "ties"),
 ))
 _add(Op(
     "mean", "mean over the last axis",
