@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from . import dtypes, registry
+from . import dtypes
 from .adapters.numpy import aligned_empty
 from .convert import convert, plan
 from .workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
@@ -129,15 +129,3 @@ def demo(mib: float = 32.0, repeat: int = 5) -> tuple[str, bool]:
     lines += ["", "route of one pair, as plan() shows it:", str(plan(convert(base, "tensorflow"), to="numpy")), ""]
     lines.append("all 12 pairs bit-exact" if ok else "BITS CHANGED on some pair")
     return "\n".join(lines), ok
-
-
-def available() -> list[str]:
-    """Registered frameworks that import here."""
-    out = []
-    for name in registry.names():
-        try:
-            registry.get(name)
-            out.append(name)
-        except ImportError:
-            pass
-    return out

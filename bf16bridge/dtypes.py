@@ -56,16 +56,6 @@ def name_of_numpy(dtype: np.dtype) -> str | None:
     return name if name in ALL else None
 
 
-def bf16_bits(values) -> np.ndarray:
-    """Round float values to bf16 (nearest-even, via ml_dtypes) and return their uint16 bits."""
-    return np.asarray(values, dtype=numpy_dtype("bfloat16")).view(np.uint16)
-
-
 def all_bf16_patterns() -> np.ndarray:
     """Every one of the 65,536 bf16 bit patterns as a bf16 array (NaN payloads and -0 included)."""
     return np.arange(1 << 16, dtype=np.uint16).view(numpy_dtype("bfloat16"))
-
-
-def widen_bits(bits: np.ndarray) -> np.ndarray:
-    """bf16 bits (uint16) to float32, exactly: the bits move to the top half."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)

@@ -124,9 +124,6 @@ class Adapter:
     def data_ptr(self, x) -> int:  # pragma: no cover
         raise NotImplementedError
 
-    def is_writable(self, x) -> bool:
-        return not self.immutable
-
     def bitview(self, x, dtype: str):  # pragma: no cover
         raise NotImplementedError
 

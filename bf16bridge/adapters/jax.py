@@ -78,9 +78,6 @@ class JaxAdapter(Adapter):
         x.block_until_ready()  # a pointer asked of a pending result has hung a process here
         return x.unsafe_buffer_pointer()
 
-    def is_writable(self, x) -> bool:
-        return False
-
     def bitview(self, x, dtype):
         return jax.lax.bitcast_convert_type(x, dtypes.numpy_dtype(dtype))
 

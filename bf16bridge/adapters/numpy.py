@@ -86,9 +86,6 @@ class NumpyAdapter(Adapter):
     def data_ptr(self, x) -> int:
         return x.__array_interface__["data"][0]
 
-    def is_writable(self, x) -> bool:
-        return bool(x.flags.writeable)
-
     def bitview(self, x, dtype):
         return x.view(dtypes.numpy_dtype(dtype))
 

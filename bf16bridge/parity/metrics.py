@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes
 
 #: ULP histogram bins: 0, 1, 2, 3, 4-7, 8-15, ... 64-127, >=128
 BIN_EDGES = (0, 1, 2, 3, 4, 8, 16, 32, 64, 128)
@@ -140,7 +139,3 @@ def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, st
         return fix(a), fix(b), "float32 side rounded to bf16 (nearest-even) to compare in bf16 ULPs"
     wide = np.dtype(np.float64) if "float64" in names else np.dtype(np.float32)
     return a.astype(wide), b.astype(wide), f"compared as {wide.name}"
-
-
-def bf16_dtype():
-    return dtypes.numpy_dtype("bfloat16")

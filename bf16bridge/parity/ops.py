@@ -29,9 +29,6 @@ class Op:
     kinds: tuple = ("normal",)
 
 
-BF16 = None
-
-
 def _bf16(x: np.ndarray) -> np.ndarray:
     from ..kernels import to_bf16
 
