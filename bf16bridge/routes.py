@@ -139,6 +139,11 @@ def _copy_reason(s: State, target: str, copy: bool | None) -> str:
     return "; ".join(why) or "needed by the next step"
 
 
+def _fresh(a: Adapter, dtype: str, host: bool) -> State:
+    """The state of a new buffer ``a`` made: contiguous, aligned as ``a`` allocates, writable, not shared."""
+    return State(a.name, dtype, CONTIGUOUS, a.copies_aligned, False, False, host)
+
+
 def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     """The state after moving into ``dst``; None if ``dst`` cannot take it that way."""
     if dst.host_only and not s.host:
@@ -146,7 +151,7 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     if not dst.holds(s.dtype):
         return None
     if copies:
-        return State(dst.name, s.dtype, CONTIGUOUS, True, False, False, s.host)
+        return _fresh(dst, s.dtype, s.host)
     if s.readonly and not (dst.immutable or dst.marks_readonly):
         return None  # e.g. a read-only numpy array into torch: must copy first
     readonly = s.readonly or (src.immutable and dst.marks_readonly)
@@ -162,8 +167,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             d for d, bits in dtypes.BITS_OF.items() if bits == s.dtype and a.holds(d)]
         for d in views:
             copies = not a.bitview_free
-            nxt = s._replace(dtype=d) if not copies else State(
-                s.framework, d, CONTIGUOUS, True, False, False, s.host)
+            nxt = _fresh(a, d, s.host) if copies else s._replace(dtype=d)
             yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
                                     "the framework's bit-view copies" if copies else "", False,
                                     run=lambda x, a=a, d=d: a.bitview(x, d)), nxt
@@ -172,16 +176,14 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
         if s.host:
             bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
             yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
-                                 _copy_reason(s, target, copy), run=a.copy), State(
-                s.framework, s.dtype, CONTIGUOUS, a.copies_aligned, False, False, True)
+                                 _copy_reason(s, target, copy), run=a.copy), _fresh(a, s.dtype, True)
         elif copy:
             yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
-                          run=a.to_host), State(s.framework, s.dtype, CONTIGUOUS, True, False, False, True)
+                          run=a.to_host), _fresh(a, s.dtype, True)
         if s.dtype == "bfloat16" and "float32" in goal and a.holds("float32"):
             yield 2, Step("widen", a.name, "widen to float32 (exact)", "float32", True,
                           "fallback: widen to float32",
-                          run=lambda x, a=a: a.astype(x, "float32")), State(
-                s.framework, "float32", CONTIGUOUS, a.copies_aligned, False, False, s.host)
+                          run=lambda x, a=a: a.astype(x, "float32")), _fresh(a, "float32", s.host)
     for b in adapters.values():
         if b is a:
             continue
@@ -238,7 +240,7 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
             raise CopyRequiredError(f"copy=False, but {must_copy}; pass copy=None to allow the copy")
         a = adapters[source]
         prefix = (Step("copy", source, a.label_copy, start.dtype, True, must_copy, run=a.copy),)
-        start = State(source, start.dtype, CONTIGUOUS, a.copies_aligned, False, False, start.host)
+        start = _fresh(a, start.dtype, start.host)
     dtype = start.dtype
 
     for goal, decision in attempts:
