@@ -144,17 +144,16 @@ def _run(kernels: dict, backend: str, src, dst, chunk: int, threads: int | None,
 
             pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="bf16bridge-kernel")
     # at most `workers` pieces in flight, so extra memory stays bounded by a chunk per thread
-    done, pending = 0, []
+    pending = []  # (future, end of its span), oldest first
     for lo, hi in spans:
-        pending.append(pool.submit(kernel, src[lo:hi], dst[lo:hi]))
+        pending.append((pool.submit(kernel, src[lo:hi], dst[lo:hi]), hi))
         if len(pending) >= workers:
-            pending.pop(0).result()
-            done += 1
-            bar.update(spans[done - 1][1])
-    for f in pending:
-        f.result()
-        done += 1
-        bar.update(spans[done - 1][1])
+            future, end = pending.pop(0)
+            future.result()
+            bar.update(end)
+    for future, end in pending:
+        future.result()
+        bar.update(end)
 
 
 # -- the kernels: bits in, bits out -------------------------------------------------
