@@ -8,16 +8,17 @@ import time
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, registry
 from .adapters.numpy import aligned_empty
 from .convert import convert, plan
+from .tables import table
 from .workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
-
-FRAMEWORKS = ("torch", "numpy", "jax", "tensorflow")
 
 
 def _pairs():
-    return [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d]
+    """Every ordered pair of the registered frameworks (an adapter registered later joins in)."""
+    names = registry.names()
+    return [(s, d) for s in names for d in names if s != d]
 
 
 def sample(n: int, seed: int = 0) -> np.ndarray:
@@ -66,14 +67,8 @@ def matrix_rows(n: int = 1024) -> list[dict]:
     return rows
 
 
-def _table(rows: list[dict], cols: list[tuple[str, str]], markdown: bool) -> str:
-    cells = [[h for _, h in cols]] + [[str(r[k]) for k, _ in cols] for r in rows]
-    if markdown:
-        out = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cols)]
-        out += ["| " + " | ".join(c) + " |" for c in cells[1:]]
-        return "\n".join(out)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(cols))).rstrip() for c in cells)
+def _table(rows: list[dict], cols: list[tuple[str, str]], fmt: str = "text") -> str:
+    return table([h for _, h in cols], [[r[k] for k, _ in cols] for r in rows], fmt)
 
 
 MATRIX_COLS = [("source", "from"), ("target", "to"), ("route", "route"), ("copies", "copies"),
@@ -84,7 +79,7 @@ def matrix(fmt: str = "text") -> str:
     rows = matrix_rows()
     if fmt == "json":
         return json.dumps(rows, indent=2)
-    return _table(rows, MATRIX_COLS, markdown=fmt == "markdown")
+    return _table(rows, MATRIX_COLS, fmt)
 
 
 def _fmt_time(s: float) -> str:
@@ -97,35 +92,37 @@ def demo(mib: float = 32.0, repeat: int = 5) -> tuple[str, bool]:
     base = sample(n)
     expect = base.view(np.uint16)
     lines = [f"bf16bridge demo: {n:,} bf16 values ({mib:g} MiB), every ordered pair of "
-             f"{', '.join(FRAMEWORKS)}", ""]
-    rows, ok = [], True
+             f"{', '.join(registry.names())}", ""]
+    rows, ok, longest = [], True, None
     for s, d in _pairs():
         x = convert(base, s, copy=True)
         p = plan(x, to=d)
+        if longest is None or len(p.steps) > len(longest.steps):
+            longest = p
         y = convert(x, d)
         exact = bool(np.array_equal(_bits(y), expect))
-        code, work = WORKAROUNDS[(s, d)]
-        with np.errstate(invalid="ignore"):  # the workarounds' NaN casts warn; we count what they change
-            changed = int(np.count_nonzero(_bits(work(x)) != expect))
-            t_bridge = time_call(lambda: convert(x, d), repeat)
-            t_work = time_call(lambda: work(x), max(1, repeat // 2))
-        speedup = t_work / t_bridge
+        t_bridge = time_call(lambda: convert(x, d), repeat)
         ok &= exact
-        rows.append({
-            "pair": f"{s} -> {d}", "copies": "copy" if p.copies else "zero-copy",
-            "bridge": _fmt_time(t_bridge), "workaround": _fmt_time(t_work),
-            "speedup": (f"{speedup:,.0f}x" if speedup >= 10 else f"{speedup:.1f}x")
-            + (" (workaround zero-copy too)" if (s, d) in ZERO_COPY_ALREADY else ""),
-            "bits": "exact" if exact else "CHANGED",
-            "workaround_bits": "exact" if not changed else f"{changed:,} changed",
-            "code": code,
-        })
+        row = {"pair": f"{s} -> {d}", "copies": "copy" if p.copies else "zero-copy", "bridge": _fmt_time(t_bridge),
+               "bits": "exact" if exact else "CHANGED", "workaround": "", "speedup": "", "workaround_bits": "",
+               "code": "(none known for an adapter registered outside bf16bridge)"}
+        if (s, d) in WORKAROUNDS:
+            code, work = WORKAROUNDS[(s, d)]
+            with np.errstate(invalid="ignore"):  # the workarounds' NaN casts warn; we count what they change
+                changed = int(np.count_nonzero(_bits(work(x)) != expect))
+                t_work = time_call(lambda: work(x), max(1, repeat // 2))
+            speedup = t_work / t_bridge
+            row.update(workaround=_fmt_time(t_work), code=code,
+                       speedup=(f"{speedup:,.0f}x" if speedup >= 10 else f"{speedup:.1f}x")
+                       + (" (workaround zero-copy too)" if (s, d) in ZERO_COPY_ALREADY else ""),
+                       workaround_bits="exact" if not changed else f"{changed:,} changed")
+        rows.append(row)
     cols = [("pair", "pair"), ("copies", "bridge"), ("bridge", "bridge time"), ("workaround", "workaround time"),
             ("speedup", "speed-up"), ("bits", "bridge bits"), ("workaround_bits", "workaround bits")]
-    lines.append(_table(rows, cols, markdown=False))
+    lines.append(_table(rows, cols))
     lines += ["", "'changed': values whose bits the workaround alters (NaN payloads lost through float32)",
               "", "workarounds timed (what people write today):"]
     lines += [f"  {r['pair']:<22} {r['code']}" for r in rows]
-    lines += ["", "route of one pair, as plan() shows it:", str(plan(convert(base, "tensorflow"), to="numpy")), ""]
-    lines.append("all 12 pairs bit-exact" if ok else "BITS CHANGED on some pair")
+    lines += ["", "the longest route, as plan() shows it:", str(longest), ""]
+    lines.append(f"all {len(rows)} pairs bit-exact" if ok else "BITS CHANGED on some pair")
     return "\n".join(lines), ok

@@ -11,10 +11,10 @@ Both work chunk by chunk, so the extra memory is bounded by a chunk per thread,
 whatever the size (``out=`` may be a memory-mapped file); the ml_dtypes and
 numpy backends spread the chunks over threads (their loops release the GIL). Backends, fastest first as
 measured here (``make bench``): ml_dtypes' own casts (the reference itself),
-then integer kernels in torch (when torch is already imported; never imported
-for this) or numpy, for a NumPy without a usable ml_dtypes. Never torch's
-``.to(bfloat16)``, whose vectorised path differs on NaNs and, with AVX512-BF16,
-flushes subnormals.
+then integer kernels that an adapter offers (``Adapter.offers_kernels``: torch's;
+"auto" picks one only when its framework is already imported, and never imports
+one for this), then numpy's integer kernels, for a NumPy without a usable
+ml_dtypes. An adapter's backend is named after the adapter (``backend="torch"``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, registry
+from .errors import Bf16BridgeError, CopyRequiredError, UnknownFrameworkError, UnsupportedDtypeError
 
 #: elements per chunk: 4 Mi elements keeps each temporary at 16 MiB
 CHUNK = 1 << 22
@@ -34,20 +35,62 @@ CHUNK = 1 << 22
 MIN_PIECE = 1 << 18
 #: show a progress bar when a conversion is still running after this many seconds
 PROGRESS_AFTER_S = 1.0
-BACKENDS = ("auto", "ml_dtypes", "torch", "numpy")
+#: the backends built on the core dependencies; adapters that offer kernels add theirs
+BUILTIN = ("ml_dtypes", "numpy")
+
+
+def _imported(name: str) -> bool:
+    """Whether the framework behind a registered adapter is already imported."""
+    s = registry.spec(name)
+    return s.instance is not None or (s.requires or name) in sys.modules
+
+
+def _kernel_adapter(name: str, imported_only: bool):
+    """The registered adapter ``name`` if it offers kernels and its framework is imported
+    (or, imported_only=False, importable)."""
+    if imported_only and not _imported(name):
+        return None
+    try:
+        adapter = registry.get(name)
+    except Bf16BridgeError:
+        return None
+    return adapter if adapter.offers_kernels else None
+
+
+def backends() -> list[str]:
+    """The backend names ``backend=`` takes here: "auto", the built-in ones, and every
+    registered adapter offering kernels whose framework is already imported."""
+    return ["auto", *BUILTIN, *(n for n in registry.names() if _kernel_adapter(n, imported_only=True))]
 
 
 def pick_backend(name: str = "auto") -> str:
     """The backend ``name`` stands for here ("auto": the fastest usable one)."""
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
     if name == "auto":
         if dtypes.bfloat16 is not None:
             return "ml_dtypes"
-        return "torch" if "torch" in sys.modules else "numpy"
+        return next((n for n in registry.names() if _kernel_adapter(n, imported_only=True)), "numpy")
     if name == "ml_dtypes" and dtypes.bfloat16 is None:
-        raise ValueError(f"backend 'ml_dtypes' is unusable here: {dtypes.ML_DTYPES_ERROR}")
-    return name
+        raise UnsupportedDtypeError(f"backend 'ml_dtypes' is unusable here: {dtypes.ML_DTYPES_ERROR}; "
+                                    f"use backend='auto'")
+    if name in BUILTIN:
+        return name
+    try:
+        key = registry.resolve(name)
+    except UnknownFrameworkError:
+        key = None
+    # a backend asked for by name may import its framework (FrameworkNotInstalledError says how to install it)
+    if key is None or not registry.get(key).offers_kernels:
+        raise UnknownFrameworkError(f"backend must be one of {', '.join(backends())} (or another adapter "
+                                    f"offering kernels); got {name!r}")
+    return key
+
+
+def _kernels(name: str, widen: bool):
+    """(the kernel, whether it spreads over threads itself) for a picked backend."""
+    if name in BUILTIN:
+        return (_WIDEN if widen else _ROUND)[name], False
+    adapter = registry.get(name)
+    return (adapter.widen_bits if widen else adapter.round_bits), adapter.kernels_threaded
 
 
 def _flat_bits(x, width: int, what: str) -> np.ndarray:
@@ -55,9 +98,9 @@ def _flat_bits(x, width: int, what: str) -> np.ndarray:
     want = {16: ("bfloat16", "uint16"), 32: ("float32", "uint32")}[width]
     name = a.dtype.name
     if name not in want:
-        raise TypeError(f"{what} takes a {want[0]} array (or its {want[1]} bits); got dtype {a.dtype}")
+        raise UnsupportedDtypeError(f"{what} takes a {want[0]} array (or its {want[1]} bits); got dtype {a.dtype}")
     if not a.flags.c_contiguous:
-        raise ValueError(f"{what} takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
+        raise CopyRequiredError(f"{what} takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
     return a.reshape(-1).view(f"u{width // 8}")
 
 
@@ -98,7 +141,7 @@ def to_float32(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", thread
     src = _flat_bits(x, 16, "to_float32")
     result = _out(out, np.shape(x), np.float32, "to_float32")
     dst = result.reshape(-1).view(np.uint32)
-    _run(_WIDEN, backend, src, dst, chunk, threads, _Progress(src.size, "bf16 -> float32", progress))
+    _run(True, backend, src, dst, chunk, threads, _Progress(src.size, "bf16 -> float32", progress))
     return result
 
 
@@ -113,7 +156,7 @@ def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: 
     bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else np.dtype(np.uint16)
     result = _out(out, np.shape(x), bf16, "to_bf16")
     dst = result.reshape(-1).view(np.uint16)
-    _run(_ROUND, backend, src, dst, chunk, threads, _Progress(src.size, "float32 -> bf16", progress))
+    _run(False, backend, src, dst, chunk, threads, _Progress(src.size, "float32 -> bf16", progress))
     return result
 
 
@@ -121,12 +164,11 @@ _POOLS: dict = {}
 _POOL_LOCK = threading.Lock()
 
 
-def _run(kernels: dict, backend: str, src, dst, chunk: int, threads: int | None, bar: _Progress) -> None:
-    name = pick_backend(backend)
-    kernel = kernels[name]
+def _run(widen: bool, backend: str, src, dst, chunk: int, threads: int | None, bar: _Progress) -> None:
+    kernel, threaded = _kernels(pick_backend(backend), widen)
     n = src.size
-    # torch parallelises inside each call; the others get a thread per piece
-    workers = 1 if name == "torch" else max(1, min(threads or os.cpu_count() or 1, 8))
+    # a threaded backend parallelises inside each call; the others get a thread per piece
+    workers = 1 if threaded else max(1, min(threads or os.cpu_count() or 1, 8))
     if chunk < 1:
         raise ValueError(f"chunk must be a positive number of elements; got {chunk}")
     if workers > 1:
@@ -186,30 +228,5 @@ def _round_numpy(src: np.ndarray, dst: np.ndarray) -> None:
         dst[nan] = ((src[nan] >> 16) & 0x8000) | 0x7FC0
 
 
-def _torch():
-    import torch  # only reached when torch is already imported, or asked for
-
-    return torch
-
-
-def _widen_torch(src: np.ndarray, dst: np.ndarray) -> None:
-    torch = _torch()
-    s = torch.from_numpy(src.view(np.int16))
-    d = torch.from_numpy(dst.view(np.int32))
-    torch.bitwise_left_shift(s.to(torch.int32), 16, out=d)
-
-
-def _round_torch(src: np.ndarray, dst: np.ndarray) -> None:
-    torch = _torch()
-    u = torch.from_numpy(src.view(np.int32))
-    # int32 arithmetic wraps like uint32 for the low bits we keep; >> is arithmetic, so mask
-    r = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
-    r &= 0xFFFF
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    if bool(nan.any()):
-        r = torch.where(nan, ((u >> 16) & 0x8000) | 0x7FC0, r)
-    torch.from_numpy(dst.view(np.int16)).copy_(r.to(torch.int16))
-
-
-_WIDEN = {"ml_dtypes": _widen_ml_dtypes, "torch": _widen_torch, "numpy": _widen_numpy}
-_ROUND = {"ml_dtypes": _round_ml_dtypes, "torch": _round_torch, "numpy": _round_numpy}
+_WIDEN = {"ml_dtypes": _widen_ml_dtypes, "numpy": _widen_numpy}
+_ROUND = {"ml_dtypes": _round_ml_dtypes, "numpy": _round_numpy}

@@ -5,6 +5,7 @@ must say why bf16 storage is unavailable, and fallback="auto" must hand back
 float32 (or raw uint16 bits when asked) with the values right.
 """
 
+import subprocess
 import sys
 
 import numpy as np
@@ -62,12 +63,27 @@ def test_error_by_default_names_the_way_out():
 def test_other_dtypes_still_cross():
     a = np.arange(10, dtype=np.float32)
     t = bb.convert(a, "torch")
-    assert t.data_ptr() == a.__array_interface__["data"][0]
-    assert bb.convert(t, "numpy") is not None
+    assert t.dtype == torch.float32 and t.data_ptr() == a.__array_interface__["data"][0]
+    back = bb.convert(t, "numpy")
+    assert back.dtype == np.float32 and back.__array_interface__["data"][0] == t.data_ptr()
+    np.testing.assert_array_equal(back.view(np.uint32), np.arange(10, dtype=np.float32).view(np.uint32))
+
+
+def test_kernels_pick_the_torch_adapters_backend_when_torch_is_imported():
+    assert "torch" in sys.modules and kernels.pick_backend("auto") == "torch"
+    assert kernels.backends() == ["auto", "ml_dtypes", "numpy", "torch"]
+
+
+def test_kernels_never_import_torch_for_auto():
+    code = ("import sys, numpy as np; from bf16bridge import kernels; "
+            "b = kernels.to_bf16(np.array([1.0, 3.140625], dtype=np.float32)); "
+            "print(kernels.pick_backend('auto'), b.tolist(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["numpy", "[16256,", "16457]", "False"]
 
 
 def test_kernels_work_on_bits():
-    assert kernels.pick_backend("auto") in ("numpy", "torch")
     x = np.array([1.0, -0.0, 3.140625, np.inf, np.nan, 1e-40], dtype=np.float32)
     for backend in ("numpy", "torch"):
         b = kernels.to_bf16(x, backend=backend)
@@ -81,8 +97,6 @@ def test_kernels_work_on_bits():
 
 
 def test_import_pulls_no_framework():
-    import subprocess
-
     out = subprocess.run([sys.executable, "-c", "import sys, bf16bridge; print('torch' in sys.modules)"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
