@@ -2,41 +2,68 @@
 bit for bit, without copying where the hardware allows.
 
 Importing this package imports no framework: only the standard library,
-numpy and ml_dtypes.
+numpy and ml_dtypes. Submodules (``bb.parity``, ``bb.kernels``, ...) load on
+first attribute access.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .adapters._base import Adapter, Handoff, Source
 from .adapters.numpy import aligned_empty
 from .convert import convert, convert_tree, plan, to_jax, to_numpy, to_tensorflow, to_torch
 from .errors import (
     Bf16BridgeError,
+    Bf16BridgeWarning,
     CopyRequiredError,
+    CopyTooLargeError,
     DeviceError,
     FrameworkNotInstalledError,
+    InvalidArgumentError,
     UnknownFrameworkError,
     UnsupportedDtypeError,
     UnsupportedTypeError,
 )
 from .registry import framework_of, register_adapter
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from . import capabilities, kernels, parity, plans, routes
+    from .capabilities import Capabilities, Decision, probe
+    from .plans import Plan, Step
+
+#: submodules loaded on first use (they import more, or are rarely needed)
+_SUBMODULES = ("adapters", "capabilities", "cli", "demo", "dtypes", "errors", "kernels", "parity", "plans",
+               "registry", "routes", "workarounds")
+#: names that live in a lazily loaded submodule
+_LAZY = {"probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
+         "Plan": "plans", "Step": "plans"}
 
 
-def __getattr__(name):
-    # The planner and the probe load on first use, to keep `import bf16bridge` as cheap
-    # as importing numpy and ml_dtypes.
-    if name in ("probe", "Capabilities", "Decision"):
-        from . import capabilities
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name == "__version__":
+        from importlib import metadata  # costs milliseconds: only when asked
 
-        return getattr(capabilities, name)
-    if name in ("Plan", "Step"):
-        from . import routes
-
-        return getattr(routes, name)
+        try:
+            return metadata.version("bf16bridge")
+        except metadata.PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
     raise AttributeError(f"module 'bf16bridge' has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, *_LAZY, "__version__"})
+
+
 __all__ = [
-    "Bf16BridgeError", "Capabilities", "Decision", "aligned_empty", "probe", "CopyRequiredError", "DeviceError", "FrameworkNotInstalledError", "Plan",
+    "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CopyRequiredError", "CopyTooLargeError",
+    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
     "Step", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
-    "convert", "convert_tree", "framework_of", "plan", "register_adapter", "to_jax", "to_numpy",
-    "to_tensorflow", "to_torch",
+    "aligned_empty", "convert", "convert_tree", "framework_of", "plan", "probe", "register_adapter", "to_jax",
+    "to_numpy", "to_tensorflow", "to_torch",
 ]

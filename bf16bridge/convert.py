@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from . import registry
-from .errors import Bf16BridgeError, CopyRequiredError, UnsupportedTypeError
+from .errors import Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
 
 if TYPE_CHECKING:
-    from .routes import Plan
+    import jax
+    import numpy as np
+    import tensorflow as tf
+    import torch
 
+    from .plans import Plan
 
-_ROUTES = None
+#: the registered framework names and aliases (others can be registered: any str is taken)
+Target = Literal["numpy", "np", "torch", "pt", "pytorch", "jax", "tensorflow", "tf"]
+Fallback = Literal["error", "float32", "bits", "auto"]
+#: what to do when the result would be a writable alias of memory its owner treats as
+#: read-only or immutable (a torch tensor over a jax or tensorflow buffer)
+OnAlias = Literal["warn", "copy", "error", "allow"]
+#: what to do when the input requires grad: its data crosses, its gradient does not
+OnGrad = Literal["warn", "error", "drop"]
+ON_ALIAS = ("warn", "copy", "error", "allow")
+ON_GRAD = ("warn", "error", "drop")
+
+_ROUTES: Any = None
 
 
 def _routes():
@@ -32,14 +48,43 @@ def _describe(x, to):
     return source, target, registry.get(source).describe(x, alignment=alignment)
 
 
-def plan(x, to: str, *, copy: bool | None = None, fallback: str = "error",
+def _check(copy, fallback, for_compute, on_alias, on_grad) -> None:
+    _routes().check_args(copy, fallback, for_compute)
+    if on_alias not in ON_ALIAS:
+        raise InvalidArgumentError(f"on_alias must be one of {', '.join(map(repr, ON_ALIAS))}; got {on_alias!r}")
+    if on_grad not in ON_GRAD:
+        raise InvalidArgumentError(f"on_grad must be one of {', '.join(map(repr, ON_GRAD))}; got {on_grad!r}")
+    if on_alias == "copy" and copy is False:
+        raise InvalidArgumentError("on_alias='copy' asks for a copy that copy=False forbids; choose one")
+
+
+def plan(x, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
          for_compute: bool = False) -> Plan:
-    """What ``convert(x, to, ...)`` with the same keywords would do, without doing it."""
+    """What ``convert(x, to, ...)`` with the same keywords would do, without doing it.
+
+    ``Plan.alias`` and ``Plan.drops_grad`` say what ``convert`` would warn about.
+    """
+    _check(copy, fallback, for_compute, "warn", "warn")
     source, target, src = _describe(x, to)
     return _routes().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
 
 
-def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error", for_compute: bool = False):
+@overload
+def convert(x, to: Literal["numpy", "np"], *, copy: bool | None = ..., fallback: Fallback = ...,
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> np.ndarray: ...
+@overload
+def convert(x, to: Literal["torch", "pt", "pytorch"], *, copy: bool | None = ..., fallback: Fallback = ...,
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> torch.Tensor: ...
+@overload
+def convert(x, to: Literal["jax"], *, copy: bool | None = ..., fallback: Fallback = ...,
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> jax.Array: ...
+@overload
+def convert(x, to: Literal["tensorflow", "tf"], *, copy: bool | None = ..., fallback: Fallback = ...,
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> tf.Tensor: ...
+@overload
+def convert(x, to: str, *, copy: bool | None = ..., fallback: Fallback = ...,
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> Any: ...
+def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
     """Move tensor ``x`` to framework ``to`` ("numpy", "torch", "jax", "tensorflow" or an alias).
 
     bf16 stays bf16 bit for bit, like every other dtype both sides hold.
@@ -51,13 +96,51 @@ def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error", fo
     cannot, and with ``for_compute=True`` float32 where the hardware has no bf16
     arithmetic). ``plan(x, to, ...)`` shows the route, the decision and its
     reason, and whether the result shares memory and is writable.
+
+    What the plan knows that matters is said, not left silent:
+    ``on_alias`` ("warn", "copy", "error", "allow") chooses what happens when the
+    result would be writable over memory its owner treats as immutable or read-only
+    (jax or tensorflow -> torch, zero-copy); ``on_grad`` ("warn", "error", "drop")
+    when the input requires grad, whose gradient does not cross. Warnings are
+    ``Bf16BridgeWarning``.
     """
+    _check(copy, fallback, for_compute, on_alias, on_grad)
     source, target, src = _describe(x, to)
-    p = _routes().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
-    value, here = src.value, source
+    routes = _routes()
+    p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    if p.drops_grad and on_grad != "drop":
+        why = (f"this {source} tensor requires grad; its data crosses to {target} detached and its "
+               "gradient does not cross")
+        if on_grad == "error":
+            raise UnsupportedTypeError(f"{why}; pass on_grad='drop' to detach, or use bb.bridge for gradients")
+        warnings.warn(f"{why} (on_grad='drop' silences this; on_grad='error' refuses)", Bf16BridgeWarning,
+                      stacklevel=_stacklevel())
+    if p.alias is not None and on_alias != "allow":
+        if on_alias == "copy":
+            p = routes.plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute)
+        elif on_alias == "error":
+            raise CopyRequiredError(f"{p.alias}; on_alias='error' refuses it: pass on_alias='copy'")
+        else:
+            warnings.warn(f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)",
+                          Bf16BridgeWarning, stacklevel=_stacklevel())
+    return _run(p, src.value, source, copy)
+
+
+def _stacklevel() -> int:
+    """Point a warning at the caller's line, through to_* and convert_tree frames."""
+    import sys
+
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _run(p: Plan, value, source: str, copy):
+    here = source
     for step in p.steps:
-        out = step.run(value)
-        if copy is False and step.verify and not step.copies and p.nbytes:
+        out = step.run(value)  # type: ignore[misc]
+        if step.verify and not step.copies and p.nbytes and copy is False:
             # the framework decides whether it copies; check, so copy=False is never a lie
             before = registry.get(here).data_ptr(value)
             after = registry.get(step.framework).data_ptr(out)
@@ -66,57 +149,123 @@ def convert(x, to: str, *, copy: bool | None = None, fallback: str = "error", fo
                     f"copy=False, but {step.label} copied this {source} input; pass copy=None to allow it"
                 )
         value, here = out, step.framework
+    if not p.writable:
+        # an empty result may come back writable from a framework that had nothing to share
+        value = registry.get(p.target).mark_readonly(value)
     return value
 
 
-def to_numpy(x, **kwargs):
+@overload
+def to_numpy(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
+             on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> np.ndarray: ...
+def to_numpy(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
     """``convert(x, "numpy", ...)``"""
-    return convert(x, "numpy", **kwargs)
+    return convert(x, "numpy", copy=copy, fallback=fallback, for_compute=for_compute,
+                   on_alias=on_alias, on_grad=on_grad)
 
 
-def to_torch(x, **kwargs):
+@overload
+def to_torch(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
+             on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> torch.Tensor: ...
+def to_torch(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
     """``convert(x, "torch", ...)``"""
-    return convert(x, "torch", **kwargs)
+    return convert(x, "torch", copy=copy, fallback=fallback, for_compute=for_compute,
+                   on_alias=on_alias, on_grad=on_grad)
 
 
-def to_jax(x, **kwargs):
+@overload
+def to_jax(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
+           on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> jax.Array: ...
+def to_jax(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
     """``convert(x, "jax", ...)``"""
-    return convert(x, "jax", **kwargs)
+    return convert(x, "jax", copy=copy, fallback=fallback, for_compute=for_compute,
+                   on_alias=on_alias, on_grad=on_grad)
 
 
-def to_tensorflow(x, **kwargs):
+@overload
+def to_tensorflow(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
+                  on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> tf.Tensor: ...
+def to_tensorflow(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
     """``convert(x, "tensorflow", ...)``"""
-    return convert(x, "tensorflow", **kwargs)
+    return convert(x, "tensorflow", copy=copy, fallback=fallback, for_compute=for_compute,
+                   on_alias=on_alias, on_grad=on_grad)
 
 
-def convert_tree(tree, to: str, **kwargs):
-    """Convert every tensor leaf of nested dicts, lists and tuples (namedtuples too).
+T = TypeVar("T")
 
-    Returns new containers of the same types; the input is not modified.
-    Leaves that are not tensors of a registered framework (ints, strings,
-    None) are kept as they are. An error names the path of the leaf.
+
+def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
+                 for_compute: bool = False, on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> T:
+    """Convert every tensor leaf of a tree: dicts (defaultdict, OrderedDict and other dict
+    types keep their type and factory), lists, tuples, namedtuples, and, when jax is
+    already imported, every node ``jax.tree_util`` knows (flax and equinox parameter
+    trees, registered dataclasses).
+
+    Returns new containers of the same types; the input is not modified. Leaves
+    that are not tensors of a registered framework (ints, strings, None) are kept
+    as they are. An error names the path of the leaf.
     """
-    return _tree(tree, to, kwargs, ())
+    _check(copy, fallback, for_compute, on_alias, on_grad)
+    kwargs = dict(copy=copy, fallback=fallback, for_compute=for_compute, on_alias=on_alias, on_grad=on_grad)
+    return _tree(tree, to, kwargs, (), set())
 
 
-def _tree(node, to, kwargs, path):
-    if isinstance(node, Mapping):
-        items = {k: _tree(v, to, kwargs, path + (k,)) for k, v in node.items()}
+def _where(path) -> str:
+    return "".join(f"[{p!r}]" for p in path) or "the root"
+
+
+def _tree(node, to, kwargs, path, active: set):
+    if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
+        return node
+    if isinstance(node, (Mapping, list, tuple)):
+        if id(node) in active:
+            raise UnsupportedTypeError(f"at {_where(path)}: the tree contains itself; a tree must be finite")
+        active.add(id(node))
         try:
-            return type(node)(items)
-        except TypeError:
-            return items
-    if isinstance(node, (list, tuple)):
-        items = [_tree(v, to, kwargs, path + (i,)) for i, v in enumerate(node)]
-        if hasattr(node, "_fields"):  # namedtuple
-            return type(node)(*items)
-        return type(node)(items)
+            return _container(node, to, kwargs, path, active)
+        finally:
+            active.discard(id(node))
     try:
         registry.framework_of(node)
     except UnsupportedTypeError:
-        return node
+        children = registry.tree_children(node)
+        if children is None:
+            return node  # a leaf we do not move
+        keys, values, rebuild = children
+        return rebuild([_tree(v, to, kwargs, path + (k,), active) for k, v in zip(keys, values)])
     try:
         return convert(node, to, **kwargs)
     except Bf16BridgeError as err:
-        where = "".join(f"[{p!r}]" for p in path) or "the root"
-        raise type(err)(f"at {where}: {err}") from err
+        raise type(err)(f"at {_where(path)}: {err}") from err
+
+
+def _container(node, to, kwargs, path, active):
+    if isinstance(node, Mapping):
+        items = {k: _tree(v, to, kwargs, path + (k,), active) for k, v in node.items()}
+        if isinstance(node, dict):
+            import copy as _copy
+
+            out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes
+            out.clear()
+            out.update(items)
+            return out
+        try:
+            return type(node)(items)
+        except TypeError as err:
+            raise UnsupportedTypeError(
+                f"at {_where(path)}: cannot rebuild a {type(node).__qualname__} from a dict; "
+                "pass a dict, or register the type with jax.tree_util"
+            ) from err
+    items = [_tree(v, to, kwargs, path + (i,), active) for i, v in enumerate(node)]
+    if type(node) in (list, tuple):
+        return type(node)(items)
+    if hasattr(node, "_fields"):  # namedtuple
+        return type(node)(*items)
+    try:
+        return type(node)(items)
+    except TypeError as err:
+        raise UnsupportedTypeError(
+            f"at {_where(path)}: cannot rebuild a {type(node).__qualname__} from a list of its items "
+            "(its constructor takes other arguments); pass a plain tuple or list, or register the type "
+            "with jax.tree_util"
+        ) from err

@@ -50,6 +50,11 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def itemsize(name: str) -> int:
+    """Bytes per element of a bridge dtype name."""
+    return 2 if name in BITS_OF else np.dtype(name).itemsize
+
+
 def name_of_numpy(dtype: np.dtype) -> str | None:
     """The bridge name of a NumPy dtype, or None if we do not carry it."""
     name = np.dtype(dtype).name

@@ -34,3 +34,18 @@ class CopyRequiredError(Bf16BridgeError, ValueError):
 
 class DeviceError(Bf16BridgeError, ValueError):
     """The target framework cannot hold data on the input's device."""
+
+
+class InvalidArgumentError(Bf16BridgeError, ValueError, TypeError):
+    """A keyword has a value outside its choices (``copy="yes"``, ``fallback="float16"``)."""
+
+
+class CopyTooLargeError(Bf16BridgeError, MemoryError):
+    """A route must copy, and the copy would not fit in this machine's memory."""
+
+
+class Bf16BridgeWarning(UserWarning):
+    """What a call did that its plan knew mattered: a writable alias of read-only or
+    immutable memory, a gradient dropped. Filter it with
+    ``warnings.filterwarnings("ignore", category=bf16bridge.Bf16BridgeWarning)``,
+    or choose per call (``on_alias=``, ``on_grad=``)."""

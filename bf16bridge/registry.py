@@ -39,6 +39,8 @@ _ALIASES: dict[str, str] = {}
 _LOADED: dict[str, Adapter] = {}
 _TYPE_CACHE: dict[type, str] = {}
 _LOCK = threading.RLock()
+#: bumped by every register_adapter: caches of routes through adapters key on it
+_GENERATION = 0
 
 
 def register_adapter(
@@ -81,9 +83,20 @@ def register_adapter(
             _ALIASES[alias] = key
         _LOADED.pop(key, None)
         _TYPE_CACHE.clear()
-        routes = sys.modules.get(__package__ + ".routes")
-        if routes is not None:  # cached routes may have passed through the old adapter
-            routes.clear_cache()
+        global _GENERATION
+        _GENERATION += 1
+
+
+def generation() -> int:
+    """How many times the registry changed: part of every cache key that reads adapters."""
+    return _GENERATION
+
+
+def state(source: str, target: str) -> tuple:
+    """What a route from ``source`` to ``target`` depends on beyond the input: the registry's
+    generation and the run-time settings of the adapters a route may pass through
+    (``Adapter.state()``, e.g. jax's x64 flag, which can change between two calls)."""
+    return (_GENERATION, get(source).state(), get(HUB).state(), get(target).state())
 
 
 def names() -> list[str]:
@@ -156,6 +169,22 @@ def _classes(s: AdapterSpec):
             continue
         if isinstance(obj, type):
             yield obj
+
+
+def tree_children(node):
+    """``(keys, children, rebuild)`` for a container a framework already imported knows
+    (a jax pytree node), or None. Imports no framework."""
+    for s in list(_SPECS.values()):
+        if s.instance is None and (s.requires or s.name) not in sys.modules:
+            continue
+        try:
+            adapter = get(s.name)
+        except FrameworkNotInstalledError:
+            continue
+        out = adapter.tree_children(node)
+        if out is not None:
+            return out
+    return None
 
 
 def framework_of(x) -> str:

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 from functools import lru_cache
-from typing import Any, Callable, NamedTuple
+from typing import NamedTuple
 
 from . import dtypes, registry
 from .adapters._base import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
-from .errors import CopyRequiredError, DeviceError, UnsupportedDtypeError
-
+from .errors import CopyRequiredError, CopyTooLargeError, DeviceError, InvalidArgumentError, UnsupportedDtypeError
+from .plans import Plan, Step, size
 from .registry import HUB
+
 FALLBACKS = ("error", "float32", "bits", "auto")
 
 
@@ -39,86 +41,11 @@ class State(NamedTuple):
     host: bool
 
 
-class Step(NamedTuple):
-    """One step of a route, as plan() shows it and convert() runs it."""
-
-    kind: str  # bitview | dlpack | handoff | copy | to_host | widen
-    framework: str  # where the result of the step lives
-    label: str
-    dtype: str  # dtype after the step
-    copies: bool
-    reason: str = ""  # why it copies
-    verify: bool = False  # check the data pointer after running (the framework decides)
-    run: Callable[[Any], Any] | None = None
-
-    def __str__(self) -> str:
-        how = f"copy ({self.reason})" if self.copies else "zero-copy"
-        return f"{self.framework}: {self.label} -> {self.dtype}  [{how}]"
-
-
 class Route(NamedTuple):
     steps: tuple
     final: State
     dtype: str
     decision: str | None  # why the dtype changed (fallback), or None
-
-
-class Plan(NamedTuple):
-    """What convert() will do with one input: the route, its copies, the result's nature."""
-
-    source: str
-    target: str
-    dtype_in: str
-    dtype_out: str
-    shape: tuple
-    nbytes: int
-    device: str
-    steps: tuple
-    copies: bool
-    shares_memory: bool  # the result aliases the input's memory
-    writable: bool  # the result can be written in place
-    decision: str | None  # the dtype chosen by a fallback, and why; None when none was asked
-    notes: tuple = ()
-
-    @property
-    def zero_copy(self) -> bool:
-        return not self.copies
-
-    def __str__(self) -> str:
-        shape = "x".join(map(str, self.shape)) or "scalar"
-        lines = [
-            f"{self.source} {self.dtype_in} [{shape}, {_size(self.nbytes)}, {self.device}]"
-            f" -> {self.target} {self.dtype_out}"
-        ]
-        if not self.steps:
-            lines.append("  (nothing to do: already a tensor of the target framework)")
-        for i, step in enumerate(self.steps, 1):
-            lines.append(f"  {i}. {step}")
-        kind = "zero-copy, shares memory with the input" if self.shares_memory else (
-            "copied" if self.copies else "new tensor")
-        lines.append(f"  result: {kind}; {'writable' if self.writable else 'read-only'}")
-        if self.decision:
-            lines.append(f"  dtype: {self.decision}")
-        lines.extend(f"  note: {n}" for n in self.notes)
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return {
-            "source": self.source, "target": self.target, "dtype_in": self.dtype_in,
-            "dtype_out": self.dtype_out, "shape": list(self.shape), "nbytes": self.nbytes,
-            "device": self.device, "copies": self.copies, "shares_memory": self.shares_memory,
-            "writable": self.writable, "decision": self.decision, "notes": list(self.notes),
-            "steps": [{"framework": s.framework, "label": s.label, "dtype": s.dtype,
-                       "copies": s.copies, "reason": s.reason} for s in self.steps],
-        }
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
 
 
 # -- the graph ------------------------------------------------------------------
@@ -230,8 +157,13 @@ def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bo
 
 @lru_cache(maxsize=1024)
 def _route(source: str, target: str, start: State, must_copy: str | None,
-           copy: bool | None, attempts: tuple) -> Route:
-    """The cheapest route; ``attempts`` are (goal dtypes, decision) tried in order."""
+           copy: bool | None, attempts: tuple, state: tuple) -> Route:
+    """The cheapest route; ``attempts`` are (goal dtypes, decision) tried in order.
+
+    ``state`` is ``registry.state(...)`` of the adapters involved: the registry's
+    generation and each adapter's run-time settings (jax's x64 flag). It is part
+    of the cache key only: a route depends on it through what adapters declare.
+    """
     names = dict.fromkeys((source, HUB, target))
     adapters = {n: registry.get(n) for n in names}
     prefix: tuple = ()
@@ -271,12 +203,6 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
     )
 
 
-def clear_cache() -> None:
-    """Forget planned routes (the registry calls this when an adapter changes)."""
-    _route.cache_clear()
-    _outcome.cache_clear()
-
-
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
     """The goal dtypes to try in order, each with the decision to report."""
     if dtype in dtypes.BITS_OF and fallback == "auto":
@@ -302,36 +228,81 @@ def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
     return out
 
 
+def check_args(copy, fallback, for_compute) -> None:
+    """Refuse keyword values outside their choices, before anything is cached on them."""
+    if not (copy is None or copy is True or copy is False):
+        raise InvalidArgumentError(
+            f"copy must be None (copy only where needed), True (always copy) or False (never copy); "
+            f"got {copy!r} of type {type(copy).__name__}: pass bool(...) if you mean a truth value"
+        )
+    if fallback not in FALLBACKS:
+        raise InvalidArgumentError(f"fallback must be one of {', '.join(map(repr, FALLBACKS))}; got {fallback!r}")
+    if not (for_compute is True or for_compute is False):
+        raise InvalidArgumentError(f"for_compute must be True or False; got {for_compute!r}")
+    if for_compute and fallback != "auto":
+        raise InvalidArgumentError(
+            "for_compute=True asks the probe to choose the dtype: pass fallback='auto' with it")
+
+
+def _memory_limit() -> int | None:
+    """Bytes of physical memory here; a host copy larger than this is refused before allocating."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: no check
+        return None
+
+
+MEMORY_LIMIT = _memory_limit()
+
+
+def _check_copy_size(src: Source, source: str, target: str, steps: tuple) -> None:
+    if MEMORY_LIMIT is None:
+        return
+    n = 1
+    for d in src.shape:
+        n *= d
+    biggest = max((n * dtypes.itemsize(s.dtype) for s in steps if s.copies and s.kind != "to_host"), default=0)
+    if biggest > MEMORY_LIMIT:
+        shape = "x".join(map(str, src.shape))
+        raise CopyTooLargeError(
+            f"{source} -> {target} must copy this [{shape}] {src.dtype} input, and the copy needs "
+            f"{size(biggest)}, more than this machine's {size(MEMORY_LIMIT)} of "
+            "memory; a broadcast or expanded view is small only until copied: convert the un-broadcast "
+            "tensor and broadcast it in the target framework"
+        )
+
+
 def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
              fallback: str = "error", for_compute: bool = False) -> Plan:
-    """The plan for an already-described input (``convert`` calls this)."""
-    if fallback not in FALLBACKS:
-        raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
-    if copy not in (None, True, False):
-        raise ValueError(f"copy must be None, True or False; got {copy!r}")
-    if for_compute and fallback != "auto":
-        raise ValueError("for_compute=True asks the probe to choose the dtype: pass fallback='auto' with it")
+    """The plan for an already-described input (``convert`` calls this; arguments already checked)."""
     host = src.device == "cpu"
     start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
-    route = _route(source, target, start, src.must_copy, copy, attempts)
-    copies, shares, writable, notes = _outcome(route, source, target, src.readonly, src.nbytes > 0, src.notes)
+    route = _route(source, target, start, src.must_copy, copy, attempts, registry.state(source, target))
+    copies, shares, writable, notes, alias = _outcome(
+        route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation())
+    if copies:
+        _check_copy_size(src, source, target, route.steps)
     return Plan(source, target, src.dtype, route.dtype, tuple(src.shape), src.nbytes, src.device,
-                route.steps, copies, shares, writable, route.decision, notes)
+                route.steps, copies, shares, writable, route.decision, notes, alias, src.requires_grad)
 
 
 @lru_cache(maxsize=1024)
-def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: bool, src_notes: tuple):
+def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: bool, src_notes: tuple,
+             generation: int):
     """What the result is (copied? shares memory? writable?) and what the user should know."""
     src_adapter, dst_adapter = registry.get(source), registry.get(target)
     final = route.final
     shares = final.shared and nonempty
     writable = (not dst_adapter.immutable) and not final.readonly
     notes = list(src_notes)
+    alias = None
     if shares and writable and src_adapter.immutable:
-        notes.append(f"the result shares memory with an immutable {source} tensor: writing to it changes "
-                     f"that tensor too; pass copy=True to write safely")
+        alias = (f"the {target} result is writable and shares memory with an immutable {source} tensor: "
+                 f"writing to it changes that tensor too (and whatever it aliases); pass copy=True "
+                 f"(or on_alias='copy') to write safely")
+        notes.append(alias)
     if shares and dst_adapter.immutable and not src_adapter.immutable and not readonly:
         notes.append(f"the {target} result shares the {source} input's memory: writing to the input "
                      f"afterwards changes it; pass copy=True to decouple them")
-    return any(s.copies for s in route.steps), shares, writable, tuple(notes)
+    return any(s.copies for s in route.steps), shares, writable, tuple(notes), alias

@@ -18,6 +18,8 @@ FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow")
 REQUIRED = tuple(
     f.strip() for f in os.environ.get("BF16BRIDGE_TEST_FRAMEWORKS", ",".join(FRAMEWORKS)).split(",") if f.strip()
 )
+#: frameworks whose tensors are never written in place
+IMMUTABLE = ("jax", "tensorflow")
 PAIRS = [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -49,6 +49,7 @@ class Source(NamedTuple):
     device: str  # "cpu", "cuda:0", ...
     must_copy: str | None = None  # why the value cannot leave as it is (torch conj/neg bits)
     notes: tuple = ()  # what the user should know (gradients dropped, a Variable's snapshot)
+    requires_grad: bool = False  # the input takes part in autodiff: its gradient does not cross
 
 
 class Handoff(NamedTuple):
@@ -114,6 +115,12 @@ class Adapter:
         """Extra edges into or out of this framework (default: none)."""
         return []
 
+    def state(self) -> object:
+        """Run-time settings that change what this adapter declares (a hashable value;
+        jax: its x64 flag). Routes are cached per state: return everything that matters,
+        cheaply (it is read on every conversion)."""
+        return None
+
     # -- primitives convert() runs ------------------------------------------
     def describe(self, x, *, alignment: bool = True) -> Source:  # pragma: no cover - every adapter overrides
         """What the planner needs to know of ``x``. ``alignment=False``: no step of the
@@ -142,6 +149,16 @@ class Adapter:
         """Convert values (used only for the float32 fallback: bf16 -> float32 is exact)."""
         raise NotImplementedError
 
+    def mark_readonly(self, x):
+        """``x`` marked read-only, for frameworks that mark memory (default: as it is)."""
+        return x
+
+    def tree_children(self, node):
+        """For a container this framework knows (jax: registered pytree nodes):
+        ``(keys, children, rebuild)`` with ``rebuild(new_children)`` making the same
+        container; None for anything else. Asked only once the framework is imported."""
+        return None
+
     def to_host(self, x):
         """A copy in host memory (only asked for with copy=True)."""
         raise NotImplementedError(f"{self.name} cannot move data to the host")
@@ -153,4 +170,31 @@ class Adapter:
 
     def facts(self) -> dict:
         """Extra capabilities worth reporting (found by trying), as {name: (value, why)}."""
+        return {}
+
+    # -- float32 <-> bf16 kernels for bf16bridge.kernels (optional) -------------
+    #: widen_bits / round_bits are offered: bf16bridge.kernels may run them as a backend
+    #: named after this adapter (chosen by "auto" only when the framework is already imported)
+    offers_kernels: ClassVar[bool] = False
+    #: one kernel call already spreads over the framework's own threads: run chunks one at a time
+    kernels_threaded: ClassVar[bool] = False
+
+    def widen_bits(self, src_u16, dst_u32) -> None:
+        """Write ``src_u16 << 16`` into ``dst_u32`` (1-d numpy uint16 / uint32, same size):
+        bf16 bits widened to float32 bits, exactly. Not offered by default."""
+        raise NotImplementedError(f"the {self.name} adapter offers no kernels (offers_kernels is False)")
+
+    def round_bits(self, src_u32, dst_u16) -> None:
+        """Write float32 bits ``src_u32`` rounded to bf16 bits into ``dst_u16`` (1-d numpy, same
+        size), bit-identical to ml_dtypes: nearest, ties to even, no flush to zero, overflow to
+        inf, every NaN to the quiet NaN keeping its sign (0x7FC0 / 0xFFC0). Not offered by default."""
+        raise NotImplementedError(f"the {self.name} adapter offers no kernels (offers_kernels is False)")
+
+    # -- numerics, for bf16bridge.parity -----------------------------------------
+    #: the framework computes: the parity runner runs its built-in ops in it by default
+    computes: ClassVar[bool] = False
+
+    def numerics(self) -> dict:
+        """The framework's settings that change bf16 results (threads, precision flags),
+        recorded with each parity report; asked only once the framework is imported."""
         return {}

@@ -24,6 +24,14 @@ def _device_put_copies(layout, aligned):
     return None
 
 
+def _key(entry):
+    """A jax key-path entry as the plain key an error message shows."""
+    for attr in ("name", "key", "idx"):  # GetAttrKey, DictKey / FlattenedIndexKey, SequenceKey
+        if hasattr(entry, attr):
+            return getattr(entry, attr)
+    return str(entry)
+
+
 class JaxAdapter(Adapter):
     name = "jax"
     immutable = True
@@ -45,8 +53,12 @@ class JaxAdapter(Adapter):
     def handoffs(self):
         return [
             Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, verify=True),
-            Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None),
+            # zero-copy as a rule, but numpy decides (a jax array over foreign strides is copied)
+            Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None, verify=True),
         ]
+
+    def state(self):
+        return jax.config.jax_enable_x64
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         if isinstance(x, jax.core.Tracer):
@@ -59,6 +71,11 @@ class JaxAdapter(Adapter):
         if len(devices) != 1:
             raise UnsupportedTypeError(
                 f"this jax array is sharded over {len(devices)} devices; convert each of x.addressable_shards"
+            )
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+            raise UnsupportedDtypeError(
+                f"jax array of dtype {x.dtype} (a PRNG key or another extended dtype) has no plain bits "
+                "to move; pass jax.random.key_data(key) for a key's raw uint32 data"
             )
         name = dtypes.name_of_numpy(x.dtype)
         if name is None:
@@ -73,6 +90,14 @@ class JaxAdapter(Adapter):
             layout=CONTIGUOUS, aligned=True, readonly=False,
             device="cpu" if dev.platform == "cpu" else f"{dev.platform}:{dev.id}",
         )
+
+    def tree_children(self, node):
+        tu = jax.tree_util
+        paths, treedef = tu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+        if tu.treedef_is_leaf(treedef):
+            return None
+        keys = [_key(path[0]) if path else "?" for path, _ in paths]
+        return keys, [leaf for _, leaf in paths], treedef.unflatten
 
     def data_ptr(self, x) -> int:
         x.block_until_ready()  # a pointer asked of a pending result has hung a process here
@@ -113,6 +138,14 @@ class JaxAdapter(Adapter):
         return {"x64": (bool(jax.config.jax_enable_x64),
                         "jax_enable_x64 is on" if jax.config.jax_enable_x64 else
                         "jax_enable_x64 is off: 64-bit dtypes are refused rather than narrowed")}
+
+    computes = True
+
+    def numerics(self):
+        import os
+
+        return {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
 
 
 ADAPTER = JaxAdapter()

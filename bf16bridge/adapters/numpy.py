@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..errors import UnsupportedDtypeError, UnsupportedTypeError
+from ..errors import InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
 from ._base import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
 
 
@@ -18,8 +18,15 @@ def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
     jax and tensorflow take such arrays without a copy; numpy's own allocations
     are usually not so aligned. ``dtype`` is a numpy dtype or a name ("bfloat16").
     """
-    dtype = dtypes.numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    try:
+        dtype = dtypes.numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    except TypeError as err:
+        raise InvalidArgumentError(
+            f"aligned_empty: {dtype!r} is not a dtype; pass a numpy dtype or a name such as 'bfloat16'"
+        ) from err
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidArgumentError(f"aligned_empty: the shape must be whole numbers >= 0; got {shape!r}")
     n = math.prod(shape) * dtype.itemsize
     raw = np.empty(n + ALIGN, dtype=np.uint8)
     start = (-raw.__array_interface__["data"][0]) % ALIGN
@@ -61,7 +68,8 @@ class NumpyAdapter(Adapter):
             raise UnsupportedTypeError(
                 "a numpy masked array would lose its mask; pass a.filled(value) or a.data explicitly"
             )
-        if isinstance(x, np.generic):
+        scalar = isinstance(x, np.generic)
+        if scalar:
             x = np.asarray(x)
             notes = ("a numpy scalar is taken as a 0-d array",)
         name = dtypes.name_of_numpy(x.dtype)
@@ -70,15 +78,21 @@ class NumpyAdapter(Adapter):
                 f"numpy array of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
             )
         must_copy = None
-        if not x.dtype.isnative:
+        itemsize = x.dtype.itemsize
+        if scalar:
+            # a fresh 0-d array each call, aligned or not by chance: the result is always a copy
+            must_copy = "a numpy scalar has no memory of its own to share"
+        elif not x.dtype.isnative:
             must_copy = f"the array is in non-native byte order ({x.dtype.str}), which DLPack cannot carry"
         elif not x.flags.aligned:
             must_copy = "the buffer is not aligned to its element size"
-        itemsize = x.dtype.itemsize
+        elif any(st % itemsize for st in x.strides):
+            # a field of a structured array: strides in bytes that no element stride expresses
+            must_copy = f"its strides {x.strides} are not whole multiples of its {itemsize}-byte elements"
         ptr = x.__array_interface__["data"][0]
         return Source(
             value=x, dtype=name, shape=x.shape, nbytes=x.nbytes,
-            layout=CONTIGUOUS if x.flags.c_contiguous else layout_of(x.shape, [s // itemsize for s in x.strides]),
+            layout=CONTIGUOUS if x.flags.c_contiguous else layout_of(x.shape, [st // itemsize for st in x.strides]),
             aligned=ptr % ALIGN == 0, readonly=not x.flags.writeable, device="cpu",
             must_copy=must_copy, notes=notes,
         )
@@ -98,10 +112,19 @@ class NumpyAdapter(Adapter):
     def copy(self, x):
         out = aligned_empty(x.shape, x.dtype.newbyteorder("="))
         if x.dtype.name in dtypes.BITS_OF:  # copy the bits: numpy's loops for ml_dtypes types are slower
-            out.view(dtypes.BITS_OF[x.dtype.name])[...] = x.view(dtypes.BITS_OF[x.dtype.name])
+            bits = np.dtype(dtypes.BITS_OF[x.dtype.name])
+            # read the bits in the input's byte order, so a big-endian input is swapped, not garbled
+            out.view(bits)[...] = x.view(bits.newbyteorder(x.dtype.byteorder))
         else:
             out[...] = x
         return out
+
+    def mark_readonly(self, x):
+        if not x.flags.writeable:
+            return x
+        view = x.view()  # never change the flags of an array someone else holds
+        view.flags.writeable = False
+        return view
 
     def astype(self, x, dtype):
         if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous:

@@ -13,6 +13,14 @@ _TO_TORCH = {name: getattr(torch, name) for name in dtypes.ALL if isinstance(get
 _FROM_TORCH = {dt: name for name, dt in _TO_TORCH.items()}
 
 
+def _row_major(shape) -> tuple:
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= size
+    return tuple(reversed(strides))
+
+
 class TorchAdapter(Adapter):
     name = "torch"
     dlpack_accepts = STRIDED  # negative strides abort the process in torch.from_dlpack
@@ -26,6 +34,11 @@ class TorchAdapter(Adapter):
         return None
 
     def describe(self, x, *, alignment: bool = True) -> Source:
+        if x.is_nested:
+            raise UnsupportedTypeError(
+                "a torch nested (ragged) tensor has no single strided buffer; convert each of "
+                "t.unbind(), or t.to_padded_tensor(0.0) first"
+            )
         if x.layout != torch.strided:
             raise UnsupportedTypeError(
                 f"torch tensor with layout {x.layout} is not moved; call .to_dense() first"
@@ -37,19 +50,28 @@ class TorchAdapter(Adapter):
             raise UnsupportedDtypeError(
                 f"torch tensor of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
             )
-        notes = []
-        if x.requires_grad:
+        notes = ()
+        grad = x.requires_grad
+        if grad:
             x = x.detach()
-            notes.append("the tensor requires grad: its data crosses, detached; gradients do not cross")
+            notes = ("the tensor requires grad: its data crosses, detached; gradients do not cross",)
         must_copy = None
         if x.is_conj() or x.is_neg():
             must_copy = "the tensor has a pending conj/neg bit, which only a copy can resolve"
         device = x.device.type if x.device.type == "cpu" else str(x.device)
+        shape = tuple(x.shape)
+        if x.is_contiguous():
+            layout = CONTIGUOUS
+            if 1 in shape:
+                # torch calls a size-1 dimension with any stride contiguous, and hands that
+                # stride over DLPack; jax keeps it, and numpy.asarray then copies: send row-major strides
+                x = x.as_strided(shape, _row_major(shape))
+        else:
+            layout = layout_of(shape, x.stride())
         return Source(
-            value=x, dtype=name, shape=tuple(x.shape), nbytes=x.numel() * x.element_size(),
-            layout=CONTIGUOUS if x.is_contiguous() else layout_of(x.shape, x.stride()),
-            aligned=x.data_ptr() % ALIGN == 0,
-            readonly=False, device=device, must_copy=must_copy, notes=tuple(notes),
+            value=x, dtype=name, shape=shape, nbytes=x.numel() * x.element_size(),
+            layout=layout, aligned=x.data_ptr() % ALIGN == 0,
+            readonly=False, device=device, must_copy=must_copy, notes=notes, requires_grad=grad,
         )
 
     def data_ptr(self, x) -> int:
@@ -86,6 +108,31 @@ class TorchAdapter(Adapter):
             return {"uint16": (True, "Tensor.view(torch.uint16) works")}
         except (AttributeError, RuntimeError, TypeError) as err:
             return {"uint16": (False, f"{type(err).__name__}: {err} (torch >= 2.3 has it)")}
+
+    # integer kernels for bf16bridge.kernels: never torch's .to(bfloat16), whose vectorised
+    # path differs on NaNs and, with AVX512-BF16, flushes subnormals
+    offers_kernels = True
+    kernels_threaded = True  # torch spreads each call over its own threads
+
+    def widen_bits(self, src_u16, dst_u32):
+        s = torch.from_numpy(src_u16.view("i2"))
+        d = torch.from_numpy(dst_u32.view("i4"))
+        torch.bitwise_left_shift(s.to(torch.int32), 16, out=d)
+
+    def round_bits(self, src_u32, dst_u16):
+        u = torch.from_numpy(src_u32.view("i4"))
+        # int32 arithmetic wraps like uint32 for the low bits we keep; >> is arithmetic, so mask
+        r = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+        r &= 0xFFFF
+        nan = (u & 0x7FFFFFFF) > 0x7F800000
+        if bool(nan.any()):
+            r = torch.where(nan, ((u >> 16) & 0x8000) | 0x7FC0, r)
+        torch.from_numpy(dst_u16.view("i2")).copy_(r.to(torch.int16))
+
+    computes = True
+
+    def numerics(self):
+        return {"torch_threads": torch.get_num_threads(), "torch_mkldnn": torch.backends.mkldnn.is_available()}
 
 
 ADAPTER = TorchAdapter()

@@ -1,0 +1,98 @@
+"""What the planner returns: a ``Plan`` of ``Step``s, and how they read.
+
+Both are frozen dataclasses: a plan is a record to read, compare and print,
+never a tuple to unpack. ``Step.run`` is what ``convert`` calls; it takes no
+part in comparisons or in ``repr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+StepKind = Literal["bitview", "dlpack", "handoff", "copy", "to_host", "widen"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a route, as ``plan()`` shows it and ``convert()`` runs it."""
+
+    kind: StepKind
+    framework: str  # where the result of the step lives
+    label: str
+    dtype: str  # dtype after the step
+    copies: bool
+    reason: str = ""  # why it copies
+    verify: bool = False  # check the data pointer after running (the framework decides)
+    run: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        how = f"copy ({self.reason})" if self.copies else "zero-copy"
+        return f"{self.framework}: {self.label} -> {self.dtype}  [{how}]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``convert()`` will do with one input: the route, its copies, the result's nature."""
+
+    source: str
+    target: str
+    dtype_in: str
+    dtype_out: str
+    shape: tuple[int, ...]
+    nbytes: int
+    device: str
+    steps: tuple[Step, ...]
+    copies: bool
+    shares_memory: bool  # the result aliases the input's memory
+    writable: bool  # the result can be written in place
+    decision: str | None  # the dtype chosen by a fallback, and why; None when none was asked
+    notes: tuple[str, ...] = ()
+    #: why the result is a writable alias of memory its owner treats as read-only or
+    #: immutable (``convert`` warns, copies or raises, as ``on_alias`` says); None if it is not
+    alias: str | None = None
+    #: the input requires grad, and its gradient does not cross (``on_grad`` says what to do)
+    drops_grad: bool = False
+
+    @property
+    def zero_copy(self) -> bool:
+        return not self.copies
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        lines = [
+            f"{self.source} {self.dtype_in} [{shape}, {size(self.nbytes)}, {self.device}]"
+            f" -> {self.target} {self.dtype_out}"
+        ]
+        if not self.steps:
+            lines.append("  (nothing to do: already a tensor of the target framework)")
+        for i, step in enumerate(self.steps, 1):
+            lines.append(f"  {i}. {step}")
+        kind = "zero-copy, shares memory with the input" if self.shares_memory else (
+            "copied" if self.copies else "new tensor")
+        lines.append(f"  result: {kind}; {'writable' if self.writable else 'read-only'}")
+        if self.decision:
+            lines.append(f"  dtype: {self.decision}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source, "target": self.target, "dtype_in": self.dtype_in,
+            "dtype_out": self.dtype_out, "shape": list(self.shape), "nbytes": self.nbytes,
+            "device": self.device, "copies": self.copies, "shares_memory": self.shares_memory,
+            "writable": self.writable, "decision": self.decision, "notes": list(self.notes),
+            "alias": self.alias, "drops_grad": self.drops_grad,
+            "steps": [{"kind": s.kind, "framework": s.framework, "label": s.label, "dtype": s.dtype,
+                       "copies": s.copies, "reason": s.reason} for s in self.steps],
+        }
+
+
+def size(n: float) -> str:
+    """``n`` bytes, for people: "2.0 KiB", "1.8 TiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+

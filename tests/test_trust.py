@@ -1,0 +1,353 @@
+"""Nothing passes silently: each test here reproduces a hole that once let a wrong
+result, a silent alias or a foreign exception through (issues "nothing passes
+silently" and "found by fuzzing"), and checks it stays closed."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import BF16, FRAMEWORKS, aligned_copy, bits, make, ptr
+
+TARGETS = FRAMEWORKS
+
+
+def _bf16(n=8):
+    return (np.arange(n, dtype=np.float32) - 3.5).astype(BF16)
+
+
+# -- caches keyed on everything a route depends on ------------------------------------
+
+
+def test_route_cache_sees_jax_x64_flag_change():
+    import jax
+
+    a = np.arange(3, dtype=np.float64) + 0.1
+    assert not jax.config.jax_enable_x64
+    try:
+        jax.config.update("jax_enable_x64", True)
+        assert bb.to_jax(a).dtype == np.float64
+        jax.config.update("jax_enable_x64", False)
+        # the same input kind again: a cached route must not narrow it to float32
+        with pytest.raises(bb.UnsupportedDtypeError, match="jax_enable_x64"):
+            bb.to_jax(a)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_registry_does_not_reach_into_the_route_cache():
+    import inspect
+
+    from bf16bridge import registry
+
+    source = inspect.getsource(registry)
+    assert "clear_cache" not in source and ".routes" not in source
+
+
+def test_replacing_an_adapter_replans():
+    from bf16bridge import registry
+    from bf16bridge.adapters.numpy import NumpyAdapter
+
+    class NoBitview(NumpyAdapter):
+        bitview_free = None  # this numpy cannot view bf16 as uint16
+
+    a = aligned_copy(_bf16())
+    assert bb.plan(a, to="torch").zero_copy
+    spec = registry.spec("numpy")
+    try:
+        bb.register_adapter("numpy", NoBitview(), types=spec.types, aliases=spec.aliases, replace=True)
+        with pytest.raises(bb.UnsupportedDtypeError):
+            bb.plan(a, to="torch")
+    finally:
+        bb.register_adapter("numpy", spec.module, types=spec.types, aliases=spec.aliases,
+                            requires=spec.requires, replace=True)
+    assert bb.plan(a, to="torch").zero_copy
+
+
+# -- what the plan knows, the call says ---------------------------------------------------
+
+
+def test_readonly_memory_is_not_written_through_a_two_step_chain():
+    a = aligned_copy(_bf16())
+    a.flags.writeable = False
+    before = bits(a).copy()
+    j = bb.to_jax(a, copy=False)
+    assert bb.plan(j, to="torch").alias is not None
+    with pytest.warns(bb.Bf16BridgeWarning, match="immutable jax"):
+        t = bb.to_torch(j)
+    assert ptr(t) == ptr(a)  # the default stays zero-copy, and says so
+    with pytest.raises(bb.CopyRequiredError, match="on_alias='error'"):
+        bb.to_torch(j, on_alias="error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        safe = bb.to_torch(j, on_alias="copy")
+        bb.to_torch(j, on_alias="allow")
+    safe[0] = 42
+    np.testing.assert_array_equal(bits(a), before)
+    np.testing.assert_array_equal(bits(j), before)
+
+
+def test_the_warning_points_at_the_callers_line():
+    j = make("jax", _bf16())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        bb.to_torch(j)
+        bb.convert_tree({"w": j}, "torch")
+    assert [w.filename for w in said] == [__file__, __file__]
+
+
+@pytest.mark.parametrize("src", ["jax", "tensorflow"])
+def test_no_alias_warning_where_nothing_aliases(src):
+    x = make(src, _bf16())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for dst in ("numpy", "jax", "tensorflow"):
+            bb.convert(x, dst)
+        bb.convert(x, "torch", copy=True)
+
+
+@pytest.mark.parametrize("bad", [{"on_alias": "maybe"}, {"on_grad": "keep"}, {"on_alias": "copy", "copy": False}])
+def test_alias_and_grad_keywords_are_checked(bad):
+    with pytest.raises(bb.InvalidArgumentError):
+        bb.convert(_bf16(), "torch", **bad)
+
+
+# -- argument errors are ours --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [{"copy": "yes"}, {"copy": 0}, {"copy": 1}, {"copy": np.False_},
+                                    {"fallback": "float16"}, {"for_compute": True}, {"for_compute": "yes"}])
+def test_bad_keywords_raise_our_error_before_anything_is_cached(kwargs):
+    with pytest.raises(bb.InvalidArgumentError) as err:
+        bb.convert(_bf16(), "jax", **kwargs)
+    assert isinstance(err.value, bb.Bf16BridgeError) and isinstance(err.value, ValueError)
+    with pytest.raises(bb.InvalidArgumentError):
+        bb.plan(_bf16(), "jax", **kwargs)
+
+
+def test_copy_zero_does_not_poison_copy_false():
+    unaligned = aligned_copy(_bf16(64), offset_bytes=2)
+    with pytest.raises(bb.InvalidArgumentError):
+        bb.to_jax(unaligned, copy=0)
+    with pytest.raises(bb.CopyRequiredError):
+        bb.to_jax(unaligned, copy=False)
+
+
+@pytest.mark.parametrize("args", [(-1,), ((2, -3),), ((2.5,),), (3, "nope"), ((True, 2),)])
+def test_aligned_empty_refuses_what_numpy_refuses(args):
+    with pytest.raises(bb.InvalidArgumentError):
+        bb.aligned_empty(*args)
+
+
+# -- wrong bits and copy=False that copied --------------------------------------------------
+
+
+@pytest.mark.parametrize("dst", TARGETS)
+def test_big_endian_bf16_keeps_its_values(dst, all_bf16):
+    native = all_bf16.view(BF16)
+    big = native.astype(BF16.newbyteorder(">"))
+    assert big.view(np.uint16)[1] != 1  # really stored swapped
+    for copy in (None, True):
+        y = bb.convert(big, dst, copy=copy)
+        np.testing.assert_array_equal(bits(y), all_bf16)
+
+
+def test_zero_stride_torch_view_reaches_numpy_as_planned():
+    import torch
+
+    t = torch.arange(64, dtype=torch.bfloat16).as_strided((1, 2), (0, 1))
+    j = bb.to_jax(t, copy=False)
+    p = bb.plan(j, to="numpy", copy=False)
+    y = bb.to_numpy(j, copy=False)  # shares, as the plan says, or raises: never a silent copy
+    assert p.shares_memory and ptr(y) == ptr(j) == ptr(t)
+    np.testing.assert_array_equal(bits(y), bits(t))
+
+
+@pytest.mark.parametrize("dst", TARGETS)
+def test_numpy_scalar_with_copy_false_is_decided_one_way(dst):
+    outcomes = set()
+    for i in range(64):
+        try:
+            bb.convert(np.float32(i), dst, copy=False)
+            outcomes.add("ok")
+        except bb.CopyRequiredError:
+            outcomes.add("copy required")
+    assert outcomes == {"copy required"}
+    y = bb.convert(np.float32(3), dst)
+    assert bits(y) == np.float32(3).view(np.uint32)
+
+
+@pytest.mark.parametrize("dst", ["torch", "jax", "tensorflow"])
+@pytest.mark.parametrize("copy", [None, True, False])
+def test_structured_field_with_odd_stride_is_copied_or_refused(dst, copy):
+    s = np.zeros(5, dtype=[("a", np.float32), ("c", np.complex64)])
+    s["c"] = np.arange(5) + 1j * np.arange(5, 10)
+    field = s["c"]
+    assert field.strides == (12,)
+    if copy is False:
+        with pytest.raises(bb.CopyRequiredError, match="multiples"):
+            bb.convert(field, dst, copy=False)
+        return
+    np.testing.assert_array_equal(bits(bb.convert(field, dst, copy=copy)), bits(np.ascontiguousarray(field)))
+
+
+@pytest.mark.parametrize("src", ["jax", "tensorflow"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_empty_result_writability_matches_the_plan(src, dtype):
+    mod = __import__("jax.numpy" if src == "jax" else src, fromlist=["zeros"])
+    made = [make(src, np.zeros((0, 3), dtype=BF16 if dtype == "bfloat16" else dtype)),
+            mod.zeros((0, 3), getattr(mod, dtype))]  # the framework's own empty tensor, too
+    for x in made:
+        y = bb.to_numpy(x)
+        assert y.flags.writeable == bb.plan(x, to="numpy").writable
+
+
+# -- foreign exceptions become ours --------------------------------------------------------
+
+
+def test_jax_prng_key_is_refused_clearly():
+    import jax
+
+    with pytest.raises(bb.UnsupportedDtypeError, match="key_data"):
+        bb.to_numpy(jax.random.key(0))
+
+
+def test_torch_nested_tensor_is_refused_clearly():
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The PyTorch API of nested tensors", UserWarning)
+        strided = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    jagged = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
+    for nt in (strided, jagged):
+        with pytest.raises(bb.UnsupportedTypeError, match="unbind"):
+            bb.to_numpy(nt)
+
+
+def test_huge_copy_is_refused_before_allocating():
+    import torch
+
+    big = np.broadcast_to(np.ones(1, BF16), (10**6, 10**6))  # read-only: torch needs a copy
+    with pytest.raises(bb.CopyTooLargeError, match="TiB"):
+        bb.to_torch(big)
+    e = torch.ones(1, dtype=torch.bfloat16).expand(10**6, 10**6)
+    for dst in ("jax", "tensorflow"):
+        with pytest.raises(bb.CopyTooLargeError):
+            bb.convert(e, dst)
+    assert isinstance(bb.CopyTooLargeError("x"), MemoryError)
+
+
+# -- trees ---------------------------------------------------------------------------------
+
+
+Pair = collections.namedtuple("Pair", "w b")
+
+
+def test_tree_keeps_every_container_type():
+    import torch
+
+    tree = {
+        "dd": collections.defaultdict(list, w=_bf16()),
+        "od": collections.OrderedDict([("z", _bf16()), ("a", _bf16())]),
+        "nt": Pair(_bf16(), 3),
+        "t": (_bf16(), "label"),
+        "l": [_bf16(), None],
+    }
+    out = bb.convert_tree(tree, "torch")
+    assert type(out["dd"]) is collections.defaultdict and out["dd"].default_factory is list
+    assert type(out["od"]) is collections.OrderedDict and list(out["od"]) == ["z", "a"]
+    assert type(out["nt"]) is Pair and out["nt"].b == 3
+    assert type(out["t"]) is tuple and out["t"][1] == "label"
+    assert type(out["l"]) is list and out["l"][1] is None
+    assert isinstance(out["dd"]["w"], torch.Tensor)
+    assert type(tree["dd"]["w"]) is np.ndarray  # the input is not modified
+
+
+def test_tree_of_jax_registered_nodes():
+    import dataclasses
+
+    import jax
+    import torch
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:
+        w: object
+        b: object
+
+    out = bb.convert_tree({"layer": Layer(_bf16(), [_bf16(4)])}, "torch")
+    assert type(out["layer"]) is Layer
+    assert isinstance(out["layer"].w, torch.Tensor) and isinstance(out["layer"].b[0], torch.Tensor)
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"\['layer'\]\['w'\]"):
+        bb.convert_tree({"layer": Layer(np.array(["s"]), 1)}, "torch")
+
+
+def test_tree_does_not_import_jax_to_look_at_a_tree():
+    code = textwrap.dedent("""
+        import sys, numpy as np, ml_dtypes, bf16bridge as bb
+        class Box:
+            pass
+        out = bb.convert_tree({"a": [np.ones(2, ml_dtypes.bfloat16), Box()]}, "numpy")
+        assert isinstance(out["a"][1], Box)
+        print(sorted(m for m in ("jax", "torch", "tensorflow") if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_tree_refuses_a_cycle_and_unbuildable_tuples_and_keeps_string_leaves():
+    loop = [_bf16()]
+    loop.append(loop)
+    with pytest.raises(bb.UnsupportedTypeError, match="contains itself"):
+        bb.convert_tree(loop, "torch")
+
+    class Span(tuple):
+        def __new__(cls, start, stop):
+            return super().__new__(cls, (start, stop))
+
+    with pytest.raises(bb.UnsupportedTypeError, match="Span"):
+        bb.convert_tree({"s": Span(_bf16(), _bf16())}, "torch")
+    out = bb.convert_tree([np.str_("name"), b"raw", "text"], "torch")
+    assert out == [np.str_("name"), b"raw", "text"]
+    shared = _bf16()
+    assert len(bb.convert_tree([shared, shared], "numpy")) == 2  # a shared leaf is no cycle
+
+
+# -- the surface a user meets first --------------------------------------------------------
+
+
+def test_submodules_load_on_attribute_access():
+    code = textwrap.dedent("""
+        import bf16bridge as bb
+        assert {"parity", "kernels", "capabilities", "plans"} <= set(dir(bb))
+        assert callable(bb.parity.compare) and callable(bb.kernels.to_bf16)
+        assert bb.__version__
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_plan_and_step_are_frozen_records():
+    import dataclasses
+
+    p = bb.plan(make("torch", _bf16()), to="numpy")
+    assert dataclasses.is_dataclass(p) and dataclasses.is_dataclass(p.steps[0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.copies = True  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        tuple(p)  # a record, not a tuple to unpack
+    assert p == bb.plan(make("torch", _bf16()), to="numpy")  # equal without comparing callables
+    assert p.to_dict()["steps"][0]["kind"] == "bitview"
+
+
+def test_convert_takes_no_unknown_keywords():
+    with pytest.raises(TypeError):
+        bb.to_torch(_bf16(), kopy=True)  # type: ignore[call-arg]
