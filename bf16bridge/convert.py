@@ -12,6 +12,8 @@ from .errors import Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, Inval
 if TYPE_CHECKING:
     import jax
     import numpy as np
+    from types import FrameType
+
     import tensorflow as tf
     import torch
 
@@ -130,7 +132,8 @@ def _stacklevel() -> int:
     """Point a warning at the caller's line, through to_* and convert_tree frames."""
     import sys
 
-    level, frame = 2, sys._getframe(2)
+    level = 2
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__") == __name__:
         level, frame = level + 1, frame.f_back
     return level
@@ -155,37 +158,29 @@ def _run(p: Plan, value, source: str, copy):
     return value
 
 
-@overload
-def to_numpy(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
-             on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> np.ndarray: ...
-def to_numpy(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
+def to_numpy(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
+             on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> np.ndarray:
     """``convert(x, "numpy", ...)``"""
     return convert(x, "numpy", copy=copy, fallback=fallback, for_compute=for_compute,
                    on_alias=on_alias, on_grad=on_grad)
 
 
-@overload
-def to_torch(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
-             on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> torch.Tensor: ...
-def to_torch(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
+def to_torch(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
+             on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> torch.Tensor:
     """``convert(x, "torch", ...)``"""
     return convert(x, "torch", copy=copy, fallback=fallback, for_compute=for_compute,
                    on_alias=on_alias, on_grad=on_grad)
 
 
-@overload
-def to_jax(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
-           on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> jax.Array: ...
-def to_jax(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
+def to_jax(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
+           on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> jax.Array:
     """``convert(x, "jax", ...)``"""
     return convert(x, "jax", copy=copy, fallback=fallback, for_compute=for_compute,
                    on_alias=on_alias, on_grad=on_grad)
 
 
-@overload
-def to_tensorflow(x, *, copy: bool | None = ..., fallback: Fallback = ..., for_compute: bool = ...,
-                  on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> tf.Tensor: ...
-def to_tensorflow(x, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
+def to_tensorflow(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
+                  on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> tf.Tensor:
     """``convert(x, "tensorflow", ...)``"""
     return convert(x, "tensorflow", copy=copy, fallback=fallback, for_compute=for_compute,
                    on_alias=on_alias, on_grad=on_grad)
@@ -250,19 +245,19 @@ def _container(node, to, kwargs, path, active):
             out.update(items)
             return out
         try:
-            return type(node)(items)
+            return type(node)(items)  # type: ignore[call-arg]  # a Mapping type of unknown constructor
         except TypeError as err:
             raise UnsupportedTypeError(
                 f"at {_where(path)}: cannot rebuild a {type(node).__qualname__} from a dict; "
                 "pass a dict, or register the type with jax.tree_util"
             ) from err
-    items = [_tree(v, to, kwargs, path + (i,), active) for i, v in enumerate(node)]
+    values = [_tree(v, to, kwargs, path + (i,), active) for i, v in enumerate(node)]
     if type(node) in (list, tuple):
-        return type(node)(items)
+        return type(node)(values)
     if hasattr(node, "_fields"):  # namedtuple
-        return type(node)(*items)
+        return type(node)(*values)
     try:
-        return type(node)(items)
+        return type(node)(values)
     except TypeError as err:
         raise UnsupportedTypeError(
             f"at {_where(path)}: cannot rebuild a {type(node).__qualname__} from a list of its items "

@@ -71,7 +71,7 @@ def register_adapter(
         instance = module if isinstance(module, Adapter) else None
         spec = AdapterSpec(
             name=key,
-            module="" if instance else module,
+            module=module if isinstance(module, str) else "",
             types=tuple(types),
             aliases=tuple(a.lower() for a in aliases),
             extra=extra,

@@ -17,8 +17,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
-from functools import lru_cache
-from typing import NamedTuple
+from functools import lru_cache, partial
+from typing import Any, Callable, NamedTuple
 
 from . import dtypes, registry
 from .adapters._base import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
@@ -85,6 +85,13 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     return s._replace(framework=dst.name, readonly=readonly)
 
 
+def _via_dlpack(a: Adapter, b: Adapter, readonly: bool) -> Callable[[Any], Any]:
+    def run(x):
+        return b.from_dlpack(a.export(x, readonly))
+
+    return run
+
+
 def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
     """Yield (cost, Step, next State) for every step out of state ``s``."""
     a = adapters[s.framework]
@@ -97,7 +104,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             nxt = _fresh(a, d, s.host) if copies else s._replace(dtype=d)
             yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
                                     "the framework's bit-view copies" if copies else "", False,
-                                    run=lambda x, a=a, d=d: a.bitview(x, d)), nxt
+                                    run=partial(a.bitview, dtype=d)), nxt
     if copy is not False:
         # a copy within the framework: contiguous, aligned as the framework allocates, writable
         if s.host:
@@ -110,7 +117,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
         if s.dtype == "bfloat16" and "float32" in goal and a.holds("float32"):
             yield 2, Step("widen", a.name, "widen to float32 (exact)", "float32", True,
                           "fallback: widen to float32",
-                          run=lambda x, a=a: a.astype(x, "float32")), _fresh(a, "float32", s.host)
+                          run=partial(a.astype, dtype="float32")), _fresh(a, "float32", s.host)
     for b in adapters.values():
         if b is a:
             continue
@@ -119,22 +126,22 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
         if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts
                 and unaligned != "refuse"):
             copies = unaligned == "copies"
-            nxt = _enter(s, a, b, copies)
-            if nxt is not None and not (copies and copy is False):
+            entered = _enter(s, a, b, copies)
+            if entered is not None and not (copies and copy is False):
                 yield b.import_copy_cost if copies else 0, Step(
                     "dlpack", b.name, b.label_import, s.dtype, copies,
                     "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
-                    run=lambda x, a=a, b=b, ro=s.readonly: b.from_dlpack(a.export(x, ro))), nxt
+                    run=_via_dlpack(a, b, s.readonly)), entered
         # hand-offs either adapter declares
         for h in (*a.handoffs(), *b.handoffs()):
             if h.src != a.name or h.dst != b.name or s.dtype not in h.dtypes:
                 continue
             reason = h.copies(s.layout, s.aligned)
-            nxt = _enter(s, a, b, reason is not None)
-            if nxt is not None and not (reason and copy is False):
+            entered = _enter(s, a, b, reason is not None)
+            if entered is not None and not (reason and copy is False):
                 yield b.import_copy_cost if reason else 0, Step(
                     "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
-                    verify=h.verify, run=h.run), nxt
+                    verify=h.verify, run=h.run), entered
 
 
 def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
@@ -220,7 +227,7 @@ def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
         return ((frozenset([dtype]), None),)
     bits = dtypes.BITS_OF[dtype]
     why = f"{target} cannot hold {dtype} bit for bit here"
-    out = ((frozenset([dtype]), None),)
+    out: tuple = ((frozenset([dtype]), None),)
     if fallback == "float32" and dtype == "bfloat16":
         out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly)"),)
     elif fallback == "bits":

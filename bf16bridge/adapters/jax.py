@@ -119,7 +119,7 @@ class JaxAdapter(Adapter):
         return jax.device_put(x, jax.devices("cpu")[0])
 
     def devices(self):
-        out = []
+        out: list[tuple[str, bool | None, str]] = []
         for d in jax.devices():
             if d.platform == "cpu":
                 continue

@@ -63,7 +63,7 @@ class NumpyAdapter(Adapter):
         return super().cannot_hold(dtype)
 
     def describe(self, x, *, alignment: bool = True) -> Source:
-        notes = ()
+        notes: tuple[str, ...] = ()
         if isinstance(x, np.ma.MaskedArray):
             raise UnsupportedTypeError(
                 "a numpy masked array would lose its mask; pass a.filled(value) or a.data explicitly"

@@ -50,7 +50,7 @@ class TorchAdapter(Adapter):
             raise UnsupportedDtypeError(
                 f"torch tensor of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
             )
-        notes = ()
+        notes: tuple[str, ...] = ()
         grad = x.requires_grad
         if grad:
             x = x.detach()
