@@ -10,139 +10,23 @@ a ``Reader``, which tests replace to stand in for other hardware.
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import threading
-from dataclasses import asdict, dataclass, field
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
 
-from . import dtypes, registry
+from . import registry, versions
+from .machine import CPU, Reader, read_cpu
 
-#: linux auxv keys and bits for Arm's bf16 and int8 matrix features
-_AT_HWCAP2 = 26
-_HWCAP2_BF16 = 1 << 14
-_HWCAP2_I8MM = 1 << 13
-
-
-class Reader:
-    """Where the probe reads the machine. Tests subclass this to stand in for other hardware."""
-
-    def machine(self) -> str:
-        return platform.machine().lower()
-
-    def system(self) -> str:
-        return platform.system()
-
-    def cpu_count(self) -> int:
-        return os.cpu_count() or 1
-
-    def cpuinfo(self) -> str:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def hwcap2(self) -> int | None:
-        if self.system() != "Linux":
-            return None
-        import ctypes
-
-        try:
-            getauxval = ctypes.CDLL(None).getauxval
-        except (OSError, AttributeError):
-            return None
-        getauxval.restype = ctypes.c_ulong
-        getauxval.argtypes = [ctypes.c_ulong]
-        return int(getauxval(_AT_HWCAP2))
-
-    def sysctl(self, name: str) -> str | None:
-        """macOS feature flags (hw.optional.arm.FEAT_BF16)."""
-        if self.system() != "Darwin":
-            return None
-        import subprocess
-
-        try:
-            return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    def version(self, package: str) -> str | None:
-        """Installed version of the distribution that provides top-level ``package``."""
-        from importlib import metadata
-
-        for dist in _distributions().get(package, [package]):
-            try:
-                return metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
-
-    def imported(self, module: str) -> bool:
-        return module in sys.modules
-
-    def ml_dtypes(self) -> tuple[bool, str]:
-        """Whether ml_dtypes' bf16 works with this numpy, tried, and why not."""
-        if dtypes.bfloat16 is None:
-            return False, f"ml_dtypes is unusable: {dtypes.ML_DTYPES_ERROR}"
-        import numpy as np
-
-        try:
-            a = np.array([1.0, -0.0, 3.5, np.inf], dtype=np.float32)
-            back = a.astype(dtypes.bfloat16).astype(np.float32)
-            ok = bool(np.array_equal(back.view(np.uint32), a.view(np.uint32)))
-        except Exception as err:  # noqa: BLE001 - any failure means no bf16 storage
-            return False, f"ml_dtypes bf16 failed with this numpy: {type(err).__name__}: {err}"
-        if not ok:
-            return False, "ml_dtypes bf16 gave wrong values with this numpy"
-        return True, f"ml_dtypes {self.version('ml_dtypes')} bf16 arrays work with numpy {np.__version__}"
-
-    def numpy_bf16_dlpack(self) -> tuple[bool, str]:
-        """Whether numpy exports and imports bf16 over DLPack (NumPy 2.5's dtype registry), tried."""
-        if dtypes.bfloat16 is None:
-            return False, "numpy holds no bf16 here"
-        import numpy as np
-
-        try:
-            np.from_dlpack(np.zeros(2, dtype=dtypes.bfloat16))
-            return True, "numpy exchanges bf16 over DLPack"
-        except Exception as err:  # noqa: BLE001
-            return False, (f"{type(err).__name__}: {err} (bf16 crosses as uint16 bits instead; "
-                           "NumPy 2.5's np.dtypes.register_dlpack_dtype, once ml_dtypes uses it, lifts this)")
-
-    def numpy_dlpack_version(self) -> str:
-        import numpy as np
-
-        from .adapters import _dlpack
-
-        try:
-            return _dlpack.protocol_version(np.zeros(1, dtype=np.uint8))
-        except Exception as err:  # noqa: BLE001
-            return f"none ({type(err).__name__}: {err})"
+__all__ = ["CPU", "Capabilities", "Decision", "Device", "FrameworkCaps", "NumpyCaps", "Reader", "probe"]
 
 
-_DIST_LOCK = threading.Lock()
-_DISTS: dict | None = None
-
-
-def _distributions() -> dict:
-    global _DISTS
-    with _DIST_LOCK:
-        if _DISTS is None:
-            from importlib import metadata
-
-            _DISTS = metadata.packages_distributions()
-        return _DISTS
-
-
-@dataclass(frozen=True)
-class CPU:
-    arch: str
-    os: str
-    cores: int
-    flags: tuple  # the bf16-relevant flags found (avx512_bf16, amx_bf16, avx512f, avx2 / bf16, i8mm)
-    bf16_compute: bool
-    why: str
+def _frozen(obj, name: str, kind) -> None:
+    """Store a field of a frozen dataclass as a read-only mapping or a tuple, whatever it was given as."""
+    value = getattr(obj, name)
+    object.__setattr__(obj, name, types.MappingProxyType(dict(value)) if kind is dict else tuple(value))
 
 
 @dataclass(frozen=True)
@@ -154,6 +38,7 @@ class NumpyCaps:
     bf16_dlpack: bool
     bf16_dlpack_why: str
     dlpack_version: str
+    tested: str = ""  # numpy's and ml_dtypes' versions against the tested ranges
 
 
 @dataclass(frozen=True)
@@ -172,7 +57,14 @@ class FrameworkCaps:
     bf16_dlpack: bool | None = None
     dlpack_version: str | None = None
     devices: tuple = ()
-    facts: dict = field(default_factory=dict)
+    #: {name: (value, why)}, found by trying: the DLPack entry points (``Tensor.__dlpack__``,
+    #: and where it is missing the way around it), then what the adapter's ``facts()`` adds
+    facts: Mapping = field(default_factory=dict)  # stored read-only
+    tested: str | None = None  # the version against the range CI tests (bf16bridge.versions)
+
+    def __post_init__(self):
+        _frozen(self, "devices", tuple)
+        _frozen(self, "facts", dict)
 
 
 @dataclass(frozen=True)
@@ -190,8 +82,11 @@ class Decision:
 class Capabilities:
     cpu: CPU
     numpy: NumpyCaps
-    frameworks: dict  # name -> FrameworkCaps (torch, jax, tensorflow, and any registered)
+    frameworks: Mapping  # name -> FrameworkCaps (torch, jax, tensorflow, and any registered); read-only
     python: str
+
+    def __post_init__(self):
+        _frozen(self, "frameworks", dict)
 
     def decide(self, target: str, *, for_compute: bool = False, device: str = "cpu",
                widen_to: str = "float32") -> Decision:
@@ -235,7 +130,8 @@ class Capabilities:
         return None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain dicts, lists of tuples and values: a copy the caller may change."""
+        return _plain(self)
 
     def to_json(self) -> str:
         import json
@@ -249,14 +145,18 @@ class Capabilities:
             ("python", self.python),
             ("numpy", f"{self.numpy.version}, DLPack {self.numpy.dlpack_version}"),
             ("ml_dtypes", str(self.numpy.ml_dtypes_version)),
+            ("tested versions", self.numpy.tested),
             ("numpy bf16 storage", f"{_yes(self.numpy.bf16_storage)}: {self.numpy.bf16_storage_why}"),
             ("numpy bf16 DLPack", f"{_yes(self.numpy.bf16_dlpack)}: {self.numpy.bf16_dlpack_why}"),
         ]
         for fw in self.frameworks.values():
             if not fw.probed:
                 rows.append((fw.name, f"{fw.version or 'not installed'} ({fw.why})"))
+                if fw.version:
+                    rows.append((f"{fw.name} tested", fw.tested))
                 continue
             rows.append((fw.name, f"{fw.version}, DLPack {fw.dlpack_version}"))
+            rows.append((f"{fw.name} tested", fw.tested))
             rows.append((f"{fw.name} bf16 DLPack", f"{_yes(fw.bf16_dlpack)}: {fw.why}"))
             for key, (value, why) in fw.facts.items():
                 rows.append((f"{fw.name} {key}", f"{_yes(value)}: {why}"))
@@ -272,54 +172,20 @@ class Capabilities:
         return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 
 
+def _plain(obj):
+    if is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return tuple(_plain(v) for v in obj)
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
+
+
 def _yes(v) -> str:
     return {True: "yes", False: "no", None: "unknown"}[v]
-
-
-# -- reading the CPU -------------------------------------------------------------
-
-_X86_FLAGS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")
-_ARM_FLAGS = ("bf16", "i8mm")
-
-
-def _cpu(reader: Reader) -> CPU:
-    arch, system = reader.machine(), reader.system()
-    info = reader.cpuinfo()
-    words = set()
-    for line in info.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            words.update(value.split())
-    if arch in ("x86_64", "amd64", "i386", "i686", "x86"):
-        flags = tuple(f for f in _X86_FLAGS if f in words)
-        bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
-        if not info:
-            why = "could not read the CPU flags (no /proc/cpuinfo)"
-        elif bf16:
-            why = " and ".join(f.upper() for f in flags if f in ("avx512_bf16", "amx_bf16")) + " present"
-        else:
-            why = "no AVX512_BF16 or AMX_BF16 among the CPU flags"
-        return CPU(arch, system, reader.cpu_count(), flags, bf16, why)
-    if arch in ("aarch64", "arm64") or arch.startswith("armv8"):
-        hw = reader.hwcap2()
-        flags = set(f for f in _ARM_FLAGS if f in words)
-        source = "cpuinfo"
-        if hw is not None:
-            source = "HWCAP2"
-            if hw & _HWCAP2_BF16:
-                flags.add("bf16")
-            if hw & _HWCAP2_I8MM:
-                flags.add("i8mm")
-        mac = reader.sysctl("hw.optional.arm.FEAT_BF16")
-        if mac is not None:
-            source = "sysctl"
-            if mac == "1":
-                flags.add("bf16")
-        flags_t = tuple(f for f in _ARM_FLAGS if f in flags)
-        bf16 = "bf16" in flags_t
-        why = f"FEAT_BF16 present ({source})" if bf16 else f"no FEAT_BF16 ({source})"
-        return CPU(arch, system, reader.cpu_count(), flags_t, bf16, why)
-    return CPU(arch, system, reader.cpu_count(), (), False, f"bf16 arithmetic on {arch} is not known to this probe")
 
 
 # -- frameworks ------------------------------------------------------------------
@@ -329,30 +195,45 @@ def _framework(name: str, reader: Reader, asked: bool) -> FrameworkCaps:
     spec = registry.spec(name)
     module = spec.requires or name
     version = reader.version(module)
+    tested = versions.status(module, version)
     if not (asked or reader.imported(module)):
         why = "not imported; probe(frameworks=[%r]) imports and tries it" % name if version else "not installed"
-        return FrameworkCaps(name, version, False, why)
+        return FrameworkCaps(name, version, False, why, tested=tested)
     try:
         adapter = registry.get(name)
     except ImportError as err:
-        return FrameworkCaps(name, version, False, str(err))
+        return FrameworkCaps(name, version, False, str(err), tested=tested)
     import numpy as np
 
     from .adapters import _dlpack
 
     try:
         sample = adapter.from_dlpack(np.zeros(2, dtype=np.uint16))
-        dl_version = _dlpack.protocol_version(sample)
     except Exception as err:  # noqa: BLE001
-        return FrameworkCaps(name, version, True, f"DLPack import failed: {type(err).__name__}: {err}", False)
+        return FrameworkCaps(name, version, True, f"DLPack import failed: {type(err).__name__}: {err}", False,
+                             tested=tested)
+    facts = {"Tensor.__dlpack__": _tried(lambda: sample.__dlpack__(), f"{type(sample).__name__}.__dlpack__() works")}
+    try:
+        dl_version = _dlpack.protocol_version(adapter.export(sample, False))
+    except Exception as err:  # noqa: BLE001
+        dl_version = f"none ({type(err).__name__}: {err})"
     try:
         bf = adapter.bitview(sample, "bfloat16")
-        adapter.from_dlpack(bf)  # its own bf16 out and back in over DLPack
+        adapter.from_dlpack(adapter.export(bf, False))  # its own bf16 out and back in over DLPack
         ok, why = True, "exports and imports bf16 over DLPack"
     except Exception as err:  # noqa: BLE001
         ok, why = False, f"{type(err).__name__}: {err}"
     devices = tuple(Device(*d) for d in adapter.devices())
-    return FrameworkCaps(name, version, True, why, ok, dl_version, devices, adapter.facts())
+    facts.update(adapter.facts())  # the adapter's own account (of a missing entry point too) comes last
+    return FrameworkCaps(name, version, True, why, ok, dl_version, devices, facts, tested)
+
+
+def _tried(call, works: str) -> tuple[bool, str]:
+    try:
+        call()
+        return True, works
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        return False, f"{type(err).__name__}: {err}"
 
 
 # -- the entry point ----------------------------------------------------------------
@@ -381,9 +262,10 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     storage, storage_why = r.ml_dtypes()
     dl, dl_why = r.numpy_bf16_dlpack() if storage else (False, "numpy holds no bf16 here")
     caps = Capabilities(
-        cpu=_cpu(r),
+        cpu=read_cpu(r),
         numpy=NumpyCaps(r.version("numpy"), r.version("ml_dtypes"), storage, storage_why, dl, dl_why,
-                        r.numpy_dlpack_version()),
+                        r.numpy_dlpack_version(),
+                        "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes"))),
         frameworks={n: _framework(n, r, n in asked) for n in names},
         python=platform.python_version(),
     )
