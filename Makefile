@@ -7,12 +7,19 @@ STAMP := $(VENV)/.installed
 # a second, small environment: an old NumPy and no ml_dtypes (the fallback's real check)
 LEGACY := .venv-legacy
 LEGACY_STAMP := $(LEGACY)/.installed
+# a third: the oldest versions pyproject.toml declares (constraints-oldest.txt), all four
+# frameworks, running the bit, awkward-input and probe tests
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
+OLDEST_TESTS := tests/test_bits.py tests/test_inputs.py tests/test_probe.py
 
-.PHONY: setup setup-legacy demo test test-legacy bench matrix clean
+.PHONY: setup setup-legacy setup-oldest demo test test-legacy test-oldest bench matrix clean
 
 setup: $(STAMP)
 
 setup-legacy: $(LEGACY_STAMP)
+
+setup-oldest: $(OLDEST_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -26,20 +33,30 @@ $(LEGACY_STAMP): pyproject.toml
 	$(LEGACY)/bin/python -m pip install --quiet --no-deps -e .
 	touch $(LEGACY_STAMP)
 
+# pip refuses this set if pyproject.toml's ranges do not admit it
+$(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
+	$(PY) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python -m pip install --quiet -c constraints-oldest.txt -e '.[torch,jax,tensorflow-cpu,test]'
+	touch $(OLDEST_STAMP)
+
 demo: setup
 	$(BIN)/bf16bridge demo
 
 matrix: setup
 	$(BIN)/bf16bridge matrix
 
-test: setup test-legacy
+test: setup test-legacy test-oldest
 	$(BIN)/python -m pytest -q
 
 test-legacy: setup-legacy
 	$(LEGACY)/bin/python -m pytest -q -p no:cacheprovider legacy_tests
 
+test-oldest: setup-oldest
+	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
+
 bench: setup
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(LEGACY) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LEGACY) $(OLDEST) build *.egg-info .pytest_cache

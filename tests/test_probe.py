@@ -92,7 +92,13 @@ def test_real_probe_is_cached_frozen_and_json_ready():
     d = json.loads(json.dumps(caps.to_dict(), default=str))
     assert d["cpu"]["arch"] and d["numpy"]["bf16_storage"] is True
     assert caps.numpy.bf16_dlpack is False and "BufferError" in caps.numpy.bf16_dlpack_why  # numpy <= 2.4
-    assert caps.numpy.dlpack_version.startswith("1.")
+    # numpy's own answer to a request for DLPack 1.x: 2.1 and later give a versioned capsule,
+    # older ones (the oldest set's) refuse max_version and export legacy capsules only
+    try:
+        versioned = "versioned" in repr(np.zeros(1).__dlpack__(max_version=(1, 0)))
+    except TypeError:
+        versioned = False
+    assert caps.numpy.dlpack_version.startswith("1." if versioned else "0.x"), caps.numpy.dlpack_version
 
 
 def test_probe_of_frameworks_tries_them():
@@ -169,3 +175,182 @@ def test_probe_cli_text_and_json():
     assert "bf16_compute" in d["cpu"] and d["numpy"]["bf16_storage"] is True
     out = subprocess.run([sys.executable, "-m", "bf16bridge", "probe"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "cpu bf16 compute" in out.stdout and "decide('numpy')" in out.stdout
+
+
+# -- frozen results -----------------------------------------------------------------
+
+
+def test_probe_result_is_really_frozen_and_to_dict_is_a_free_copy():
+    caps = bb.probe(frameworks="all")
+    fw = caps.frameworks["torch"]
+    mutations = [
+        lambda: caps.frameworks.clear(),
+        lambda: caps.frameworks.__setitem__("torch", None),
+        lambda: caps.frameworks.pop("torch"),
+        lambda: fw.facts.clear(),
+        lambda: fw.facts.__setitem__("uint16", (False, "")),
+        lambda: fw.devices.append(None),
+    ]
+    for mutate in mutations:
+        with pytest.raises((TypeError, AttributeError)):
+            mutate()
+    assert set(caps.frameworks) >= {"torch", "jax", "tensorflow"} and fw.facts["uint16"][0] is True
+    d = caps.to_dict()
+    d["frameworks"].clear()
+    d["frameworks"] = {}
+    assert set(bb.probe(frameworks="all").frameworks) >= {"torch", "jax", "tensorflow"}
+    d = json.loads(caps.to_json())
+    assert d["frameworks"]["torch"]["facts"]["uint16"][0] is True
+    assert isinstance(d["frameworks"]["jax"]["devices"], list)
+
+
+def test_framework_caps_store_what_they_are_given_read_only():
+    facts = {"x": (True, "why")}
+    fw = probe_mod.FrameworkCaps("torch", "2.13.0", True, "why", facts=facts, devices=[])
+    facts["x"] = (False, "changed afterwards")
+    assert fw.facts["x"] == (True, "why") and fw.devices == ()
+
+
+# -- DLPack entry points, found by trying -------------------------------------------
+
+
+def _sample(name):
+    """A small uint16 tensor made by the framework's own call."""
+    from conftest import fw
+
+    return {"torch": lambda m: m.zeros(2, dtype=m.uint16),
+            "jax": lambda m: m.numpy.zeros(2, dtype="uint16"),
+            "tensorflow": lambda m: m.zeros([2], m.uint16)}[name](fw(name))
+
+
+@pytest.mark.parametrize("name", ["torch", "jax", "tensorflow"])
+def test_probe_reports_dlpack_entry_points_as_tried(name):
+    fw = bb.probe(frameworks="all").frameworks[name]
+    has, why = fw.facts["Tensor.__dlpack__"]
+    assert has is hasattr(_sample(name), "__dlpack__"), why
+    if not has:  # tensorflow 2.16 (the oldest set): the way around it is named
+        assert name == "tensorflow" and "tf.experimental.dlpack.to_dlpack" in why
+    assert fw.dlpack_version and not fw.dlpack_version.startswith("none"), fw.dlpack_version
+    assert fw.bf16_dlpack is True
+
+
+@pytest.mark.parametrize("dst", ["numpy", "torch", "jax"])
+def test_tf_export_wrapper_hands_over_the_same_memory(dst, all_bf16):
+    """The producer object a tensorflow without Tensor.__dlpack__ exports through, tried in every
+    environment (the newest tensorflow has __dlpack__, so routes there do not use it)."""
+    import tensorflow as tf
+
+    from bf16bridge.adapters import tensorflow as tfa
+    from conftest import fw, make
+
+    x = make("tensorflow", all_bf16.view(BF16))
+    u = tf.bitcast(x, tf.uint16)
+    consume = {"numpy": lambda m, o: m.from_dlpack(o), "torch": lambda m, o: m.from_dlpack(o),
+               "jax": lambda m, o: m.numpy.from_dlpack(o)}[dst]
+    y = consume(fw(dst), tfa._Exported(u if dst == "numpy" else x))
+    np.testing.assert_array_equal(bits(y), all_bf16)
+    from conftest import ptr
+
+    assert ptr(y) == ptr(x)
+    assert tfa._Exported(x).__dlpack_device__() == (1, 0)  # kDLCPU
+    with pytest.raises(BufferError):
+        tfa._Exported(x).__dlpack__(copy=True)
+
+
+# -- versions: declared, tested, refused ----------------------------------------------
+
+from bf16bridge import versions  # noqa: E402
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+#: distribution name in requirements -> import name in bf16bridge.versions.TESTED
+_IMPORT_NAME = {"tensorflow-cpu": "tensorflow", "ml-dtypes": "ml_dtypes", "jaxlib": "jax"}
+
+
+def _pins(filename):
+    from packaging.requirements import Requirement
+
+    out = {}
+    for line in (ROOT / filename).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            out[_IMPORT_NAME.get(req.name.replace("_", "-"), req.name.replace("-", "_"))] = spec.version
+    return out
+
+
+def test_declared_lower_bounds_are_the_oldest_tested_and_pins_match_the_table():
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    oldest, newest = _pins("constraints-oldest.txt"), _pins("constraints.txt")
+    assert oldest == {k: v[0] for k, v in versions.TESTED.items()}
+    assert newest == {k: v[1] for k, v in versions.TESTED.items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    for name, reqs in project["optional-dependencies"].items():
+        if name not in ("test", "bench"):
+            declared += reqs
+    assert len(declared) >= 8
+    for line in declared:
+        req = Requirement(line)
+        name = _IMPORT_NAME.get(req.name, req.name.replace("-", "_"))
+        (spec,) = req.specifier  # a lower bound only: newer releases are expected to work, and said so
+        assert spec.operator == ">=" and versions.release(spec.version) == versions.release(oldest[name]), line
+    assert project["requires-python"] == f">={sys.version_info[0]}.{sys.version_info[1]}"
+
+
+@pytest.mark.parametrize("name,version,word", [
+    ("tensorflow", "2.15.1", "refused"),
+    ("tensorflow", "2.16.2", "within"),
+    ("tensorflow", "2.21.0", "within"),
+    ("tensorflow", "2.22.0rc1", "newer"),
+    ("jax", "0.4.29", "refused"),
+    ("jax", "0.4.30", "within"),
+    ("torch", "2.13.0+cpu", "within"),
+    ("torch", "2.5.1", "expected to work"),
+    ("torch", "2.2.2", "refused"),
+    ("numpy", None, "not installed"),
+])
+def test_version_status_and_refusal(name, version, word):
+    line = versions.status(name, version)
+    assert word in line and versions.tested_range(name) in line, line
+    if version is None:
+        return
+    if word == "refused":
+        with pytest.raises(bb.FrameworkNotInstalledError) as err:
+            versions.require(name, version)
+        assert version in str(err.value) and versions.tested_range(name) in str(err.value)
+        assert isinstance(err.value, ImportError)
+    else:
+        versions.require(name, version)
+
+
+def test_the_installed_frameworks_are_within_the_tested_range():
+    caps = bb.probe(frameworks="all")
+    for name in ("torch", "jax", "tensorflow"):
+        assert "within the tested range" in caps.frameworks[name].tested, caps.frameworks[name]
+    assert caps.numpy.tested.count("within the tested range") == 2, caps.numpy.tested
+
+
+def test_too_old_tensorflow_gives_our_error_naming_version_and_range():
+    """A conversion into (or a probe of) a tensorflow older than any tested fails at the adapter's
+    load, with our error, never later with a foreign one."""
+    code = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        tf.__version__ = "2.15.1"  # what the adapter reads
+        import bf16bridge as bb
+        try:
+            bb.convert(np.zeros(4, np.uint16), "tf")
+        except bb.FrameworkNotInstalledError as err:
+            print(err)
+        print(bb.probe(frameworks=["tf"]).frameworks["tensorflow"].why)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2, out.stdout
+    for line in lines:
+        assert "tensorflow 2.15.1 is older" in line and versions.tested_range("tensorflow") in line, line

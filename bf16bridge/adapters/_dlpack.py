@@ -1,4 +1,4 @@
-"""Read a DLPack producer's data pointer without importing any consumer.
+"""Read a DLPack producer's (or capsule's) data pointer and device without importing any consumer.
 
 Used by adapters whose framework has no public data-pointer call (tensorflow):
 asking for a capsule and reading its DLTensor costs about 2 microseconds; the
@@ -8,6 +8,7 @@ unconsumed capsule frees itself.
 from __future__ import annotations
 
 import ctypes
+import datetime
 
 
 class _DLDevice(ctypes.Structure):
@@ -35,11 +36,32 @@ _get_pointer.restype = ctypes.c_void_p
 _get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
+#: the PyCapsule type, which Python names nowhere public; the stdlib's datetime exports one
+_CAPSULE = type(datetime.datetime_CAPI)
+
+
+def _is_capsule(obj) -> bool:
+    return type(obj) is _CAPSULE
+
+
+def _tensor(capsule) -> _DLTensor:
+    """The DLTensor of a legacy (unversioned) capsule: a DLManagedTensor starts with it.
+    The caller keeps the capsule alive while reading."""
+    return _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+
+
 def data_ptr(obj) -> int:
-    """Address of the first element of a legacy (unversioned) DLPack producer."""
-    capsule = obj.__dlpack__()
-    tensor = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    """Address of the first element of a legacy DLPack capsule or producer."""
+    capsule = obj if _is_capsule(obj) else obj.__dlpack__()
+    tensor = _tensor(capsule)
     return (tensor.data or 0) + tensor.byte_offset
+
+
+def device(obj) -> tuple[int, int]:
+    """``(device_type, device_id)`` of a legacy DLPack capsule or producer, as ``__dlpack_device__`` gives it."""
+    capsule = obj if _is_capsule(obj) else obj.__dlpack__()
+    d = _tensor(capsule).device
+    return (d.device_type, d.device_id)
 
 
 class _DLPackVersion(ctypes.Structure):

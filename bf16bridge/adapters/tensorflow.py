@@ -1,6 +1,11 @@
 """TensorFlow. Tensors are immutable; its DLPack import takes only contiguous
 buffers, and only 64-byte aligned ones safely; ``tf.bitcast`` is free, so bf16
-crosses to and from numpy as uint16."""
+crosses to and from numpy as uint16.
+
+Tensors have ``__dlpack__`` only in newer releases; older ones (2.16 here)
+export through ``tf.experimental.dlpack.to_dlpack``. Which one this
+tensorflow has is found once, by trying, and a tensor leaves wrapped in an
+object with ``__dlpack__`` where consumers (torch, jax, numpy) need one."""
 
 from __future__ import annotations
 
@@ -9,10 +14,58 @@ import math
 
 import tensorflow as tf
 
-from .. import dtypes
-from ..errors import UnsupportedDtypeError, UnsupportedTypeError
+from .. import dtypes, versions
+from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
 from ._base import ALIGN, CONTIGUOUS, Adapter, Source
+
+versions.require("tensorflow", tf.__version__)
+
+
+def _find_export():
+    """How this tensorflow hands a tensor out over DLPack, tried once: (capsule maker, fact)."""
+    sample = tf.zeros([1], tf.uint8)
+    try:
+        sample.__dlpack__()
+        return (lambda x: x.__dlpack__()), (True, "Tensor.__dlpack__() works")
+    except AttributeError as err:
+        try:
+            tf.experimental.dlpack.to_dlpack(sample)  # the older entry point
+        except Exception as older:  # noqa: BLE001 - neither works: no route out of tensorflow
+            raise FrameworkNotInstalledError(
+                f"tensorflow {tf.__version__} exports nothing over DLPack ({err}; {older}); bf16bridge is "
+                f"tested with tensorflow {versions.tested_range('tensorflow')}") from older
+        return tf.experimental.dlpack.to_dlpack, (False, (
+            f"{err}; tensors leave through tf.experimental.dlpack.to_dlpack, wrapped in an object with "
+            "__dlpack__ for consumers that want one"))
+
+
+_capsule, _EXPORT_FACT = _find_export()
+_NATIVE_EXPORT = _EXPORT_FACT[0]
+
+
+class _Exported:
+    """A tf tensor as a DLPack producer, for a tensorflow whose tensors have no ``__dlpack__``.
+
+    It exports legacy (unversioned) capsules only, which the protocol allows
+    when a consumer asks for ``max_version``.
+    """
+
+    __slots__ = ("_x",)
+
+    def __init__(self, x):
+        self._x = x
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("this tensorflow exports over DLPack without copying only; pass copy=None")
+        capsule = _capsule(self._x)
+        if dl_device is not None and tuple(dl_device) != _dlpack.device(capsule):
+            raise BufferError(f"the tf tensor lives on {self._x.device}, not on DLPack device {dl_device}")
+        return capsule
+
+    def __dlpack_device__(self):
+        return _dlpack.device(_capsule(self._x))
 
 
 @functools.lru_cache(maxsize=64)
@@ -66,21 +119,25 @@ class TensorflowAdapter(Adapter):
             value=x, dtype=name, shape=shape, nbytes=nbytes, layout=CONTIGUOUS,
             # tf allocates on 64-byte boundaries, but a tensor imported zero-copy keeps its
             # source's alignment; reading it costs a DLPack capsule, so only when it matters
-            aligned=not alignment or nbytes == 0 or _dlpack.data_ptr(x) % ALIGN == 0,
+            aligned=not alignment or nbytes == 0 or self.data_ptr(x) % ALIGN == 0,
             readonly=False, device=_device(x.device), notes=notes,
         )
 
     def data_ptr(self, x) -> int:
-        return _dlpack.data_ptr(x)
+        return _dlpack.data_ptr(_capsule(x))
 
     def bitview(self, x, dtype):
         return tf.bitcast(x, _tf_dtype(dtype))
 
+    def export(self, x, readonly):
+        return x if _NATIVE_EXPORT else _Exported(x)
+
     def from_dlpack(self, obj):
+        # a capsule: the one form every tensorflow tested takes (2.16 takes nothing else)
         return tf.experimental.dlpack.from_dlpack(obj.__dlpack__())
 
     def copy(self, x):
-        if _dlpack.data_ptr(x) % ALIGN == 0 or _device(x.device) != "cpu":
+        if self.data_ptr(x) % ALIGN == 0 or _device(x.device) != "cpu":
             return tf.raw_ops.DeepCopy(x=x)
         # An unaligned tensor (someone else's zero-copy import) aborts the process in any
         # tf kernel, DeepCopy included: copy its bits through numpy instead.
@@ -89,7 +146,7 @@ class TensorflowAdapter(Adapter):
         from .numpy import ADAPTER as NUMPY
 
         bits = tf.bitcast(x, tf.uint16) if x.dtype == tf.bfloat16 else x
-        fresh = tf.experimental.dlpack.from_dlpack(NUMPY.copy(np.from_dlpack(bits)).__dlpack__())
+        fresh = self.from_dlpack(NUMPY.copy(np.from_dlpack(self.export(bits, True))))
         return tf.bitcast(fresh, tf.bfloat16) if x.dtype == tf.bfloat16 else fresh
 
     def astype(self, x, dtype):
@@ -109,6 +166,17 @@ class TensorflowAdapter(Adapter):
                 out.append((f"gpu:{i}", tuple(cap) >= (8, 0),
                             f"compute capability {cap[0]}.{cap[1]} (bf16 arithmetic from 8.0)"))
         return out
+
+    def facts(self):
+        return {"Tensor.__dlpack__": _EXPORT_FACT}
+
+    computes = True
+
+    def numerics(self):
+        import os
+
+        return {"tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+                "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86)")}
 
 
 ADAPTER = TensorflowAdapter()
