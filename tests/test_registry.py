@@ -127,3 +127,26 @@ def test_fallback_is_unused_when_bf16_fits(all_bf16):
     assert p.dtype_out == "bfloat16" and p.decision is None
     y = bb.convert(all_bf16.view(BF16), "torch", fallback="bits")
     np.testing.assert_array_equal(bits(y), all_bf16)
+
+
+def test_docs_adapter_example_matches_the_adapter_interface(monkeypatch):
+    """docs/adapters.md's example is code a reader copies: it must define every primitive with the
+    base class's signature (it once missed describe's ``alignment``)."""
+    import inspect
+    import pathlib
+    import re
+
+    import bf16bridge as bb
+
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "adapters.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    registered = []
+    monkeypatch.setattr(bb, "register_adapter", lambda *a, **k: registered.append((a, k)))
+    scope: dict = {}
+    exec(compile(code, "docs/adapters.md", "exec"), scope)
+    cls = scope["CupyAdapter"]
+    assert issubclass(cls, bb.Adapter) and registered
+    for name, fn in vars(cls).items():
+        if callable(fn) and hasattr(bb.Adapter, name):
+            want = inspect.signature(getattr(bb.Adapter, name))
+            assert inspect.signature(fn).parameters.keys() == want.parameters.keys(), name
