@@ -354,3 +354,11 @@ def test_too_old_tensorflow_gives_our_error_naming_version_and_range():
     assert len(lines) == 2, out.stdout
     for line in lines:
         assert "tensorflow 2.15.1 is older" in line and versions.tested_range("tensorflow") in line, line
+
+
+def test_docs_state_the_tested_versions_of_the_table():
+    routes = (ROOT / "docs" / "routes.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for name, (oldest, newest) in versions.TESTED.items():
+        assert f"| {oldest} | {newest} |" in routes, name
+        assert f"{name} {versions.tested_range(name)}" in readme, name
