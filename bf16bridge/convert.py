@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from . import registry
+from . import registry, trees
 from .errors import Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
 
 if TYPE_CHECKING:
@@ -129,12 +128,12 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
 
 
 def _stacklevel() -> int:
-    """Point a warning at the caller's line, through to_* and convert_tree frames."""
+    """Point a warning at the caller's line, past every frame of this package."""
     import sys
 
     level = 2
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(__package__ + "."):
         level, frame = level + 1, frame.f_back
     return level
 
@@ -201,66 +200,12 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     as they are. An error names the path of the leaf.
     """
     _check(copy, fallback, for_compute, on_alias, on_grad)
-    kwargs = dict(copy=copy, fallback=fallback, for_compute=for_compute, on_alias=on_alias, on_grad=on_grad)
-    return _tree(tree, to, kwargs, (), set())
 
-
-def _where(path) -> str:
-    return "".join(f"[{p!r}]" for p in path) or "the root"
-
-
-def _tree(node, to, kwargs, path, active: set):
-    if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
-        return node
-    if isinstance(node, (Mapping, list, tuple)):
-        if id(node) in active:
-            raise UnsupportedTypeError(f"at {_where(path)}: the tree contains itself; a tree must be finite")
-        active.add(id(node))
+    def leaf(x, path):
         try:
-            return _container(node, to, kwargs, path, active)
-        finally:
-            active.discard(id(node))
-    try:
-        registry.framework_of(node)
-    except UnsupportedTypeError:
-        children = registry.tree_children(node)
-        if children is None:
-            return node  # a leaf we do not move
-        keys, values, rebuild = children
-        return rebuild([_tree(v, to, kwargs, path + (k,), active) for k, v in zip(keys, values)])
-    try:
-        return convert(node, to, **kwargs)
-    except Bf16BridgeError as err:
-        raise type(err)(f"at {_where(path)}: {err}") from err
+            return convert(x, to, copy=copy, fallback=fallback, for_compute=for_compute,
+                           on_alias=on_alias, on_grad=on_grad)
+        except Bf16BridgeError as err:
+            raise type(err)(f"at {trees.where(path)}: {err}") from err
 
-
-def _container(node, to, kwargs, path, active):
-    if isinstance(node, Mapping):
-        items = {k: _tree(v, to, kwargs, path + (k,), active) for k, v in node.items()}
-        if isinstance(node, dict):
-            import copy as _copy
-
-            out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes
-            out.clear()
-            out.update(items)
-            return out
-        try:
-            return type(node)(items)  # type: ignore[call-arg]  # a Mapping type of unknown constructor
-        except TypeError as err:
-            raise UnsupportedTypeError(
-                f"at {_where(path)}: cannot rebuild a {type(node).__qualname__} from a dict; "
-                "pass a dict, or register the type with jax.tree_util"
-            ) from err
-    values = [_tree(v, to, kwargs, path + (i,), active) for i, v in enumerate(node)]
-    if type(node) in (list, tuple):
-        return type(node)(values)
-    if hasattr(node, "_fields"):  # namedtuple
-        return type(node)(*values)
-    try:
-        return type(node)(values)
-    except TypeError as err:
-        raise UnsupportedTypeError(
-            f"at {_where(path)}: cannot rebuild a {type(node).__qualname__} from a list of its items "
-            "(its constructor takes other arguments); pass a plain tuple or list, or register the type "
-            "with jax.tree_util"
-        ) from err
+    return trees.map_leaves(leaf, tree)

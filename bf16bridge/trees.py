@@ -1,0 +1,95 @@
+"""Trees of tensors: walk the containers users have and rebuild them, leaves changed.
+
+A leaf is a tensor of a registered framework. Containers are dicts (every dict
+type keeps its type: defaultdict with its factory, OrderedDict), other mappings,
+lists, tuples, namedtuples, and, once a framework that knows its own containers
+is imported, those too (jax pytree nodes: flax and equinox parameter trees,
+registered dataclasses; asked through ``Adapter.tree_children``, so nothing here
+names a framework or imports one). Everything else (ints, strings, None) is kept
+as it is.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import registry
+from .errors import UnsupportedTypeError
+
+
+def where(path) -> str:
+    """A leaf's path as an error names it: ``['layer']['w']``, or "the root"."""
+    return "".join(f"[{p!r}]" for p in path) or "the root"
+
+
+def map_leaves(fn: Callable[[Any, tuple], Any], tree):
+    """The tree with every tensor leaf ``x`` at ``path`` replaced by ``fn(x, path)``;
+    new containers of the same types, the input untouched."""
+    return _walk(fn, tree, (), set())
+
+
+def flatten(tree) -> tuple[list, Callable[[list], Any]]:
+    """The tensor leaves of ``tree`` in order, and ``rebuild(new_leaves)`` making the same tree
+    around other leaves."""
+    leaves: list = []
+    map_leaves(lambda x, path: leaves.append(x), tree)
+
+    def rebuild(new_leaves):
+        it = iter(new_leaves)
+        return map_leaves(lambda x, path: next(it), tree)
+
+    return leaves, rebuild
+
+
+def _walk(fn, node, path, active: set):
+    if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
+        return node
+    if isinstance(node, (Mapping, list, tuple)):
+        if id(node) in active:
+            raise UnsupportedTypeError(f"at {where(path)}: the tree contains itself; a tree must be finite")
+        active.add(id(node))
+        try:
+            return _container(fn, node, path, active)
+        finally:
+            active.discard(id(node))
+    try:
+        registry.framework_of(node)
+    except UnsupportedTypeError:
+        children = registry.tree_children(node)
+        if children is None:
+            return node  # a leaf we do not move
+        keys, values, rebuild = children
+        return rebuild([_walk(fn, v, path + (k,), active) for k, v in zip(keys, values)])
+    return fn(node, path)
+
+
+def _container(fn, node, path, active):
+    if isinstance(node, Mapping):
+        items = {k: _walk(fn, v, path + (k,), active) for k, v in node.items()}
+        if isinstance(node, dict):
+            out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes
+            out.clear()
+            out.update(items)
+            return out
+        try:
+            return type(node)(items)  # type: ignore[call-arg]  # a Mapping type of unknown constructor
+        except TypeError as err:
+            raise UnsupportedTypeError(
+                f"at {where(path)}: cannot rebuild a {type(node).__qualname__} from a dict; "
+                "pass a dict, or register the type with jax.tree_util"
+            ) from err
+    values = [_walk(fn, v, path + (i,), active) for i, v in enumerate(node)]
+    if type(node) in (list, tuple):
+        return type(node)(values)
+    if hasattr(node, "_fields"):  # namedtuple
+        return type(node)(*values)
+    try:
+        return type(node)(values)
+    except TypeError as err:
+        raise UnsupportedTypeError(
+            f"at {where(path)}: cannot rebuild a {type(node).__qualname__} from a list of its items "
+            "(its constructor takes other arguments); pass a plain tuple or list, or register the type "
+            "with jax.tree_util"
+        ) from err
