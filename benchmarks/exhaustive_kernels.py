@@ -2,6 +2,9 @@
 
     python -m benchmarks.exhaustive_kernels [--backends numpy,torch] [--chunk-bits 24]
 
+By default every backend but ml_dtypes (the reference): numpy and each registered
+adapter offering kernels (torch's), importing its framework.
+
 Prints one line per backend with the number of mismatches (0 expected) and exits
 non-zero on any. Takes about a minute per backend on two cores.
 """
@@ -18,14 +21,14 @@ import numpy as np
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--backends", default="numpy,torch")
+    ap.add_argument("--backends", default="", help="comma-separated (default: all but ml_dtypes)")
     ap.add_argument("--chunk-bits", type=int, default=24)
     args = ap.parse_args(argv)
-    backends = [b for b in args.backends.split(",") if b]
-    if "torch" in backends:
-        import torch  # noqa: F401 - the torch backend runs only when torch is imported
-
     from bf16bridge import kernels
+
+    backends = [b for b in args.backends.split(",") if b] or [
+        b for b in kernels.backends(importing=True) if b not in ("auto", "ml_dtypes")]
+    backends = [kernels.pick_backend(b) for b in backends]  # refuses unknown names; imports a framework asked for
 
     step = 1 << args.chunk_bits
     bad = {b: 0 for b in backends}

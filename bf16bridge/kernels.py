@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from . import dtypes, registry
-from .errors import Bf16BridgeError, CopyRequiredError, UnknownFrameworkError, UnsupportedDtypeError
+from .errors import (Bf16BridgeError, CopyRequiredError, InvalidArgumentError, UnknownFrameworkError,
+                     UnsupportedDtypeError)
 
 #: elements per chunk: 4 Mi elements keeps each temporary at 16 MiB
 CHUNK = 1 << 22
@@ -57,10 +58,11 @@ def _kernel_adapter(name: str, imported_only: bool):
     return adapter if adapter.offers_kernels else None
 
 
-def backends() -> list[str]:
+def backends(*, importing: bool = False) -> list[str]:
     """The backend names ``backend=`` takes here: "auto", the built-in ones, and every
-    registered adapter offering kernels whose framework is already imported."""
-    return ["auto", *BUILTIN, *(n for n in registry.names() if _kernel_adapter(n, imported_only=True))]
+    registered adapter offering kernels whose framework is already imported (``importing=True``:
+    or installed, importing it)."""
+    return ["auto", *BUILTIN, *(n for n in registry.names() if _kernel_adapter(n, imported_only=not importing))]
 
 
 def pick_backend(name: str = "auto") -> str:
@@ -80,7 +82,7 @@ def pick_backend(name: str = "auto") -> str:
         key = None
     # a backend asked for by name may import its framework (FrameworkNotInstalledError says how to install it)
     if key is None or not registry.get(key).offers_kernels:
-        raise UnknownFrameworkError(f"backend must be one of {', '.join(backends())} (or another adapter "
+        raise InvalidArgumentError(f"backend must be one of {', '.join(backends())} (or another adapter "
                                     f"offering kernels); got {name!r}")
     return key
 
@@ -108,7 +110,7 @@ def _out(out, shape, dtype, what: str) -> np.ndarray:
     if out is None:
         return np.empty(shape, dtype=dtype)
     if out.shape != tuple(shape) or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"{what}: out must be a writable C-contiguous {dtype} array of shape {tuple(shape)}")
+        raise InvalidArgumentError(f"{what}: out must be a writable C-contiguous {dtype} array of shape {tuple(shape)}")
     return out
 
 
@@ -170,7 +172,7 @@ def _run(widen: bool, backend: str, src, dst, chunk: int, threads: int | None, b
     # a threaded backend parallelises inside each call; the others get a thread per piece
     workers = 1 if threaded else max(1, min(threads or os.cpu_count() or 1, 8))
     if chunk < 1:
-        raise ValueError(f"chunk must be a positive number of elements; got {chunk}")
+        raise InvalidArgumentError(f"chunk must be a positive number of elements; got {chunk}")
     if workers > 1:
         chunk = min(chunk, max(MIN_PIECE, -(-n // workers)))
     spans = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]

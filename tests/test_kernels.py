@@ -171,17 +171,22 @@ def test_progress_bar_when_asked(capsys):
     assert capsys.readouterr().err == ""  # quick conversions stay quiet
 
 
-def test_bad_inputs_get_clear_errors():
-    with pytest.raises(TypeError, match="float32"):
-        kernels.to_bf16(np.zeros(3, dtype=np.float64))
-    with pytest.raises(TypeError, match="bfloat16"):
-        kernels.to_float32(np.zeros(3, dtype=np.float32))
-    with pytest.raises(ValueError, match="C-contiguous"):
-        kernels.to_bf16(np.zeros((4, 4), dtype=np.float32).T)
-    with pytest.raises(ValueError, match="out must be"):
-        kernels.to_bf16(np.zeros(3, dtype=np.float32), out=np.zeros(4, dtype=ml_dtypes.bfloat16))
-    with pytest.raises(ValueError, match="backend must be"):
-        kernels.to_bf16(np.zeros(3, dtype=np.float32), backend="cuda")
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: kernels.to_bf16(np.zeros(3, dtype=np.float64)), bb_errors.UnsupportedDtypeError, "float32"),
+    (lambda: kernels.to_float32(np.zeros(3, dtype=np.float32)), bb_errors.UnsupportedDtypeError, "bfloat16"),
+    (lambda: kernels.to_bf16(np.zeros((4, 4), dtype=np.float32).T), bb_errors.CopyRequiredError,
+     r"C-contiguous.*np.ascontiguousarray"),
+    (lambda: kernels.to_bf16(np.zeros(3, dtype=np.float32), out=np.zeros(4, dtype=ml_dtypes.bfloat16)),
+     bb_errors.InvalidArgumentError, r"out must be a writable C-contiguous bfloat16 array of shape \(3,\)"),
+    (lambda: kernels.to_bf16(np.zeros(3, dtype=np.float32), backend="cuda"), bb_errors.InvalidArgumentError,
+     "backend must be"),
+    (lambda: kernels.to_bf16(np.zeros(10, dtype=np.float32), chunk=0), bb_errors.InvalidArgumentError,
+     "chunk must be a positive number"),
+])
+def test_bad_inputs_get_our_errors(call, error, match):
+    with pytest.raises(error, match=match) as err:
+        call()
+    assert isinstance(err.value, bb_errors.Bf16BridgeError)
 
 
 def test_auto_backend_is_ml_dtypes_here():
@@ -252,8 +257,9 @@ def test_an_adapter_offering_kernels_is_a_backend():
 
 
 @pytest.mark.parametrize("name, error, match", [
-    ("cuda", bb_errors.UnknownFrameworkError, "backend must be one of auto, ml_dtypes, numpy"),
-    ("jax", bb_errors.UnknownFrameworkError, "backend must be one of"),  # offers no kernels
+    ("cuda", bb_errors.InvalidArgumentError, "backend must be one of auto, ml_dtypes, numpy"),
+    ("jax", bb_errors.InvalidArgumentError, "backend must be one of"),  # offers no kernels
+    (None, bb_errors.InvalidArgumentError, "backend must be one of"),
 ])
 def test_unknown_backends_are_refused(name, error, match):
     with pytest.raises(error, match=match):
