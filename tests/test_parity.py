@@ -1,8 +1,10 @@
 """Parity validation: exact metrics, injected faults caught and located, policies, run, CLI."""
 
 import json
+import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -59,7 +61,9 @@ def test_nan_against_inf_is_counted_apart():
     a[7], b[7] = np.nan, np.inf
     rep = parity.compare({"x": a, "y": b}, policy="ulp(1000)")
     p = rep.pairs[0]
-    assert p.nan_mismatches == 1 and p.inf_mismatches == 1 and rep.nonfinite_mismatches == 2
+    # one element: in both breakdown columns, counted once in the total
+    assert p.nan_mismatches == 1 and p.inf_mismatches == 1
+    assert p.nonfinite_mismatches == 1 and rep.nonfinite_mismatches == 1
     assert not rep.passed, "no ULP tolerance excuses a NaN against an inf"
     assert p.max_ulp == 0 and p.finite_compared == 99
     assert rep.worst[0].index == (7,) and rep.worst[0].ulp is None
@@ -119,18 +123,44 @@ def test_reference_with_condition_tames_cancellation():
     assert r.max_ulps_of_reference <= 0.5
 
 
-@pytest.mark.parametrize("text,kind", [("exact", "exact"), ("ulp(3)", "ulp"), ("allclose(1e-2, 1e-5)", "allclose"),
-                                       ("reference(2)", "reference"), ("torch", "allclose"), ("tf", "allclose")])
-def test_policy_texts(text, kind):
-    assert parity.parse(text).kind == kind
+@pytest.mark.parametrize("text,want", [
+    ("exact", parity.exact()), ("exact()", parity.exact()),
+    ("ulp(3)", parity.ulp(3)), ("ulp()", parity.ulp(1)), ("ulp(2.0)", parity.ulp(2)), ("ulp(n=2)", parity.ulp(2)),
+    ("ulp(0, signed_zeros=true)", parity.ulp(0, signed_zeros=True)),
+    ("allclose(1e-2, 1e-5)", parity.allclose(1e-2, 1e-5)), ("allclose(1e-2)", parity.allclose(1e-2, 0)),
+    ("allclose(atol=0.1)", parity.allclose(0, 0.1)), ("allclose(rtol=0.1)", parity.allclose(0.1, 0)),
+    ("allclose(atol=1e-3, rtol=0.02)", parity.allclose(0.02, 1e-3)),
+    ("ALLCLOSE(1E-2, atol = 2)", parity.allclose(0.01, 2)),
+    ("reference(2)", parity.reference(2)), ("reference(k=3)", parity.reference(3)),
+    ("reference()", parity.reference(2)),
+    ("torch", parity.FRAMEWORK_DEFAULTS["torch"]), ("tf", parity.FRAMEWORK_DEFAULTS["tensorflow"]),
+])
+def test_policy_texts_mean_what_they_say(text, want):
+    assert parity.parse(text) == want
+    if not want.name:  # a policy's own text reads back (the frameworks' tables print their numbers)
+        assert parity.parse(str(want)) == want
+
+
+@pytest.mark.parametrize("text,why", [
+    ("ulp(1.9)", "whole number"), ("ulp(-1)", ">= 0"), ("ulp(x)", "number"), ("ulp", "parentheses"),
+    ("ulp(1, 2)", "true or false"), ("ulp(1,)", "empty"), ("ulp(inf)", "finite"), ("ulp(tol=1)", "not 'tol'"),
+    ("allclose()", "needs rtol"), ("allclose(1, 2, 3)", "at most 2"), ("allclose(tol=0.1)", "not 'tol'"),
+    ("allclose(atol=0.1, 0.2)", "positional argument after"), ("allclose(rtol=1, rtol=2)", "given twice"),
+    ("allclose(-1)", ">= 0"), ("allclose(nan)", "finite"), ("allclose(0.1", "unknown policy"),
+    ("reference(0.5)", "k >= 1"), ("exact(1)", "at most 0"), ("close(1)", "unknown policy"), ("", "unknown policy"),
+])
+def test_policy_texts_that_do_not_fit_are_refused(text, why):
+    with pytest.raises(parity.PolicyError, match=re.escape(why)) as err:
+        parity.parse(text)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, bb.Bf16BridgeError)
+    assert repr(text) in str(err.value) and "allclose(RTOL, ATOL)" in str(err.value)  # the input and the way out
 
 
 def test_framework_defaults_and_bad_policies():
     assert parity.parse("torch").rtol == 1.6e-2 and parity.parse("torch").atol == 1e-5
     assert parity.parse("jax").rtol == 1e-2 and parity.parse("tensorflow").atol == 1e-2
-    for bad in ("ulp", "close(1)", "ulp(x)", "reference(0.5)"):
-        with pytest.raises(ValueError):
-            parity.parse(bad)
+    with pytest.raises(parity.PolicyError, match="whole number"):
+        parity.ulp(1.5)
     with pytest.raises(ValueError, match="reference="):
         parity.compare(_rand(), _rand(), policy="reference(2)")
 
@@ -177,8 +207,15 @@ def test_every_builtin_op_runs_in_every_framework(op):
     for r in rep.references:  # each framework is a sane bf16 implementation of the op
         if r.p99_normalised is not None:  # ops that cancel: errors against the condition scale
             assert r.p99_normalised < 4, (op, r)
-        else:
-            assert r.p99_ulps_of_reference < 8, (op, r)
+        else:  # flushing subnormal results to zero is allowed here (XLA and tensorflow do): judged elsewhere
+            assert _p99_ulps_where_normal(rep, r.name) < 8, (op, r)
+
+
+def _p99_ulps_where_normal(rep, name):
+    ref = runner._unpack(rep.data["reference"]).reshape(-1)
+    x = metrics.to_float64(runner._unpack(rep.data["results"][name])).reshape(-1)
+    normal = np.isfinite(ref) & np.isfinite(x) & (np.abs(ref) >= 2.0 ** -126)
+    return float(np.percentile(np.abs(x[normal] - ref[normal]) / metrics.bf16_ulp(ref[normal]), 99))
 
 
 def test_ties_inputs_put_exact_results_half_way_between_bf16_numbers():
@@ -230,3 +267,162 @@ def test_cli_html_and_markdown(tmp_path):
     assert "<svg" in page and "ULP histogram" in page and out.returncode in (0, 1)
     md = _cli("--ops", "exp", "--format", "markdown").stdout
     assert "| pair | 0 | 1 | 2 | 3 | 4-7 |" in md
+
+
+# -- nothing compared never passes silently ------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["ulp(1)", "exact", "allclose(0.1)", "torch", "reference(2)"])
+def test_one_result_and_a_reference_is_not_a_comparison(policy):
+    ref = np.linspace(1, 2, 16)
+    off = (ref + 4.0).astype(BF16)  # off by 4.0 everywhere
+    rep = parity.compare({"torch": off}, reference=ref, policy=policy)
+    assert not rep.passed and rep.pairs == ()
+    assert "only 1 result (torch)" in rep.not_compared and "not compared" in str(rep)
+    allowed = parity.compare({"torch": off}, reference=ref, policy=policy, allow_missing=True)
+    assert allowed.passed and allowed.not_compared == rep.not_compared  # allowed, still said
+    with pytest.raises(AssertionError, match="only 1 result"):
+        parity.assert_parity({"torch": off}, reference=ref, policy=policy)
+
+
+def _op_failing_in(broken: str):
+    from bf16bridge.parity.ops import Op
+
+    def boom(x, **p):
+        raise RuntimeError("this framework cannot")
+
+    return Op("twice", "2x", lambda rng, kind, p: {"x": _rand((8, 8))}, lambda x, **p: 2 * x,
+              {"numpy": lambda x, **p: x * np.asarray(2, x.dtype), "torch": lambda x, **p: x * 2, broken: boom})
+
+
+@pytest.mark.parametrize("frameworks,missing", [
+    (["numpy", "torch", "jax"], "jax (RuntimeError: this framework cannot)"),  # raised inside run()
+    (["numpy", "torch", "tensorflow"], "tensorflow (no definition of this op)"),
+])
+def test_run_with_a_framework_that_did_not_run_fails_unless_allowed(frameworks, missing):
+    op = _op_failing_in("jax")
+    rep = parity.run(op, frameworks=frameworks)
+    assert rep.pairs and all(p.passed for p in rep.pairs), "the two that ran agree"
+    assert not rep.passed and missing in rep.not_compared and missing.split(" (")[0] in rep.settings["not run"]
+    assert parity.run(op, frameworks=frameworks, allow_missing=True).passed
+
+
+def test_recheck_keeps_what_did_not_run(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(runner.dumps([parity.run(_op_failing_in("jax"), frameworks=["numpy", "torch", "jax"])]))
+    again = runner.recheck(path, "ulp(3)")[0]
+    assert not again.passed and "jax (RuntimeError" in again.not_compared
+    assert runner.recheck(path, "ulp(3)", allow_missing=True)[0].passed
+
+
+def test_unknown_framework_is_our_error():
+    with pytest.raises(bb.UnknownFrameworkError, match="choose one of"):
+        parity.run("sum", frameworks=["torch", "mxnet"])
+
+
+# -- frameworks and their settings come from the registry ----------------------------
+
+
+def test_default_frameworks_are_the_registered_ones_that_compute(monkeypatch):
+    from bf16bridge import registry
+    from bf16bridge.adapters._base import Adapter
+
+    want = [n for n in registry.names() if registry.get(n).computes]
+    assert runner.default_frameworks() == want and "numpy" not in want and len(want) >= 3
+
+    class Fake(Adapter):
+        name = "fake"
+        computes = True
+
+    names, get = registry.names, registry.get
+    monkeypatch.setattr(registry, "names", lambda: names() + ["fake"])
+    monkeypatch.setattr(registry, "get", lambda n: Fake() if n == "fake" else get(n))
+    assert runner.default_frameworks() == want + ["fake"]
+
+
+def test_settings_ask_each_imported_framework_its_numerics():
+    import torch  # imported: its numerics are asked
+
+    from bf16bridge import registry
+
+    s = runner.settings(["torch"])
+    for k, v in registry.get("torch").numerics().items():
+        assert s[k] == v
+    assert s["torch_threads"] == torch.get_num_threads()
+
+
+# -- where the errors live: worst regions over every input value ----------------------
+
+
+def _every_bf16():
+    from bf16bridge.parity.ops import _every_bf16 as every
+
+    return every()
+
+
+def test_worst_regions_find_injected_faults_with_their_interval_and_values():
+    from bf16bridge.parity import regions
+
+    x = _every_bf16()
+    ref = metrics.to_float64(x) * 0.5  # an op: x / 2 (the reference is exact)
+    good = metrics.round_to(ref, x.dtype).astype(x.dtype)
+    bad = good.copy()
+    xs = metrics.to_float64(x)
+    band = (xs >= 2.0) & (xs < 4.0)  # one binade of inputs: 2 ULPs off
+    bad.view(np.uint16)[band] += 2
+    top = xs > 1e38  # overflow to inf near the top of the range
+    bad[top] = np.inf
+    found = regions.find(x, {"good": good, "bad": bad}, ref, parity.parse("ulp(1)"))
+    assert {g.result for g in found} == {"bad"}, "a correctly rounded result has no region"
+    by_lo = sorted(found, key=lambda g: g.lo)
+    assert len(by_lo) == 2
+    mid, hi = by_lo
+    assert (mid.lo, mid.hi, mid.exceeding, mid.inputs, mid.nonfinite) == (2.0, float(xs[band].max()), 128, 128, 0)
+    assert mid.ulps == 2 and 2.0 <= mid.input < 4.0
+    assert dict(mid.values)["good"] == pytest.approx(0.5 * mid.input, rel=2 ** -8)
+    assert mid.reference == 0.5 * mid.input
+    assert hi.nonfinite == hi.exceeding == int(top.sum()) and hi.ulps is None and dict(hi.values)["bad"] == np.inf
+    assert hi.lo == float(xs[top].min()) and hi.hi == float(xs.max())
+    # a policy that allows 2 ULPs keeps only the overflow
+    assert [g.nonfinite > 0 for g in regions.find(x, {"bad": bad}, ref, parity.parse("ulp(2)"))] == [True]
+
+
+def _with_regions():
+    from bf16bridge.parity import regions
+
+    x = _every_bf16()
+    ref = metrics.to_float64(x)
+    good = x.copy()
+    bad = good.copy()
+    bad.view(np.uint16)[(ref > 1) & (ref < 2)] += 3
+    rep = parity.compare({"a": good, "b": bad}, reference=ref, op="identity [all]")
+    return replace(rep, worst_regions=regions.find(x, {"a": good, "b": bad}, ref, parity.parse(rep.policy)))
+
+
+def test_worst_regions_are_printed_and_in_json_markdown_html():
+    from bf16bridge.parity import render
+
+    rep = _with_regions()
+    (g,) = rep.worst_regions
+    assert g.result == "b" and g.exceeding == 127 and g.ulps == 3
+    text = str(rep)
+    assert "exceeds ulp(1)" in text and "b: x in [1.0078125, 1.9921875]: 127 of 127 inputs exceed" in text
+    d = json.loads(runner.dumps([rep]))[0]
+    assert d["worst_regions"][0]["lo"] == 1.0078125 and d["worst_regions"][0]["values"] == [["a", g.input],
+                                                                                          ["b", g.values[1][1]]]
+    assert "| b | 1.01 | 1.99 | 127 | 127 |" in render.markdown(rep)
+    assert "<td>1.99</td><td>127</td>" in render.html(rep)
+    assert "b: [1.01, 1.99] 127/127" in render.summary([rep])
+
+
+def test_run_over_every_input_value_reports_regions_and_recheck_keeps_them(tmp_path):
+    rep = parity.run("log")
+    assert rep.data["input"] and rep.worst_regions
+    for g in rep.worst_regions:
+        assert g.lo <= g.input <= g.hi and 0 < g.exceeding <= g.inputs
+        assert g.ulps is None or g.ulps > 1  # the representative itself exceeds ulp(1)
+    path = tmp_path / "r.json"
+    path.write_text(runner.dumps([rep]))
+    assert runner.recheck(path, rep.policy)[0].worst_regions == rep.worst_regions
+    loose = runner.recheck(path, "ulp(100000)")[0].worst_regions
+    assert loose and all(g.nonfinite == g.exceeding for g in loose), "no tolerance excuses NaN/inf"

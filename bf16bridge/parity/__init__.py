@@ -7,14 +7,14 @@
 """
 
 from .compare import Against, Element, Pair, Report, assert_parity, compare
-from .policies import FRAMEWORK_DEFAULTS, Policy, allclose, exact, parse, reference, ulp
+from .policies import FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference, ulp
 
-__all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "Report", "allclose", "assert_parity",
-           "compare", "exact", "parse", "recheck", "reference", "run", "ulp", "OPS"]
+__all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "PolicyError", "Report", "allclose",
+           "assert_parity", "compare", "exact", "parse", "recheck", "reference", "run", "suite", "ulp", "OPS"]
 
 
 def __getattr__(name):
-    if name in ("run", "recheck", "OPS"):
+    if name in ("run", "recheck", "suite", "OPS"):
         from . import runner
 
         return getattr(runner, name)

@@ -45,17 +45,14 @@ class Pair:
     max_rel: float = 0.0
     rmse: float = 0.0
     cosine: float = 1.0
-    nan_mismatches: int = 0
-    inf_mismatches: int = 0
+    nonfinite_mismatches: int = 0  # elements NaN or infinite on one side only (or infinities of opposite sign)
+    nan_mismatches: int = 0  # of those, NaN on one side only
+    inf_mismatches: int = 0  # of those, infinite on one side only or with opposite signs
     signed_zero_mismatches: int = 0
     subnormal_mismatches: int = 0
     worst: tuple = ()
     smallest_rtol: float = 0.0  # allclose(rtol, 0) that would pass
     passed: bool | None = None
-
-    @property
-    def nonfinite_mismatches(self) -> int:
-        return self.nan_mismatches + self.inf_mismatches
 
     @property
     def label(self) -> str:
@@ -88,6 +85,12 @@ class Report:
     passed: bool = False
     op: str | None = None
     settings: dict = field(default_factory=dict)
+    #: what was asked for but not compared (a framework that did not run, fewer than two
+    #: results); the report fails on it unless compare(..., allow_missing=True)
+    not_compared: str | None = None
+    #: for ops run over every input value: the input intervals where a result's error
+    #: against the reference exceeds the policy (see regions.py)
+    worst_regions: tuple = ()
     #: the results judged (packed), so a saved report can be judged again; not shown
     data: dict | None = field(default=None, repr=False, compare=False)
 
@@ -179,7 +182,10 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     pct = np.percentile(df, [50, 99, 99.9]) if df.size else np.zeros(3)
     nan_mis = int(np.count_nonzero(ca["nan"] != cb["nan"]))
     inf_a, inf_b = ca["inf"].reshape(-1), cb["inf"].reshape(-1)
-    inf_mis = int(np.count_nonzero((inf_a != inf_b) | (inf_a & inf_b & (ba != bb_))))
+    inf_differ = (inf_a != inf_b) | (inf_a & inf_b & (ba != bb_))
+    inf_mis = int(np.count_nonzero(inf_differ))
+    # an element inf on one side and NaN on the other is in both columns, counted once here
+    nonfinite_mis = int(np.count_nonzero((ca["nan"] != cb["nan"]).reshape(-1) | inf_differ))
     p = Pair(
         na, nb, tuple(a.shape), a.dtype.name, n, None, note,
         identical_fraction=identical / n if n else 1.0,
@@ -191,6 +197,7 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         max_rel=float(rel.max()) if rel.size else 0.0,
         rmse=float(np.sqrt(np.mean(diff_f ** 2))) if diff_f.size else 0.0,
         cosine=cosine,
+        nonfinite_mismatches=nonfinite_mis,
         nan_mismatches=nan_mis,
         inf_mismatches=inf_mis,
         signed_zero_mismatches=int(np.count_nonzero(ca["zero"] & cb["zero"] & (ca["negzero"] != cb["negzero"]))),
@@ -235,7 +242,8 @@ def _judge(pol: Policy, p: Pair, va: np.ndarray, vb: np.ndarray) -> bool | None:
 
 
 def compare(*results, reference=None, condition=None, policy="ulp(1)", names=None, k_worst: int = 5,
-            op: str | None = None, settings: dict | None = None) -> Report:
+            op: str | None = None, settings: dict | None = None, not_run: dict | None = None,
+            allow_missing: bool = False) -> Report:
     """Compare results of the same computation from several frameworks.
 
     ``compare(y_torch, y_jax)`` or ``compare({"torch": y1, "jax": y2, ...})``; any
@@ -245,6 +253,11 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     |A|.|B|), so that cancellation near zero does not look like a huge error.
     ``policy`` decides ``passed``: "exact", "ulp(n)", "allclose(rtol, atol)",
     "torch"/"jax"/"tensorflow" (their bf16 defaults) or "reference(k)".
+
+    A report with nothing compared never passes silently: fewer than two results
+    (one and a reference judges no pair, and reference(k) has nothing to rank), or
+    ``not_run`` ({name: why} of results asked for that did not come), fail the
+    report unless ``allow_missing=True``.
     """
     pol = parse(policy)
     labels, values = _names(results, names)
@@ -273,13 +286,22 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     elif pol.kind == "reference":
         raise ValueError("policy reference(k) needs reference=")
     if pol.kind == "reference":
-        best = max(min(r.rms_error for r in refs), 1e-300)
+        best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
         refs = [replace(r, passed=(r.rms_error <= pol.n * best and not r.nonfinite_mismatches)) for r in refs]
         passed = all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
     else:
         passed = all(p.passed for p in pairs)
+    missing = []
+    if not_run:
+        missing.append("not run: " + "; ".join(f"{k} ({v})" for k, v in not_run.items()))
+    if len(values) < 2:
+        missing.append(f"only {len(values)} result{'' if len(values) == 1 else 's'} ({', '.join(labels) or 'none'}):"
+                       " no pair of results to judge")
+    not_compared = "; ".join(missing) or None
+    if not_compared and not allow_missing:
+        passed = False
     return Report(str(pol), tuple(pairs), tuple(refs), outlier, why, _smallest(pairs, refs), bool(passed), op,
-                  settings or {})
+                  settings or {}, not_compared)
 
 
 #: a result whose RMS error against the reference is this many times the others' is named

@@ -94,7 +94,8 @@ def _tf():
 
 # -- float64 references ---------------------------------------------------------------
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+# erfc, not 1 + erf: for x below about -5, 1 + erf(x / sqrt(2)) cancels to 0 even in float64
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
 def _softmax64(x):
@@ -141,10 +142,6 @@ def _tf_layer_norm(x):
     tf = _tf()
     m, v = tf.nn.moments(x, axes=[-1], keepdims=True)
     return (x - m) * tf.math.rsqrt(v + tf.constant(1e-5, x.dtype))
-
-
-def _attn(lib_matmul, softmax, transpose, sqrt_d):
-    return lambda q, k, v: lib_matmul(softmax(lib_matmul(q, transpose(k)) / sqrt_d(q)), v)
 
 
 OPS: dict = {}
@@ -196,7 +193,7 @@ _add(Op(
 ))
 _add(Op(
     "gelu", "GELU (exact, with erf) over every finite bf16 value",
-    _unary(), lambda x, **p: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    _unary(), lambda x, **p: 0.5 * x * _erfc(-x / math.sqrt(2)),
     {"torch": lambda x, **p: _torch().nn.functional.gelu(x),
      "jax": lambda x, **p: _jax().nn.gelu(x, approximate=False),
      "tensorflow": lambda x, **p: _tf().nn.gelu(x, approximate=False)},

@@ -11,6 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..errors import Bf16BridgeError
+
+
+class PolicyError(Bf16BridgeError, ValueError):
+    """A parity policy that cannot be read or makes no sense (the message lists the valid ones)."""
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -27,7 +33,7 @@ class Policy:
         if self.kind == "exact":
             return "exact"
         if self.kind == "ulp":
-            return f"ulp({self.n:g})" + (", signed zeros" if self.signed_zeros else "")
+            return f"ulp({self.n:g}" + (", signed_zeros=true)" if self.signed_zeros else ")")
         if self.kind == "allclose":
             return f"allclose(rtol={self.rtol:g}, atol={self.atol:g})"
         return f"reference({self.n:g})"
@@ -40,20 +46,23 @@ def exact() -> Policy:
 
 def ulp(n: int = 1, *, signed_zeros: bool = False) -> Policy:
     """Finite elements within n ULPs; NaN and infinity in the same places."""
-    if n < 0:
-        raise ValueError("ulp(n) needs n >= 0")
+    if isinstance(n, bool) or not float(n).is_integer() or n < 0:
+        raise PolicyError(f"ulp(n) needs a whole number n >= 0 (ULP distances are integers); got {n!r}")
+    n = int(n)
     return Policy("ulp", n=n, signed_zeros=signed_zeros)
 
 
 def allclose(rtol: float, atol: float = 0.0) -> Policy:
     """|a - b| <= atol + rtol * |b| for finite elements; NaN and infinity in the same places."""
+    if not (rtol >= 0 and atol >= 0):
+        raise PolicyError(f"allclose(rtol, atol) needs rtol >= 0 and atol >= 0; got rtol={rtol!r}, atol={atol!r}")
     return Policy("allclose", rtol=rtol, atol=atol)
 
 
 def reference(k: float = 2.0) -> Policy:
     """Each candidate's RMS error against the float64 reference at most k times the best candidate's."""
-    if k < 1:
-        raise ValueError("reference(k) needs k >= 1")
+    if not k >= 1:
+        raise PolicyError(f"reference(k) needs k >= 1 (1: every result as close as the best); got {k!r}")
     return Policy("reference", n=k)
 
 
@@ -65,31 +74,99 @@ FRAMEWORK_DEFAULTS = {
 }
 
 
+#: each policy written as text: its arguments, in order, and their defaults (None: required)
+_SIGNATURES = {
+    "exact": (),
+    "ulp": (("n", 1), ("signed_zeros", False)),
+    "allclose": (("rtol", None), ("atol", 0.0)),
+    "reference": (("k", 2.0),),
+}
+
+_USAGE = ("use exact, ulp(N) (N a whole number), ulp(N, signed_zeros=true), allclose(RTOL, ATOL) "
+          "(or allclose(rtol=R, atol=A)), reference(K), torch, jax or tensorflow")
+
+
+def _bad(spec, why: str) -> PolicyError:
+    return PolicyError(f"policy {spec!r}: {why}; {_USAGE}")
+
+
+def _value(spec, name: str, text: str):
+    if name == "signed_zeros":
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise _bad(spec, f"signed_zeros takes true or false, not {text!r}")
+    try:
+        x = float(text)
+    except ValueError:
+        raise _bad(spec, f"{name} must be a number, not {text!r}") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise _bad(spec, f"{name} must be finite, not {text!r}")
+    if name == "n":
+        if x != int(x):
+            raise _bad(spec, f"a ULP count is a whole number, not {text!r}")
+        return int(x)
+    return x
+
+
 def parse(spec) -> Policy:
-    """A Policy from a Policy or its text."""
+    """A Policy from a Policy or its text.
+
+    Arguments are positional or ``name=value`` (``allclose(atol=0.1)`` sets atol, rtol
+    then defaults to 0); anything that does not fit (an unknown name, a fractional
+    ULP count, an argument given twice or one too many) is refused with PolicyError
+    (a ValueError).
+    """
     if isinstance(spec, Policy):
         return spec
-    text = str(spec).strip().lower().replace(" ", "")
-    if text in ("exact", "exact()"):
-        return exact()
+    if not isinstance(spec, str):
+        raise PolicyError(f"a policy is a Policy or its text, not {type(spec).__name__}; {_USAGE}")
+    text = spec.strip().lower().replace(" ", "")
     if text in FRAMEWORK_DEFAULTS:
         return FRAMEWORK_DEFAULTS[text]
-    if text in ("tf",):
+    if text == "tf":
         return FRAMEWORK_DEFAULTS["tensorflow"]
-    m = re.fullmatch(r"(ulp|reference|allclose)\(([^)]*)\)", text)
-    if m:
-        args = [a for a in m.group(2).split(",") if a]
-        try:
-            nums = [float(a.split("=")[-1]) for a in args]
-        except ValueError:
-            nums = None
-        if nums is not None:
-            if m.group(1) == "ulp" and len(nums) <= 1:
-                return ulp(int(nums[0]) if nums else 1)
-            if m.group(1) == "reference" and len(nums) <= 1:
-                return reference(nums[0] if nums else 2.0)
-            if m.group(1) == "allclose" and 1 <= len(nums) <= 2:
-                return allclose(*nums)
-    raise ValueError(
-        f"unknown policy {spec!r}; use exact, ulp(N), allclose(RTOL, ATOL), reference(K), torch, jax or tensorflow"
-    )
+    m = re.fullmatch(r"([a-z_]+)(?:\((.*)\))?", text)
+    if not m or m.group(1) not in _SIGNATURES:
+        raise _bad(spec, "unknown policy")
+    kind, inner = m.group(1), m.group(2)
+    if inner is None and kind != "exact":
+        raise _bad(spec, f"{kind} needs parentheses")
+    params = _SIGNATURES[kind]
+    got: dict = {}
+    args = inner.split(",") if inner else []
+    positional = True
+    for i, arg in enumerate(args):
+        if not arg:
+            raise _bad(spec, "an empty argument")
+        name, eq, value = arg.partition("=")
+        if eq:
+            positional = False
+            if name not in dict(params):
+                known = ", ".join(n for n, _ in params) or "no arguments"
+                raise _bad(spec, f"{kind} takes {known}, not {name!r}")
+        elif not positional:
+            raise _bad(spec, "a positional argument after a keyword one")
+        elif i >= len(params):
+            raise _bad(spec, f"{kind} takes at most {len(params)} argument(s)")
+        else:
+            name, value = params[i][0], arg
+        if name in got:
+            raise _bad(spec, f"{name} given twice")
+        got[name] = _value(spec, name, value)
+    for name, default in params:
+        if name not in got:
+            if default is None and not (kind == "allclose" and "atol" in got):
+                raise _bad(spec, f"{kind} needs {name}")
+            got[name] = 0.0 if default is None else default
+    try:
+        if kind == "exact":
+            return exact()
+        if kind == "ulp":
+            return ulp(got["n"], signed_zeros=got["signed_zeros"])
+        if kind == "allclose":
+            return allclose(got["rtol"], got["atol"])
+        return reference(got["k"])
+    except PolicyError as err:
+        raise _bad(spec, str(err)) from err

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import html as _html
-import json
 
+from ..tables import table
 from .metrics import BIN_LABELS
 
 
@@ -76,9 +76,32 @@ def _title(rep) -> str:
 
 
 def _table(head, rows) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
-    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return [fmt(head)] + [fmt(r) for r in rows]
+    return table(head, rows).split("\n")
+
+
+def _region_head(rep) -> str:
+    return f"where a result's error against the reference exceeds {rep.policy} (inputs: every value)"
+
+
+def region_text(rep, g) -> str:
+    """One worst region in a line: the interval, how many inputs exceed, and the representative."""
+    dist = "NaN/inf where the rounded reference is not, or the reverse" if g.ulps is None else f"{g.ulps:g} ulp"
+    vals = ", ".join(f"{n} {v:.8g}" for n, v in g.values)
+    return (f"{g.result}: x in [{g.lo:.8g}, {g.hi:.8g}]: {g.exceeding} of {g.inputs} inputs exceed"
+            f" ({g.nonfinite} non-finite); at x = {g.input:.8g}: {vals}, reference {g.reference:.8g} ({dist})")
+
+
+def _region_lines(rep) -> list[str]:
+    out = []
+    shown = {}
+    for g in rep.worst_regions:
+        shown[g.result] = shown.get(g.result, 0) + 1
+        out.append("  " + region_text(rep, g))
+    for name, n in shown.items():
+        total = next(g.regions_total for g in rep.worst_regions if g.result == name)
+        if total > n:
+            out.append(f"  ({name}: {total - n} smaller regions not shown)")
+    return out
 
 
 def _worst_lines(rep) -> list[str]:
@@ -107,6 +130,10 @@ def text(rep) -> str:
         lines += ["  " + line for line in _table(*_ref_rows(rep))]
         lines.append(f"outlier: {rep.outlier} ({rep.outlier_why})" if rep.outlier else f"outlier: none ({rep.outlier_why})")
     lines += ["", *_worst_lines(rep)] if any(p.worst for p in rep.pairs) else []
+    if rep.worst_regions:
+        lines += ["", _region_head(rep) + ":", *_region_lines(rep)]
+    if rep.not_compared:
+        lines += ["", f"not compared: {rep.not_compared}"]
     lines += ["", f"smallest tolerance of each kind that passes: {_smallest(rep)}"]
     if rep.settings:
         lines += ["", "settings: " + "; ".join(f"{k}={v}" for k, v in rep.settings.items())]
@@ -114,7 +141,7 @@ def text(rep) -> str:
 
 
 def _md_table(head, rows) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return table(head, rows, "markdown").split("\n")
 
 
 def markdown(reports) -> str:
@@ -123,14 +150,28 @@ def markdown(reports) -> str:
     for rep in reports:
         out += [f"### {_title(rep)}", ""]
         out += _md_table(*_pair_rows(rep))
-        out += ["", "| pair | " + " | ".join(BIN_LABELS) + " |", "|" + "---|" * (len(BIN_LABELS) + 1)]
-        out += [f"| {p.label} | " + " | ".join(str(p.ulp_histogram.get(k, 0)) for k in BIN_LABELS) + " |"
-                for p in rep.pairs if not p.shape_mismatch]
+        out += [""] + _md_table(["pair", *BIN_LABELS], [[p.label, *(p.ulp_histogram.get(k, 0) for k in BIN_LABELS)]
+                                                       for p in rep.pairs if not p.shape_mismatch])
         if rep.references:
             out += [""] + _md_table(*_ref_rows(rep))
             out += ["", f"Outlier: {rep.outlier or 'none'} ({rep.outlier_why})."]
+        if rep.worst_regions:
+            out += ["", f"Worst regions, {_region_head(rep)}:", ""]
+            out += _md_table(*_region_rows(rep))
+        if rep.not_compared:
+            out += ["", f"Not compared: {rep.not_compared}."]
         out += ["", f"Smallest passing tolerance: {_smallest(rep)}.", ""]
     return "\n".join(out)
+
+
+def _region_rows(rep):
+    names = [n for n, _ in rep.worst_regions[0].values] if rep.worst_regions else []
+    head = ["result", "inputs from", "to", "exceeding", "of", "non-finite", "worst input", *names, "reference",
+            "ulps from rounded reference"]
+    rows = [[g.result, _g(g.lo), _g(g.hi), g.exceeding, g.inputs, g.nonfinite, f"{g.input:.6g}",
+             *(f"{v:.6g}" for _, v in g.values), f"{g.reference:.6g}", "NaN/inf" if g.ulps is None else f"{g.ulps:g}"]
+            for g in rep.worst_regions]
+    return head, rows
 
 
 def _svg_histogram(p, width=420, height=120) -> str:
@@ -150,6 +191,12 @@ def _svg_histogram(p, width=420, height=120) -> str:
     return f'<svg width="{width}" height="{height}" role="img" aria-label="ULP histogram">{"".join(bars)}</svg>'
 
 
+def _html_table(head, rows) -> str:
+    esc = _html.escape
+    return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+
+
 def html(reports) -> str:
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     esc = _html.escape
@@ -162,14 +209,17 @@ def html(reports) -> str:
         parts.append(f"<h2 class='{cls}'>{esc(_title(rep))}</h2>")
         for head, rows in (_pair_rows(rep), _ref_rows(rep) if rep.references else (None, None)):
             if head:
-                parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
-                             + "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-                             + "</table>")
+                parts.append(_html_table(head, rows))
         for p in rep.pairs:
             if not p.shape_mismatch:
                 parts.append(f"<p>ULP histogram, {esc(p.label)}</p>{_svg_histogram(p)}")
         if rep.references:
             parts.append(f"<p>Outlier: {esc(str(rep.outlier or 'none'))} ({esc(str(rep.outlier_why))})</p>")
+        if rep.worst_regions:
+            parts.append(f"<p>Worst regions, {esc(_region_head(rep))}</p>")
+            parts.append(_html_table(*_region_rows(rep)))
+        if rep.not_compared:
+            parts.append(f"<p class='fail'>Not compared: {esc(rep.not_compared)}</p>")
         parts.append(f"<p>Smallest passing tolerance: {esc(_smallest(rep))}</p>")
         if rep.settings:
             parts.append("<p>Settings: " + esc("; ".join(f"{k}={v}" for k, v in rep.settings.items())) + "</p>")
@@ -177,6 +227,41 @@ def html(reports) -> str:
     return "\n".join(parts)
 
 
-def to_json(reports) -> str:
+def _nonfinite(n: int, fmt: str = ", {} NaN/inf") -> str:
+    return fmt.format(n) if n else ""
+
+
+def _pairs_claim(rep) -> str:
+    if any(p.shape_mismatch for p in rep.pairs):
+        return "; ".join(f"{p.label}: {p.shape_mismatch}" for p in rep.pairs if p.shape_mismatch)
+    if rep.pairs and all(p.identical_fraction == 1 for p in rep.pairs):
+        return "bit-identical"
+    return "; ".join(f"{p.label}: {_pct(p.identical_fraction)} identical, max {p.max_ulp} ulp"
+                     + _nonfinite(p.nonfinite_mismatches) for p in rep.pairs) or "-"
+
+
+def _reference_claim(rep) -> str:
+    return "; ".join(
+        (f"{r.name} {_g(r.max_normalised)} u.cond" if r.max_normalised is not None
+         else f"{r.name} {_g(r.max_ulps_of_reference)} ulp") + _nonfinite(r.nonfinite_mismatches)
+        for r in rep.references) or "-"
+
+
+def _regions_claim(rep) -> str:
+    return "; ".join(f"{g.result}: [{_g(g.lo)}, {_g(g.hi)}] {g.exceeding}/{g.inputs}"
+                     + _nonfinite(g.nonfinite, " ({} NaN/inf)") for g in rep.worst_regions) or "-"
+
+
+def summary(reports) -> str:
+    """One markdown table of a suite, a row per case: whether it passed, how the results
+    differ pairwise, each result's largest error against the float64 reference (in
+    ULPs of the reference, or in units of u.condition where the op has a condition
+    scale), the outlier, and the worst regions. Every number comes from the reports."""
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
-    return json.dumps([r.to_dict() for r in reports], indent=1, default=str)
+    policies = sorted({r.policy for r in reports})
+    passed = sum(r.passed for r in reports)
+    head = ["case", "passed", "results against each other", "max error against float64", "outlier",
+            "worst regions (inputs from, to: exceeding/inputs)"]
+    rows = [[r.op or "-", "yes" if r.passed else "no", _pairs_claim(r), _reference_claim(r), r.outlier or "none",
+             _regions_claim(r)] for r in reports]
+    return "\n".join([f"{passed} of {len(reports)} cases pass {', '.join(policies)}.", ""] + _md_table(head, rows))

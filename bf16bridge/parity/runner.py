@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from dataclasses import replace
 
@@ -12,15 +11,33 @@ import numpy as np
 
 from .. import dtypes
 from ..convert import convert
-from . import metrics
+from . import metrics, regions
 from .compare import compare
 from .ops import OPS, Op
+from .policies import parse
 
-DEFAULT_FRAMEWORKS = ("torch", "jax", "tensorflow")
+
+def default_frameworks() -> list[str]:
+    """The registered frameworks that compute (adapter attribute ``computes``): the ones the
+    built-in ops run in. Asks each adapter, which imports its framework; one that cannot
+    be imported here is kept, so that a run asked of it reports it as not run."""
+    from .. import registry
+    from ..errors import FrameworkNotInstalledError
+
+    out = []
+    for name in registry.names():
+        try:
+            if getattr(registry.get(name), "computes", False):
+                out.append(name)
+        except FrameworkNotInstalledError:
+            out.append(name)
+    return out
 
 
 def settings(frameworks) -> dict:
-    """What changes numerics, recorded with each report."""
+    """What changes numerics, recorded with each report: the machine, and each framework's
+    own settings (its adapter's ``numerics()``), asked only of frameworks already imported."""
+    from .. import registry
     from ..capabilities import probe
 
     caps = probe()
@@ -28,32 +45,30 @@ def settings(frameworks) -> dict:
     for name in frameworks:
         fw = caps.frameworks.get(name)
         out[f"{name}_version"] = fw.version if fw else None
-    if "torch" in frameworks and "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        out["torch_threads"] = torch.get_num_threads()
-        out["torch_mkldnn"] = torch.backends.mkldnn.is_available()
-    if "jax" in frameworks and "jax" in sys.modules:
-        jax = sys.modules["jax"]
-        out["jax_default_matmul_precision"] = jax.config.jax_default_matmul_precision
-        out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
-    if "tensorflow" in frameworks and "tensorflow" in sys.modules:
-        tf = sys.modules["tensorflow"]
-        out["tf_intra_op_threads"] = tf.config.threading.get_intra_op_parallelism_threads()
-        out["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86)")
+    for name in frameworks:
+        s = registry.spec(name)
+        if (s.requires or name) in sys.modules:
+            out.update(registry.get(name).numerics())
     return out
 
 
-def run(op, inputs: dict | None = None, frameworks=DEFAULT_FRAMEWORKS, *, policy="ulp(1)", kind: str | None = None,
-        seed: int = 0, **params):
+def run(op, inputs: dict | None = None, frameworks=None, *, policy="ulp(1)", kind: str | None = None,
+        seed: int = 0, allow_missing: bool = False, **params):
     """Run ``op`` (a built-in name or an Op) in each framework on identical bf16 inputs.
 
-    Inputs are made from ``seed`` and ``kind`` (normal, wide, cancel; "all" for the
-    unary ops' exhaustive inputs) unless given as {name: bf16 numpy array}. Each
-    framework gets the same bits through the bridge; the float64 reference is
-    computed from the same bits. Returns the Report of compare(); a framework
-    that cannot run the op is recorded in ``report.settings["not run"]``.
+    ``frameworks``: names (default: every registered framework that computes, see
+    default_frameworks()). Inputs are made from ``seed`` and ``kind`` (normal, wide,
+    cancel, ties; "all" for the unary ops' exhaustive inputs) unless given as {name: bf16
+    numpy array}. Each framework gets the same bits through the bridge; the float64
+    reference is computed from the same bits. Returns the Report of compare(). A framework
+    that cannot run the op is recorded in ``report.settings["not run"]`` and fails the
+    report unless ``allow_missing=True``. Ops run over every input value also get
+    ``report.worst_regions``.
     """
+    from .. import registry
+
     o: Op = OPS[op] if isinstance(op, str) else op
+    frameworks = [registry.resolve(f) for f in (default_frameworks() if frameworks is None else frameworks)]
     p = {**o.params, **params}
     kind = kind or o.kinds[0]
     if inputs is None:
@@ -73,28 +88,42 @@ def run(op, inputs: dict | None = None, frameworks=DEFAULT_FRAMEWORKS, *, policy
             y = fn(**args, **p)
             results[fw] = np.array(convert(y, "numpy"))  # own the memory: the framework may reuse its buffer
         except Exception as err:  # noqa: BLE001 - a framework that cannot run the op is reported, not fatal
-            failed[fw] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            failed[fw] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
     label = o.name + "".join(f" {k}={v}" for k, v in params.items()) + f" [{kind}]"
     s = settings(frameworks)
     if failed:
         s["not run"] = failed
-    rep = compare(results, reference=ref, condition=cond, policy=policy, op=label, settings=s)
     data = {"results": {k: _pack(v) for k, v in results.items()}, "reference": _pack(ref),
             "condition": _pack(cond) if cond is not None else None}
-    return replace(rep, data=data)
+    if kind == "all" and len(inputs) == 1:  # every input value: say where the errors live
+        data["input"] = _pack(next(iter(inputs.values())))
+    return _judge(results, data, policy, label, s, allow_missing)
+
+
+def _judge(results, data, policy, label, s, allow_missing):
+    ref = _unpack(data["reference"])
+    cond = _unpack(data["condition"]) if data.get("condition") else None
+    rep = compare(results, reference=ref, condition=cond, policy=policy, op=label, settings=s,
+                  not_run=s.get("not run"), allow_missing=allow_missing)
+    found = ()
+    if data.get("input"):
+        found = regions.find(_unpack(data["input"]), results, ref, parse(policy))
+    return replace(rep, data=data, worst_regions=found)
 
 
 #: matmul's sweep over the inner dimension K
 MATMUL_K = (16, 256, 4096)
 
 
-def suite(frameworks=DEFAULT_FRAMEWORKS, *, ops=None, policy="ulp(1)", seed=0, params: dict | None = None) -> list:
+def suite(frameworks=None, *, ops=None, policy="ulp(1)", seed=0, params: dict | None = None,
+          allow_missing: bool = False) -> list:
     """The built-in cases: every op with each of its input kinds, and matmul over a sweep of K.
 
     ``params`` (e.g. {"k": 1024, "rows": 128}) set the sizes of the ops that have them;
     a given "k" replaces matmul's sweep.
     """
     params = params or {}
+    frameworks = default_frameworks() if frameworks is None else frameworks
     reports = []
     for name in ops or OPS:
         if name not in OPS:
@@ -104,7 +133,8 @@ def suite(frameworks=DEFAULT_FRAMEWORKS, *, ops=None, policy="ulp(1)", seed=0, p
         sweep = [{"k": k} for k in MATMUL_K] if name == "matmul" and "k" not in own else [{}]
         for extra in sweep:
             for kind in o.kinds:
-                reports.append(run(o, frameworks=frameworks, policy=policy, kind=kind, seed=seed, **own, **extra))
+                reports.append(run(o, frameworks=frameworks, policy=policy, kind=kind, seed=seed,
+                                   allow_missing=allow_missing, **own, **extra))
     return reports
 
 
@@ -118,12 +148,6 @@ def _unpack(d: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["bits"]), dtype=dt).reshape(d["shape"]).copy()
 
 
-def save(reports, path) -> None:
-    """Reports with the results they judged, as JSON that recheck() can read."""
-    with open(path, "w") as f:
-        f.write(dumps(reports))
-
-
 def dumps(reports) -> str:
     out = []
     for r in reports:
@@ -133,7 +157,7 @@ def dumps(reports) -> str:
     return json.dumps(out, indent=1, default=str)
 
 
-def recheck(path, policy):
+def recheck(path, policy, *, allow_missing: bool = False):
     """Judge saved results again under another policy, running nothing."""
     with open(path) as f:
         saved = json.load(f)
@@ -143,8 +167,5 @@ def recheck(path, policy):
         if not data:
             raise ValueError(f"{path}: a report without its results ({d.get('op')}); save with --format json")
         results = {k: _unpack(v) for k, v in data["results"].items()}
-        cond = _unpack(data["condition"]) if data.get("condition") else None
-        rep = compare(results, reference=_unpack(data["reference"]), condition=cond, policy=policy,
-                      op=d.get("op"), settings=d.get("settings", {}))
-        reports.append(replace(rep, data=data))
+        reports.append(_judge(results, data, policy, d.get("op"), d.get("settings", {}), allow_missing))
     return reports

@@ -1,0 +1,123 @@
+"""Where the disagreements live: for an op run over every input value, the input
+intervals in which a result's error against the reference exceeds the policy.
+
+Each result is judged element by element against the float64 reference rounded to
+the result's dtype (the correctly rounded answer), under the report's policy:
+
+- ``exact``: any bit differs; ``ulp(n)``: more than n ULPs apart (and -0 against +0
+  with ``signed_zeros``); ``allclose(rtol, atol)``: |x - ref| > atol + rtol |ref|;
+  ``reference(k)``: more than k ULPs apart (k rounded down);
+- under every policy, NaN or infinity where the rounded reference has none (or the reverse).
+
+Inputs are ordered by value and grouped by binade (sign and exponent, subnormals and
+zero one group per sign); a region is a run of neighbouring binades each holding an
+input that exceeds. Its interval spans the exceeding inputs; its representative is
+the worst of them (non-finite first, then the largest ULP distance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import metrics
+from .policies import Policy
+
+#: regions kept per result (the largest; the rest are counted in ``regions_total``)
+K_REGIONS = 6
+
+
+@dataclass(frozen=True)
+class Region:
+    """An input interval where one result's error against the reference exceeds the policy."""
+
+    result: str
+    lo: float  # the interval of inputs, lowest and highest that exceed
+    hi: float
+    exceeding: int  # inputs in [lo, hi] whose result exceeds the policy
+    inputs: int  # inputs in [lo, hi]
+    input: float  # the representative input: the worst in the interval
+    values: tuple  # ((name, value), ...): every result at that input
+    reference: float  # the float64 reference at that input
+    ulps: float | None  # the result's distance there from the rounded reference; None: NaN/inf mismatch
+    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only
+    regions_total: int  # regions of this result, shown or not
+
+
+def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per element of ``x``: whether it exceeds ``pol`` against ``held`` (the reference in x's
+    dtype), whether that is a NaN/inf mismatch, and the ULP distance (inf where non-finite)."""
+    cx, ch = metrics.classify(x), metrics.classify(held)
+    bx, bh = metrics.bits(x).reshape(-1), metrics.bits(held).reshape(-1)
+    fx, fh = cx["finite"].reshape(-1), ch["finite"].reshape(-1)
+    inf_x, inf_h = cx["inf"].reshape(-1), ch["inf"].reshape(-1)
+    nonfinite = (cx["nan"] != ch["nan"]).reshape(-1) | (inf_x != inf_h) | (inf_x & inf_h & (bx != bh))
+    both = fx & fh
+    d = np.where(both, metrics.ulp_distance(x, held).reshape(-1).astype(np.float64), 0.0)
+    if pol.kind == "exact":
+        bad = both & (bx != bh)
+    elif pol.kind == "allclose":
+        vx, vh = metrics.to_float64(x).reshape(-1), metrics.to_float64(held).reshape(-1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            bad = both & ~(np.abs(vx - vh) <= pol.atol + pol.rtol * np.abs(vh))
+    else:  # ulp(n); reference(k) judges k ULPs per element
+        bad = both & (d > np.floor(pol.n))
+        if pol.signed_zeros:
+            bad |= both & (cx["zero"] & ch["zero"] & (cx["negzero"] != ch["negzero"])).reshape(-1)
+    d = np.where(nonfinite, np.inf, d)
+    return bad | nonfinite, nonfinite, d
+
+
+def _binade(x: np.ndarray) -> np.ndarray:
+    """A key per input that is equal within a binade and ordered as the values are."""
+    o = metrics.ordered(x)  # signed magnitude order of the bit patterns
+    kind = metrics.kind_of(x)
+    shift = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}[kind]
+    mag = np.abs(o) >> shift  # the exponent field (0: zero and subnormals)
+    return np.where(o < 0, -mag - 1, mag)  # negatives below positives, -0 with +0's group
+
+
+def find(x: np.ndarray, results: dict, reference: np.ndarray, pol: Policy, k: int = K_REGIONS) -> tuple:
+    """The regions of every result in ``results`` ({name: array shaped like x}), judged against
+    ``reference`` (float64) under ``pol``. ``x``: the input each element was computed from."""
+    x = np.asarray(x).reshape(-1)
+    ref = np.asarray(reference, dtype=np.float64).reshape(-1)
+    order = np.argsort(metrics.to_float64(x), kind="stable")
+    xs = metrics.to_float64(x)[order]
+    keys = _binade(x)[order]
+    wide = {n: metrics.to_float64(np.asarray(v)).reshape(-1)[order] for n, v in results.items()}
+    out = []
+    for name, r in results.items():
+        r = np.asarray(r).reshape(-1)
+        if r.size != x.size:
+            continue
+        held = metrics.round_to(ref, r.dtype).astype(r.dtype)
+        bad, nonfinite, dist = (a[order] for a in exceeds(pol, r, held))
+        if not bad.any():
+            continue
+        # runs of neighbouring binades that each hold an exceeding input
+        ukeys, first = np.unique(keys, return_index=True)
+        has_bad = np.logical_or.reduceat(bad, first)
+        runs, start = [], None
+        for i, flag in enumerate(has_bad):
+            if flag and start is None:
+                start = i
+            if start is not None and (not flag or i == len(has_bad) - 1):
+                runs.append((start, i if flag else i - 1))
+                start = None
+        found = []
+        for a, b in runs:
+            lo_i = first[a]
+            hi_i = first[b + 1] if b + 1 < len(first) else len(xs)
+            idx = np.flatnonzero(bad[lo_i:hi_i]) + lo_i
+            worst = int(idx[np.argmax(dist[idx])])
+            j = int(order[worst])
+            found.append(Region(
+                name, float(xs[idx[0]]), float(xs[idx[-1]]), int(idx.size), int(idx[-1] - idx[0] + 1),
+                float(xs[worst]), tuple((n, float(v[worst])) for n, v in wide.items()), float(ref[j]),
+                None if nonfinite[worst] else float(dist[worst]), int(np.count_nonzero(nonfinite[idx])), len(runs),
+            ))
+        found.sort(key=lambda g: (g.nonfinite > 0, g.exceeding, g.ulps or 0.0), reverse=True)
+        out += sorted(found[:k], key=lambda g: g.lo)
+    return tuple(out)
