@@ -256,17 +256,20 @@ def test_cli_json_then_recheck_under_other_policies(tmp_path):
     assert out.returncode == (0 if all(d["passed"] for d in saved) else 1)
     n = max(d["smallest"]["ulp"] for d in saved)
     assert _cli("--recheck", str(path), "--policy", f"ulp({n})").returncode == 0
-    if n > 0:
-        bad = _cli("--recheck", str(path), "--policy", f"ulp({n - 1})")
-        assert bad.returncode == 1 and "FAILED" in bad.stdout
+    assert n > 0, "jax's softmax differs from the others here (docs/parity.md): a recheck needs a gap to close"
+    bad = _cli("--recheck", str(path), "--policy", f"ulp({n - 1})")
+    assert bad.returncode == 1 and "FAILED" in bad.stdout
 
 
 def test_cli_html_and_markdown(tmp_path):
+    # sums agree bit for bit here (docs/parity.md); exp does not (XLA and tensorflow flush subnormals)
     out = _cli("--ops", "sum", "--set", "cols=64", "--format", "html", "--output", str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
-    assert "<svg" in page and "ULP histogram" in page and out.returncode in (0, 1)
-    md = _cli("--ops", "exp", "--format", "markdown").stdout
-    assert "| pair | 0 | 1 | 2 | 3 | 4-7 |" in md
+    assert "<svg" in page and "ULP histogram" in page
+    assert out.returncode == 0 and page.count("PASSED") == 3 and "FAILED" not in page
+    md = _cli("--ops", "exp", "--format", "markdown")
+    assert md.returncode == 1 and "FAILED" in md.stdout
+    assert "| pair | 0 | 1 | 2 | 3 | 4-7 |" in md.stdout and "Worst regions" in md.stdout
 
 
 # -- nothing compared never passes silently ------------------------------------------
