@@ -29,15 +29,16 @@ from .errors import (
 from .registry import framework_of, register_adapter
 
 if TYPE_CHECKING:
-    from . import capabilities, kernels, parity, plans, routes
+    from . import capabilities, functions, kernels, parity, plans, routes
     from .capabilities import Capabilities, Decision, probe
+    from .functions import BridgedFunction, bridge
     from .plans import Plan, Step
 
 #: submodules loaded on first use (they import more, or are rarely needed)
-_SUBMODULES = ("adapters", "capabilities", "cli", "demo", "dtypes", "errors", "kernels", "parity", "plans",
-               "registry", "routes", "workarounds")
+_SUBMODULES = ("adapters", "capabilities", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
+               "plans", "registry", "routes", "trees", "workarounds")
 #: names that live in a lazily loaded submodule
-_LAZY = {"probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
+_LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
          "Plan": "plans", "Step": "plans"}
 
 
@@ -64,6 +65,6 @@ __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CopyRequiredError", "CopyTooLargeError",
     "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
     "Step", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
-    "aligned_empty", "convert", "convert_tree", "framework_of", "plan", "probe", "register_adapter", "to_jax",
+    "BridgedFunction", "aligned_empty", "bridge", "convert", "convert_tree", "framework_of", "plan", "probe", "register_adapter", "to_jax",
     "to_numpy", "to_tensorflow", "to_torch",
 ]

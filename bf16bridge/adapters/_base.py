@@ -198,3 +198,27 @@ class Adapter:
         """The framework's settings that change bf16 results (threads, precision flags),
         recorded with each parity report; asked only once the framework is imported."""
         return {}
+
+    # -- functions across frameworks, for bf16bridge.functions (bb.bridge) ------------------------
+    #: has autodiff: gradients of bridged functions flow through it
+    differentiates: ClassVar[bool] = False
+
+    def shape_dtype(self, x) -> tuple[tuple, str]:
+        """A tensor's (shape, bridge dtype name), traced values too: reads no data."""
+        return tuple(x.shape), dtypes.name_of_numpy(x.dtype) or str(x.dtype)
+
+    def differentiable(self, x) -> bool:
+        """Caller side: whether this input leaf's gradient is wanted (default: never)."""
+        return False
+
+    def call_foreign(self, call, leaves: list) -> list:
+        """Caller side: run a ``functions.ForeignCall`` on this framework's input leaves so that
+        this framework's autodiff reaches its backward; the output leaves, as this
+        framework's tensors. Default (no autodiff): the forward alone."""
+        return call.forward(leaves, False, self.name)[0]
+
+    def vjp(self, fn, leaves: list, diff: list):
+        """Callee side: ``fn(*leaves)`` (a list of output tensors) with this framework's own
+        autodiff; returns (outputs, pullback) where ``pullback(cotangents)`` (one per output,
+        None for none) gives one gradient per input leaf, None where ``diff`` is False."""
+        raise NotImplementedError(f"{self.name} has no autodiff")

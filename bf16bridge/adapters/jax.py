@@ -5,6 +5,8 @@ from numpy through ``jax.device_put``."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -146,6 +148,87 @@ class JaxAdapter(Adapter):
 
         return {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
                 "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+
+    # -- functions across frameworks -----------------------------------------------
+    differentiates = True
+
+    def differentiable(self, x):
+        # concrete arrays have no transformation watching them; tracers of inexact dtype may
+        return isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+    def call_foreign(self, call, leaves):
+        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return call.forward(leaves, False, self.name)[0]
+        # Under a transformation (grad, jit, ...) the callee runs in a callback when jax runs
+        # the computation; results are declared first, and the backward recomputes the forward
+        # (a callback cannot hand a Python object to the next one).
+        out_avals = [jax.ShapeDtypeStruct(s, dtypes.numpy_dtype(d)) for s, d in call.specs(leaves, self.shape_dtype)]
+        in_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+        wanted = [i for i, d in enumerate(call.diff) if d]
+        inexact = [i for i, a in enumerate(out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
+        callback = functools.partial(_callback, call.vmap_method)
+
+        def fwd_cb(*xs):
+            return call.forward(list(xs), False, "numpy")[0]
+
+        @jax.custom_vjp
+        def f(*xs):
+            return callback(fwd_cb, out_avals, *xs)
+
+        def f_fwd(*xs):
+            return f(*xs), xs
+
+        def f_bwd(xs, cts):
+            n = len(xs)
+
+            def bwd_cb(*a):
+                given = dict(zip(inexact, a[n:]))
+                grads = call.recompute_backward(list(a[:n]), [given.get(i) for i in range(len(out_avals))], "numpy")
+                return [np.zeros(in_avals[i].shape, in_avals[i].dtype) if grads[i] is None else grads[i]
+                        for i in wanted]
+
+            got = callback(bwd_cb, [in_avals[i] for i in wanted], *xs, *[cts[i] for i in inexact]) if wanted else []
+            full: list = [None] * n
+            for i, g in zip(wanted, got):
+                full[i] = g
+            return tuple(full)
+
+        f.defvjp(f_fwd, f_bwd)
+        return list(f(*leaves))
+
+    def vjp(self, fn, leaves, diff):
+        wanted = [i for i, d in enumerate(diff) if d]
+
+        def g(*chosen):
+            full = list(leaves)
+            for i, v in zip(wanted, chosen):
+                full[i] = v
+            return fn(*full)
+
+        outs, vjp_fn = jax.vjp(g, *[leaves[i] for i in wanted])
+
+        def pullback(cts):
+            cts = [c if c is not None else
+                   (jnp.zeros_like(o) if jnp.issubdtype(o.dtype, jnp.inexact) else np.zeros(o.shape, jax.dtypes.float0))
+                   for o, c in zip(outs, cts)]
+            grads = iter(vjp_fn(list(cts)))
+            return [next(grads) if d else None for d in diff]
+
+        return outs, pullback
+
+
+def _callback(vmap_method, fn, avals, *args):
+    kw = {} if vmap_method is None else {"vmap_method": vmap_method}
+    try:
+        return jax.pure_callback(fn, avals, *args, **kw)
+    except NotImplementedError as err:
+        if "vmap" not in str(err):
+            raise
+        raise UnsupportedTypeError(
+            "a bridged function called from jax under vmap needs a batching rule: "
+            "bb.bridge(..., vmap_method='sequential') runs it once per batch element "
+            "(see jax.pure_callback's vmap_method)"
+        ) from err
 
 
 ADAPTER = JaxAdapter()

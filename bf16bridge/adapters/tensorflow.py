@@ -100,7 +100,7 @@ class TensorflowAdapter(Adapter):
     label_copy = "copy into a new aligned tensor"
 
     def describe(self, x, *, alignment: bool = True) -> Source:
-        notes = ()
+        notes: tuple[str, ...] = ()
         if isinstance(x, tf.Variable):
             x = x.read_value()
             notes = ("a tf.Variable crosses as its current value (later assignments do not show)",)
@@ -157,7 +157,7 @@ class TensorflowAdapter(Adapter):
             return tf.raw_ops.DeepCopy(x=x)
 
     def devices(self):
-        out = []
+        out: list[tuple[str, bool | None, str]] = []
         for i, gpu in enumerate(tf.config.list_physical_devices("GPU")):
             cap = tf.config.experimental.get_device_details(gpu).get("compute_capability")
             if cap is None:
@@ -177,6 +177,90 @@ class TensorflowAdapter(Adapter):
 
         return {"tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                 "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86)")}
+
+    # -- functions across frameworks -----------------------------------------------
+    differentiates = True
+
+    def shape_dtype(self, x):
+        return tuple(x.shape), _name(x.dtype) or x.dtype.name
+
+    def differentiable(self, x):
+        # eagerly, only a tape that watches it wants its gradient; in a graph, any may
+        return (x.dtype.is_floating or x.dtype.is_complex) and (not tf.executing_eagerly() or _recording([x]))
+
+    def call_foreign(self, call, leaves):
+        # a variable is read here, under the caller's tape, so its gradient flows through the read
+        leaves = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
+        if tf.executing_eagerly():
+            if not any(call.diff):
+                return call.forward(leaves, False, self.name)[0]
+
+            @tf.custom_gradient
+            def eager(*xs):
+                outs, pullback = call.forward(list(xs), True, "tensorflow")
+                return outs, lambda *cts: call.backward(pullback, list(cts), "tensorflow")
+
+            return list(eager(*leaves))
+        # inside tf.function: the callee runs when the graph runs, through py_function;
+        # results are declared first, and the backward recomputes the forward
+        specs = call.specs(leaves, _static_shape_dtype)
+        n = len(leaves)
+
+        @tf.custom_gradient
+        def graph(*xs):
+            outs = tf.py_function(lambda *a: call.forward(list(a), False, "tensorflow")[0], list(xs),
+                                  Tout=[_tf_dtype(d) for _, d in specs])
+            for o, (shape, _) in zip(outs, specs):
+                o.set_shape(shape)
+
+            def grad(*cts):
+                def back(*a):
+                    grads = call.recompute_backward(list(a[:n]), list(a[n:]), "tensorflow")
+                    return [tf.zeros_like(x) if g is None else g for x, g in zip(a[:n], grads)]
+
+                gs = tf.py_function(back, [*xs, *cts], Tout=[x.dtype for x in xs])
+                return [g if d else None for g, d in zip(gs, call.diff)]
+
+            return outs, grad
+
+        return list(graph(*leaves))
+
+    def vjp(self, fn, leaves, diff):
+        with tf.GradientTape() as tape:
+            for x, d in zip(leaves, diff):
+                if d:
+                    tape.watch(x)
+            outs = fn(*leaves)
+
+        def pullback(cts):
+            pairs = [(o, c) for o, c in zip(outs, cts) if c is not None and (o.dtype.is_floating or o.dtype.is_complex)]
+            wrt = [x for x, d in zip(leaves, diff) if d]
+            grads = iter(tape.gradient([o for o, _ in pairs], wrt, output_gradients=[c for _, c in pairs])
+                         if pairs else [None] * len(wrt))
+            return [next(grads) if d else None for d in diff]
+
+        return outs, pullback
+
+
+def _recording(leaves) -> bool:
+    """Whether a gradient tape watches any of ``leaves`` (no tape: no custom gradient needed)."""
+    try:
+        from tensorflow.python.eager import record
+    except ImportError:  # pragma: no cover - a tensorflow without it: assume a tape
+        return True
+    # a tf.Variable is read under the tape by call_foreign: ask about what will be read
+    return bool(record.should_record_backprop([tf.identity(x) if isinstance(x, tf.Variable) else x
+                                               for x in leaves]))
+
+
+def _static_shape_dtype(x):
+    shape = tuple(x.shape)
+    if any(d is None for d in shape):
+        raise UnsupportedTypeError(
+            f"inside tf.function a bridged function needs static shapes; got {x.shape}: give the "
+            "tf.function an input_signature with full shapes, or call it eagerly"
+        )
+    return shape, _name(x.dtype) or x.dtype.name
 
 
 ADAPTER = TensorflowAdapter()

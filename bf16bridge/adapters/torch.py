@@ -134,5 +134,49 @@ class TorchAdapter(Adapter):
     def numerics(self):
         return {"torch_threads": torch.get_num_threads(), "torch_mkldnn": torch.backends.mkldnn.is_available()}
 
+    # -- functions across frameworks -----------------------------------------------
+    differentiates = True
+
+    def shape_dtype(self, x):
+        return tuple(x.shape), _FROM_TORCH.get(x.dtype, str(x.dtype))
+
+    def differentiable(self, x):
+        return x.requires_grad and torch.is_grad_enabled()
+
+    def call_foreign(self, call, leaves):
+        if not any(call.diff):
+            return call.forward(leaves, False, self.name)[0]
+        return list(_Foreign.apply(call, *leaves))
+
+    def vjp(self, fn, leaves, diff):
+        ins = [x.detach().requires_grad_() if d else x for x, d in zip(leaves, diff)]
+        with torch.enable_grad():
+            outs = fn(*ins)
+
+        def pullback(cts):
+            pairs = [(o, c) for o, c in zip(outs, cts) if c is not None and o.requires_grad]
+            wrt = [x for x, d in zip(ins, diff) if d]
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True)
+                         if pairs else [None] * len(wrt))
+            return [next(grads) if d else None for d in diff]
+
+        return outs, pullback
+
+
+class _Foreign(torch.autograd.Function):
+    """A bridged function's call as one torch op: its backward is the callee's vjp."""
+
+    @staticmethod
+    def forward(ctx, call, *xs):
+        outs, pullback = call.forward(list(xs), True, "torch")
+        ctx.call, ctx.pullback = call, pullback
+        ctx.set_materialize_grads(False)  # an unused output's cotangent stays None: nothing to convert
+        ctx.mark_non_differentiable(*[o for o in outs if not (o.is_floating_point() or o.is_complex())])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *cts):
+        return (None, *ctx.call.backward(ctx.pullback, list(cts), "torch"))
+
 
 ADAPTER = TorchAdapter()

@@ -1,0 +1,205 @@
+"""Functions across frameworks (``bb.bridge``): ``bb.bridge("jax")(fn)`` runs a jax function on torch,
+tensorflow or numpy tensors, gradients included.
+
+The call machinery lives here and names no framework. A call:
+
+1. flattens the arguments (``trees.flatten``): the tensor leaves must share one
+   framework, the caller's; everything else passes through unchanged;
+2. converts each leaf to the callee's framework (zero-copy where the bridge can);
+3. runs the function (with the callee's own vjp when a gradient is wanted:
+   ``Adapter.vjp``);
+4. converts the result's leaves back to the caller's framework.
+
+How the caller's autodiff takes a foreign backward is the caller adapter's
+``call_foreign`` (torch: an ``autograd.Function``; jax: ``custom_vjp`` around
+``pure_callback``, which also works under ``jit``; tensorflow: ``custom_gradient``,
+around ``py_function`` inside ``tf.function``). A backward converts the incoming
+cotangents to the callee, runs the callee's pullback and converts the gradients
+back: each gradient is the callee's own vector-Jacobian product, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from . import registry, trees
+from .convert import Fallback, convert
+from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
+
+__all__ = ["bridge", "BridgedFunction", "ForeignCall"]
+
+
+class ForeignCall:
+    """One call of a bridged function, as the caller's adapter sees it.
+
+    ``forward(leaves, want_vjp, to)`` runs the callee on the input leaves (tensors of
+    any framework: the caller's, or numpy inside a jax callback) and returns the
+    output leaves as tensors of framework ``to``, with a handle for ``backward``.
+    ``backward(handle, cotangents, to)`` returns one gradient per input leaf (None
+    where there is none) as tensors of ``to``. ``recompute_backward`` does both for
+    callers that cannot keep a Python handle between forward and backward (jax,
+    tensorflow graphs): the forward runs again, with the callee's vjp.
+    """
+
+    __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
+                 "vmap_method")
+
+    def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method):
+        self.fn = fn
+        self.callee = callee
+        self.skeleton = skeleton  # (args, kwargs) with the tensor leaves taken out
+        self.diff = diff  # per input leaf: does the caller want its gradient?
+        self.copy_inputs = copy_inputs
+        self.fallback = fallback
+        self.vmap_method = vmap_method
+        self.out_skeleton: Any = None  # the result's tree, leaves taken out, once known
+        self.out_specs: list | None = None  # [(shape, dtype name)] of the output leaves, once known
+
+    # -- the pieces every caller hook uses -----------------------------------------------
+    def _inputs(self, leaves):
+        copy = True if self.copy_inputs else None
+        return [convert(x, self.callee, copy=copy, fallback=self.fallback, on_alias="allow", on_grad="drop")
+                for x in leaves]
+
+    def _flat_fn(self, *callee_leaves):
+        args, kwargs = trees.fill(self.skeleton, callee_leaves)
+        out = self.fn(*args, **kwargs)
+        out_leaves, self.out_skeleton = trees.flatten(out)
+        for x in out_leaves:
+            if registry.framework_of(x) != self.callee:
+                raise UnsupportedTypeError(
+                    f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
+                    f"return {self.callee} tensors (the bridge converts them for the caller)"
+                )
+        return out_leaves
+
+    def _outputs(self, out_leaves, to):
+        return [convert(y, to, fallback=self.fallback, on_alias="allow", on_grad="drop") for y in out_leaves]
+
+    def forward(self, leaves, want_vjp: bool, to: str):
+        callee_leaves = self._inputs(leaves)
+        if want_vjp and any(self.diff):
+            out_leaves, pullback = registry.get(self.callee).vjp(self._flat_fn, callee_leaves, self.diff)
+        else:
+            out_leaves, pullback = self._flat_fn(*callee_leaves), None
+        outs = self._outputs(out_leaves, to)
+        if self.out_specs is None:
+            self.out_specs = [registry.get(to).shape_dtype(y) for y in outs]
+        return outs, pullback
+
+    def backward(self, pullback, cotangents, to: str):
+        if pullback is None:
+            return [None] * len(self.diff)
+        cts = [None if c is None else convert(c, self.callee, fallback=self.fallback, on_alias="allow")
+               for c in cotangents]
+        grads = pullback(cts)
+        return [None if g is None else convert(g, to, fallback=self.fallback, on_alias="allow", on_grad="drop")
+                for g in grads]
+
+    def recompute_backward(self, leaves, cotangents, to: str):
+        _, pullback = self.forward(leaves, True, to)
+        return self.backward(pullback, cotangents, to)
+
+    def specs(self, leaves, shapes_dtypes: Callable[[Any], tuple]) -> list:
+        """The output leaves' (shape, dtype name), found by one call on zeros of the inputs'
+        shapes and dtypes (for callers that must declare results before running: jax under
+        transformations, tensorflow graphs)."""
+        if self.out_specs is None:
+            from . import dtypes
+
+            import numpy as np
+
+            zeros = []
+            for x in leaves:
+                shape, dtype = shapes_dtypes(x)
+                zeros.append(np.zeros(shape, dtypes.numpy_dtype(dtype)))
+            self.forward(zeros, False, "numpy")
+        assert self.out_specs is not None
+        return self.out_specs
+
+
+class BridgedFunction:
+    """A function of one framework, callable with the tensors of any other."""
+
+    def __init__(self, fn, callee: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
+                 vmap_method: str | None = None):
+        self.fn = fn
+        self.callee = registry.resolve(callee)
+        self.copy_inputs = copy_inputs
+        self.fallback = fallback
+        self.vmap_method = vmap_method
+        self._specs: dict = {}  # output specs by input signature, for declared-shape callers
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+    def __call__(self, *args, **kwargs):
+        leaves, skeleton = trees.flatten((args, kwargs))
+        caller = _caller_of(leaves, self.fn)
+        if caller is None or caller == self.callee:
+            return self.fn(*args, **kwargs)
+        adapter = registry.get(caller)
+        diff = [adapter.differentiable(x) for x in leaves]
+        callee = registry.get(self.callee)
+        if any(diff) and not callee.differentiates:
+            warnings.warn(
+                f"{self.callee} has no autodiff: the {caller} inputs' gradients stop at this bridged "
+                f"function ({self!r}); compute the function in a framework with autodiff to train through it",
+                Bf16BridgeWarning, stacklevel=2)
+            diff = [False] * len(leaves)
+        call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method)
+        # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
+        # anything runs: they are found by one call on zeros and kept per input signature
+        # (the arguments' structure, non-tensor values, and each leaf's shape and dtype).
+        sig = trees.key(skeleton)
+        if sig is not None:
+            sig = (sig, tuple(adapter.shape_dtype(x) for x in leaves))
+            call.out_specs, call.out_skeleton = self._specs.get(sig, (None, None))
+        outs = adapter.call_foreign(call, leaves)
+        if call.out_skeleton is None:  # nothing ran yet (a traced call) and nothing was kept
+            call.specs(leaves, adapter.shape_dtype)
+        if sig is not None and sig not in self._specs:
+            with self._lock:
+                self._specs[sig] = (call.out_specs, call.out_skeleton)
+        return trees.fill(call.out_skeleton, list(outs))
+
+
+def _caller_of(leaves, fn) -> str | None:
+    names = {registry.framework_of(x) for x in leaves}
+    if len(names) > 1:
+        raise InvalidArgumentError(
+            f"the tensors passed to bridged function {getattr(fn, '__qualname__', fn)!r} come from "
+            f"{', '.join(sorted(names))}: a call takes one framework's tensors; convert them first "
+            "(bb.convert_tree(args, to=...))"
+        )
+    return names.pop() if names else None
+
+
+def bridge(framework: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
+           vmap_method: str | None = None) -> Callable[[Callable], BridgedFunction]:
+    """Declare the framework a function is written in, so tensors of any other can call it.
+
+    ``@bb.bridge("jax")`` over a jax function (jit-compiled or not) makes it callable with
+    torch, tensorflow or numpy tensors: they are converted zero-copy where the bridge can,
+    the function runs in jax, its results come back in the caller's framework, and the
+    caller's autodiff (torch autograd, ``jax.grad``, ``tf.GradientTape``) reaches the
+    callee's own vjp. Arguments and results are trees; non-tensor arguments pass through.
+
+    ``copy_inputs=True``: the callee gets copies, for functions that write into their
+    inputs (by default inputs are zero-copy views of the caller's tensors).
+    ``fallback``: as in ``convert``, for a dtype one side cannot hold.
+    ``vmap_method``: a jax caller under ``vmap`` needs one (``"sequential"``, ...; see
+    ``jax.pure_callback``); without it, vmap is refused.
+    """
+    resolved = registry.resolve(framework)
+
+    def wrap(fn: Callable) -> BridgedFunction:
+        return BridgedFunction(fn, resolved, copy_inputs=copy_inputs, fallback=fallback, vmap_method=vmap_method)
+
+    return wrap

@@ -1,0 +1,302 @@
+"""Bridged functions: a function of one framework called with another's tensors,
+forward bit for bit against the callee run directly, gradients bit for bit against
+the callee's own vector-Jacobian product, in every direction."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import BF16, FRAMEWORKS, bits, make, type_framework
+
+AUTODIFF = ("torch", "jax", "tensorflow")
+
+
+def _data(shape, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 0.5).astype(np.float32).astype(BF16)
+
+
+def _elementwise(x, y, scale, *, shift):
+    """Written once: +, * and a Python float mean the same in all four frameworks."""
+    return {"sum": x + y, "pair": Out(x * y * scale, "tag"), "shift": shift}
+
+
+Out = collections.namedtuple("Out", "prod label")
+
+
+# -- forward, every ordered pair (numpy too) ------------------------------------------------
+
+
+@pytest.mark.parametrize("caller", FRAMEWORKS)
+@pytest.mark.parametrize("callee", FRAMEWORKS)
+def test_forward_equals_the_callee_run_directly(caller, callee):
+    a, b = _data((3, 5), 1), _data((3, 5), 2)
+    fn = bb.bridge(callee)(_elementwise)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a forward call says nothing
+        got = fn(make(caller, a), make(caller, b), 2.0, shift=7)
+    want = _elementwise(make(callee, a), make(callee, b), 2.0, shift=7)
+    assert got["shift"] == 7 and got["pair"].label == "tag" and type(got["pair"]) is Out
+    for g, w in ((got["sum"], want["sum"]), (got["pair"].prod, want["pair"].prod)):
+        assert type_framework(g) == caller
+        np.testing.assert_array_equal(bits(g), bits(w))
+
+
+# -- gradients, six directions ---------------------------------------------------------------
+
+
+def _layer(callee):
+    """tanh(x @ w) in the callee's own API."""
+    if callee == "torch":
+        import torch
+
+        return lambda w, x: torch.tanh(x @ w)
+    if callee == "jax":
+        import jax.numpy as jnp
+
+        return lambda w, x: jnp.tanh(x @ w)
+    import tensorflow as tf
+
+    return lambda w, x: tf.tanh(tf.matmul(x, w))
+
+
+def _callee_vjp(callee, w, x, ct):
+    """The callee framework's own vjp of _layer at (w, x) with cotangent ct: (dw, dx)."""
+    f = _layer(callee)
+    W, X, C = (make(callee, v) for v in (w, x, ct))
+    if callee == "torch":
+        import torch
+
+        W.requires_grad_(), X.requires_grad_()
+        return torch.autograd.grad(f(W, X), (W, X), C)
+    if callee == "jax":
+        import jax
+
+        _, pullback = jax.vjp(f, W, X)
+        return pullback(C)
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        tape.watch([W, X])
+        y = f(W, X)
+    return tape.gradient(y, [W, X], output_gradients=C)
+
+
+def _caller_grads(caller, fn, w, x, ct, *, x_grad=True):
+    """d/d(w, x) of sum(fn(w, x) * ct) in the caller's autodiff: the cotangent reaching fn is ct."""
+    W, X, C = (make(caller, v) for v in (w, x, ct))
+    if caller == "torch":
+        W.requires_grad_()
+        X.requires_grad_(x_grad)
+        (fn(W, X) * C).sum().backward()
+        return W.grad, X.grad
+    if caller == "jax":
+        import jax
+
+        return jax.grad(lambda W, X: (fn(W, X) * C).sum(), argnums=(0, 1) if x_grad else 0)(W, X)
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        tape.watch([W, X] if x_grad else [W])
+        loss = tf.reduce_sum(fn(W, X) * C)
+    return tape.gradient(loss, [W, X] if x_grad else W)
+
+
+@pytest.mark.parametrize("caller", AUTODIFF)
+@pytest.mark.parametrize("callee", AUTODIFF)
+def test_gradients_equal_the_callees_own_vjp(caller, callee):
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    fn = bb.bridge(callee)(_layer(callee))
+    dw, dx = _caller_grads(caller, fn, w, x, ct)
+    want_dw, want_dx = _callee_vjp(callee, w, x, ct)
+    assert type_framework(dw) == caller and type_framework(dx) == caller
+    np.testing.assert_array_equal(bits(dw), bits(want_dw))
+    np.testing.assert_array_equal(bits(dx), bits(want_dx))
+
+
+@pytest.mark.parametrize("callee", ["jax", "tensorflow"])
+def test_inputs_that_do_not_require_grad_get_none(callee):
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    dw, dx = _caller_grads("torch", bb.bridge(callee)(_layer(callee)), w, x, ct, x_grad=False)
+    assert dx is None
+    np.testing.assert_array_equal(bits(dw), bits(_callee_vjp(callee, w, x, ct)[0]))
+
+
+def test_gradients_reach_pytree_leaves_and_keywords():
+    import jax.numpy as jnp
+    import torch
+
+    @bb.bridge("jax")
+    def loss_fn(params, x, *, power):
+        h = jnp.tanh(x @ params["layers"][0]["w"] + params["layers"][0]["b"])
+        return {"loss": jnp.sum(h.astype(jnp.float32) ** power), "n": 3}
+
+    w = make("torch", _data((4, 3), 1))
+    params = {"layers": [{"w": w.clone().requires_grad_(),
+                          "b": torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)}]}
+    x = make("torch", _data((2, 4), 2))
+    out = loss_fn(params, x, power=2)
+    assert out["n"] == 3
+    out["loss"].backward()
+    import jax
+
+    jw = jnp.asarray(_data((4, 3), 1))
+    want = jax.grad(lambda p: jnp.sum(jnp.tanh(make("jax", _data((2, 4), 2)) @ p["w"] + p["b"])
+                                      .astype(jnp.float32) ** 2))({"w": jw, "b": jnp.zeros(3, jnp.bfloat16)})
+    np.testing.assert_array_equal(bits(params["layers"][0]["w"].grad), bits(want["w"]))
+    np.testing.assert_array_equal(bits(params["layers"][0]["b"].grad), bits(want["b"]))
+
+
+# -- under transformations -----------------------------------------------------------------
+
+
+def test_jax_caller_under_jit_forward_and_grad():
+    import jax
+
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    fn = bb.bridge("torch")(_layer("torch"))
+    W, X, C = (make("jax", v) for v in (w, x, ct))
+    y = jax.jit(fn)(W, X)
+    np.testing.assert_array_equal(bits(y), bits(_layer("torch")(make("torch", w), make("torch", x))))
+    g = jax.jit(jax.grad(lambda W, X: (fn(W, X) * C).sum()))(W, X)
+    np.testing.assert_array_equal(bits(g), bits(_callee_vjp("torch", w, x, ct)[0]))
+
+
+def test_jax_vmap_needs_a_declared_batching_rule():
+    import jax
+
+    w, x = _data((4, 3), 3), _data((5, 2, 4), 4)
+    W, X = make("jax", w), make("jax", x)
+    plain = bb.bridge("torch")(_layer("torch"))
+    with pytest.raises(bb.UnsupportedTypeError, match="vmap_method"):
+        jax.vmap(plain, in_axes=(None, 0))(W, X)
+    batched = bb.bridge("torch", vmap_method="sequential")(_layer("torch"))
+    y = jax.vmap(batched, in_axes=(None, 0))(W, X)
+    np.testing.assert_array_equal(bits(y), bits(_layer("torch")(make("torch", w), make("torch", x))))
+
+
+def test_tf_caller_inside_tf_function_forward_and_grad():
+    import tensorflow as tf
+
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    fn = bb.bridge("jax")(_layer("jax"))
+
+    @tf.function
+    def step(W, X, C):
+        with tf.GradientTape() as tape:
+            tape.watch(W)
+            loss = tf.reduce_sum(fn(W, X) * C)
+        return fn(W, X), tape.gradient(loss, W)
+
+    y, dw = step(*(make("tensorflow", v) for v in (w, x, ct)))
+    np.testing.assert_array_equal(bits(y), bits(_layer("jax")(make("jax", w), make("jax", x))))
+    np.testing.assert_array_equal(bits(dw), bits(_callee_vjp("jax", w, x, ct)[0]))
+
+
+# -- bad use --------------------------------------------------------------------------------
+
+
+def test_mixed_caller_frameworks_are_refused():
+    fn = bb.bridge("jax")(_layer("jax"))
+    with pytest.raises(bb.InvalidArgumentError, match="jax, torch|numpy, torch"):
+        fn(make("torch", _data((4, 3), 1)), make("numpy", _data((2, 4), 2)))
+
+
+def test_a_callee_returning_another_frameworks_tensor_is_refused():
+    fn = bb.bridge("jax")(lambda x: np.asarray(x))
+    with pytest.raises(bb.UnsupportedTypeError, match="returned a numpy tensor"):
+        fn(make("torch", _data((3,), 1)))
+
+
+def test_numpy_callee_says_gradients_stop():
+    import torch
+
+    fn = bb.bridge("numpy")(lambda x: x * 2)
+    x = make("torch", _data((3,), 1)).requires_grad_()
+    with pytest.warns(bb.Bf16BridgeWarning, match="numpy has no autodiff"):
+        y = fn(x)
+    assert not y.requires_grad
+    np.testing.assert_array_equal(bits(y), bits(_data((3,), 1) * 2))
+    assert isinstance(y, torch.Tensor)
+
+
+def test_a_result_the_caller_cannot_hold_gives_our_error():
+    import jax
+    import torch
+
+    assert not jax.config.jax_enable_x64
+    fn = bb.bridge("torch")(lambda x: x.to(torch.float64))
+    with pytest.raises(bb.UnsupportedDtypeError, match="jax_enable_x64"):
+        fn(make("jax", _data((3,), 1)))
+
+
+@pytest.mark.parametrize("copy_inputs", [False, True])
+def test_a_callee_writing_its_input_writes_the_callers_tensor_unless_copied(copy_inputs):
+    a = make("numpy", _data((4,), 1))
+    before = bits(a).copy()
+
+    @bb.bridge("torch", copy_inputs=copy_inputs)
+    def bump(x):
+        x.add_(1)  # in place: the input is a view of the caller's array unless copied
+        return x * 1
+
+    bump(a)
+    assert np.array_equal(bits(a), before) == copy_inputs
+
+
+def test_bridged_function_keeps_its_name_and_same_framework_calls_through():
+    def my_fn(x):
+        return x + 1
+
+    fn = bb.bridge("torch")(my_fn)
+    assert fn.__name__ == "my_fn" and "torch" in repr(fn)
+    t = make("torch", _data((3,), 1))
+    np.testing.assert_array_equal(bits(fn(t)), bits(t + 1))
+
+
+def test_unknown_framework_is_refused():
+    with pytest.raises(bb.UnknownFrameworkError):
+        bb.bridge("mxnet")
+
+
+def test_bridge_imports_no_framework():
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, bf16bridge as bb
+        fn = bb.bridge("jax")(lambda x: x)
+        print(sorted(m for m in ("jax", "torch", "tensorflow") if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_examples_run():
+    """The examples under examples/ are part of the docs: they run, and check themselves."""
+    import pathlib
+    import runpy
+
+    here = pathlib.Path(__file__).parents[1] / "examples"
+    scripts = sorted(here.glob("*.py"))
+    assert len(scripts) >= 2
+    for script in scripts:
+        runpy.run_path(str(script), run_name="__main__")
+
+
+def test_tf_variable_caller_gets_the_callees_gradient():
+    import tensorflow as tf
+
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    fn = bb.bridge("torch")(_layer("torch"))
+    W = tf.Variable(make("tensorflow", w))
+    X, C = make("tensorflow", x), make("tensorflow", ct)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(fn(W, X) * C)
+    np.testing.assert_array_equal(bits(tape.gradient(loss, W)), bits(_callee_vjp("torch", w, x, ct)[0]))
