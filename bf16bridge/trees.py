@@ -30,20 +30,58 @@ def map_leaves(fn: Callable[[Any, tuple], Any], tree):
     return _walk(fn, tree, (), set())
 
 
-def flatten(tree) -> tuple[list, Callable[[list], Any]]:
-    """The tensor leaves of ``tree`` in order, and ``rebuild(new_leaves)`` making the same tree
-    around other leaves."""
+class _Slot:
+    """Where a leaf stood, in a skeleton."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<leaf>"
+
+
+SLOT = _Slot()
+
+
+def flatten(tree) -> tuple[list, Any]:
+    """The tensor leaves of ``tree`` in order, and its skeleton: the same tree with each
+    leaf replaced by ``SLOT`` (it holds no tensor; ``fill`` puts leaves back)."""
     leaves: list = []
-    map_leaves(lambda x, path: leaves.append(x), tree)
 
-    def rebuild(new_leaves):
-        it = iter(new_leaves)
-        return map_leaves(lambda x, path: next(it), tree)
+    def take(x, path):
+        leaves.append(x)
+        return SLOT
 
-    return leaves, rebuild
+    return leaves, map_leaves(take, tree)
+
+
+def fill(skeleton, leaves):
+    """The skeleton's tree with ``leaves`` in its slots, in order."""
+    it = iter(leaves)
+    return map_leaves(lambda slot, path: next(it), skeleton)
+
+
+def key(skeleton):
+    """A hashable key for a skeleton (its containers, types and non-tensor values), or None
+    when some value in it cannot be hashed."""
+    try:
+        frozen = _freeze(skeleton)
+        hash(frozen)
+    except TypeError:
+        return None
+    return frozen
+
+
+def _freeze(node):
+    if isinstance(node, Mapping):
+        return (type(node), tuple((k, _freeze(v)) for k, v in node.items()))
+    if isinstance(node, (list, tuple)):
+        return (type(node), tuple(_freeze(v) for v in node))
+    return node
 
 
 def _walk(fn, node, path, active: set):
+    if node is SLOT:
+        return fn(node, path)
     if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
         return node
     if isinstance(node, (Mapping, list, tuple)):
