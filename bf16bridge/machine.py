@@ -10,6 +10,7 @@ import os
 import platform
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import dtypes
@@ -118,10 +119,10 @@ class Reader:
 
 
 _DIST_LOCK = threading.Lock()
-_DISTS: dict | None = None
+_DISTS: Mapping[str, list[str]] | None = None
 
 
-def _distributions() -> dict:
+def _distributions() -> Mapping[str, list[str]]:
     global _DISTS
     with _DIST_LOCK:
         if _DISTS is None:
@@ -168,20 +169,20 @@ def read_cpu(reader: Reader) -> CPU:
         return CPU(arch, system, reader.cpu_count(), flags, bf16, why)
     if arch in ("aarch64", "arm64") or arch.startswith("armv8"):
         hw = reader.hwcap2()
-        flags = set(f for f in _ARM_FLAGS if f in words)
+        found = set(f for f in _ARM_FLAGS if f in words)
         source = "cpuinfo"
         if hw is not None:
             source = "HWCAP2"
             if hw & _HWCAP2_BF16:
-                flags.add("bf16")
+                found.add("bf16")
             if hw & _HWCAP2_I8MM:
-                flags.add("i8mm")
+                found.add("i8mm")
         mac = reader.sysctl("hw.optional.arm.FEAT_BF16")
         if mac is not None:
             source = "sysctl"
             if mac == "1":
-                flags.add("bf16")
-        flags_t = tuple(f for f in _ARM_FLAGS if f in flags)
+                found.add("bf16")
+        flags_t = tuple(f for f in _ARM_FLAGS if f in found)
         bf16 = "bf16" in flags_t
         why = f"FEAT_BF16 present ({source})" if bf16 else f"no FEAT_BF16 ({source})"
         return CPU(arch, system, reader.cpu_count(), flags_t, bf16, why)
