@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bf16bridge.tables import table
+
 from .harness import SIZES
 
 ZERO_COPY_RAW_RATIO, ZERO_COPY_SLACK_S = 1.5, 10e-6
@@ -73,6 +75,11 @@ def targets(res: dict) -> list[tuple[str, bool, str]]:
             ratio = k["time"]["median"] / k["floor"]
             out.append((f"kernel {k['kernel']} ({k['size']}): within 1.5x of the bandwidth floor",
                         ratio <= KERNEL_RATIO, f"{_x(ratio)} ({_t(k['time']['median'])} vs floor {_t(k['floor'])})"))
+    for c in res.get("import_copy_cost", []):
+        out.append((f"{c['adapter']}'s declared import_copy_cost ({c['declared']:g}) on the measured side of 1",
+                    (c["declared"] > 1) == (c["measured"] > 1),
+                    f"measured {_x(c['measured'])}: {_t(c['own']['median'])} for its own copy vs "
+                    f"{_t(c['bridge']['median'])} for ours"))
     imp = res["import"]
     ratio = imp["bf16bridge"]["median"] / imp["numpy, ml_dtypes"]["median"]
     out.append(("import bf16bridge within 1.5x of import numpy, ml_dtypes", ratio <= IMPORT_RATIO,
@@ -94,57 +101,66 @@ def markdown(res: dict, plot_name: str | None) -> str:
         "",
         "## Targets",
         "",
-        "| target | met | measured |",
-        "|---|---|---|",
+        table(["target", "met", "measured"], [(what, "yes" if ok else "**no**", how) for what, ok, how in targets(res)],
+              "markdown"),
     ]
-    lines += [f"| {what} | {'yes' if ok else '**no**'} | {how} |" for what, ok, how in targets(res)]
     if plot_name:
         lines += ["", f"![time against size, bridge and workaround, per pair]({plot_name})"]
+    if res.get("pairs_left_out"):
+        lines += ["", "Pairs left out (no raw call or workaround written for them): "
+                  + ", ".join(res["pairs_left_out"]) + "."]
     sizes = sorted({r["size"] for r in res["pairs"]}, key=lambda k: SIZES[k])
     for label in sizes:
         rows = [r for r in res["pairs"] if r["size"] == label]
-        lines += ["", f"## {label} of bf16 (np.copy of the same bytes: {_t(rows[0]['memcpy']['median'])})", "",
-                  "| pair | route | copies | bridge | raw call | overhead over raw | workaround | speed-up | workaround code |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        cells = []
         for r in rows:
             w = r["workarounds"][0]
             note = " (already zero-copy)" if r["workaround_zero_copy"] else ""
-            lines.append(
-                f"| {r['source']} -> {r['target']} | {r['route']} | {'yes' if r['copies'] else 'no'} | "
-                f"{_t(r['bridge']['median'])} | {_t(r['raw']['median'])} | "
-                f"+{_t(max(0.0, r['bridge']['median'] - r['raw']['median']))} | {_t(w['median'])} | "
-                f"{_x(w['median'] / r['bridge']['median'])}{note} | `{w['code']}` |")
-            for extra in r["workarounds"][1:]:
-                lines.append(f"| | | | | | | {_t(extra['median'])} | {_x(extra['median'] / r['bridge']['median'])} | "
-                             f"`{extra['code']}` |")
+            cells.append((f"{r['source']} -> {r['target']}", r["route"], "yes" if r["copies"] else "no",
+                          _t(r["bridge"]["median"]), _t(r["raw"]["median"]),
+                          f"+{_t(max(0.0, r['bridge']['median'] - r['raw']['median']))}", _t(w["median"]),
+                          f"{_x(w['median'] / r['bridge']['median'])}{note}", f"`{w['code']}`"))
+            cells += [("", "", "", "", "", "", _t(extra["median"]), _x(extra["median"] / r["bridge"]["median"]),
+                       f"`{extra['code']}`") for extra in r["workarounds"][1:]]
+        lines += ["", f"## {label} of bf16 (np.copy of the same bytes: {_t(rows[0]['memcpy']['median'])})", "",
+                  table(["pair", "route", "copies", "bridge", "raw call", "overhead over raw", "workaround",
+                         "speed-up", "workaround code"], cells, "markdown")]
     mem_rows = [r for r in res["pairs"] if "peak_extra_bytes" in r]
     if mem_rows:
         lines += ["", f"## Peak extra memory ({mem_rows[0]['size']} input)", "",
-                  "| pair | bridge | workaround |", "|---|---|---|"]
-        lines += [f"| {r['source']} -> {r['target']} | {_b(r['peak_extra_bytes']['bridge'])} | "
-                  f"{_b(r['peak_extra_bytes']['workaround'])} |" for r in mem_rows]
+                  table(["pair", "bridge", "workaround"],
+                        [(f"{r['source']} -> {r['target']}", _b(r["peak_extra_bytes"]["bridge"]),
+                          _b(r["peak_extra_bytes"]["workaround"])) for r in mem_rows], "markdown")]
     lines += ["", "## Routes that must copy", "",
               "Each against a memcpy into fresh memory (`np.copy`) of the same bytes, measured next to it.", "",
-              "| input | size | time | memcpy | ratio | framework's own layout change | why it copies |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {c['case']} | {c['size']} | {_t(c['bridge']['median'])} | {_t(c['memcpy']['median'])} | "
-              f"{_x(c['bridge']['median'] / c['memcpy']['median'])} | "
-              + (f"`{c['own']['code']}` {_t(c['own']['median'])}" if "own" in c else "") +
-              f" | {'; '.join(c['reasons'])} |" for c in res["copying"]]
+              table(["input", "size", "time", "memcpy", "ratio", "framework's own layout change", "why it copies"],
+                    [(c["case"], c["size"], _t(c["bridge"]["median"]), _t(c["memcpy"]["median"]),
+                      _x(c["bridge"]["median"] / c["memcpy"]["median"]),
+                      f"`{c['own']['code']}` {_t(c['own']['median'])}" if "own" in c else "", "; ".join(c["reasons"]))
+                     for c in res["copying"]], "markdown")]
+    if res.get("import_copy_cost"):
+        lines += ["", "## What an import's own copy costs (`Adapter.import_copy_cost`)", "",
+                  "An adapter whose import copies an unaligned buffer itself declares what that copy costs against "
+                  "the bridge's own aligned copy followed by a zero-copy import; the planner prefers the cheaper. "
+                  "Measured here as the ratio of the two routes' medians, alternated three times (best of each); "
+                  "`tests/test_benchmarks_smoke.py` checks that each declared value lies on the same side of 1 "
+                  "as the measured one.", "",
+                  table(["adapter", "size", "its import of an unaligned array", "the bridge's copy, then import",
+                         "measured", "declared"],
+                        [(c["adapter"], c["size"], f"{_t(c['own']['median'])} (`{c['own']['code']}`)",
+                          f"{_t(c['bridge']['median'])} (`{c['bridge']['code']}`)", _x(c["measured"]),
+                          f"{c['declared']:g}") for c in res["import_copy_cost"]], "markdown")]
     lines += ["", "## Kernels", "",
               "The floor is the bytes a conversion must read and write (6 bytes an element) at the bandwidth "
-              "of a memcpy into memory already there, measured in the same run (the kernels write into `out=`).", "",
-              "| size | conversion | implementation | time | floor | ratio to floor |", "|---|---|---|---|---|---|"]
-    for k in res["kernels"]:
-        if "time" in k:
-            lines.append(f"| {k['size']} | {k['kernel']} | {k['impl']} | {_t(k['time']['median'])} | "
-                         f"{_t(k['floor'])} | {_x(k['time']['median'] / k['floor'])} |")
-        else:
-            lines.append(f"| {k['size']} | {k['kernel']} | {k['impl']} | {_b(k['peak_extra_bytes'])} | | |")
+              "of a memcpy into memory already there, measured in the same run (the kernels write into `out=`).", ""]
+    lines.append(table(["size", "conversion", "implementation", "time", "floor", "ratio to floor"],
+                       [(k["size"], k["kernel"], k["impl"], _t(k["time"]["median"]), _t(k["floor"]),
+                         _x(k["time"]["median"] / k["floor"])) if "time" in k else
+                        (k["size"], k["kernel"], k["impl"], _b(k["peak_extra_bytes"]), "", "")
+                        for k in res["kernels"]], "markdown"))
     imp = res["import"]
     lines += ["", "## Import time (a fresh process each, the two alternating, median of 11)", "",
-              "| import | time |", "|---|---|"]
-    lines += [f"| `import {k}` | {_t(v['median'])} |" for k, v in imp.items()]
+              table(["import", "time"], [(f"`import {k}`", _t(v["median"])) for k, v in imp.items()], "markdown")]
     return "\n".join(lines) + "\n"
 
 
