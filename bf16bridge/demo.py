@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from typing import Literal
 
 import numpy as np
 
 from . import dtypes, registry
 from .adapters.numpy import aligned_empty
 from .convert import convert, plan
+from .errors import InvalidArgumentError
 from .tables import table
 from .workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 
@@ -67,7 +69,7 @@ def matrix_rows(n: int = 1024) -> list[dict]:
     return rows
 
 
-def _table(rows: list[dict], cols: list[tuple[str, str]], fmt: str = "text") -> str:
+def _table(rows: list[dict], cols: list[tuple[str, str]], fmt: Literal["text", "markdown"] = "text") -> str:
     return table([h for _, h in cols], [[r[k] for k, _ in cols] for r in rows], fmt)
 
 
@@ -75,7 +77,10 @@ MATRIX_COLS = [("source", "from"), ("target", "to"), ("route", "route"), ("copie
                ("writable", "writable"), ("bit_exact", "bit-exact")]
 
 
-def matrix(fmt: str = "text") -> str:
+def matrix(fmt: Literal["text", "markdown", "json"] = "text") -> str:
+    """The route matrix as a text or markdown table, or JSON."""
+    if fmt not in ("text", "markdown", "json"):
+        raise InvalidArgumentError(f"matrix: fmt must be one of text, markdown, json; got {fmt!r}")
     rows = matrix_rows()
     if fmt == "json":
         return json.dumps(rows, indent=2)

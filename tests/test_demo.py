@@ -28,3 +28,10 @@ def test_demo_counts_the_pairs_it_ran(monkeypatch):
 def test_sample_is_aligned_and_covers_bit_patterns():
     a = demo.sample(4096)
     assert a.ctypes.data % 64 == 0 and np.unique(a.view(np.uint16)).size > 3000
+
+
+def test_matrix_refuses_an_unknown_format():
+    from bf16bridge.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="fmt must be one of text, markdown, json; got 'html'"):
+        demo.matrix("html")
