@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from bf16bridge import registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,14 +35,17 @@ def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("name", _copying_importers())
-def test_declared_import_copy_cost_agrees_with_the_saved_measurement(name):
+def test_declared_import_copy_cost_agrees_with_the_saved_measurement():
     """Adapter.import_copy_cost says whether the framework's own copy on import costs more (> 1) or
     less (< 1) than the bridge's aligned copy; the planner acts on it. The last full benchmark run
-    (benchmarks/results/full.json, `python -m benchmarks`) measured it: both must be on the same side."""
+    (benchmarks/results/full.json, `python -m benchmarks`) measured it: both must be on the same side.
+    (The adapters are loaded here, not at collection, so collecting imports no framework.)"""
     saved = {c["adapter"]: c for c in json.loads(FULL.read_text()).get("import_copy_cost", [])}
-    assert name in saved, f"{FULL.name} has no import_copy_cost measurement for {name}: run python -m benchmarks"
-    declared, measured = registry.get(name).import_copy_cost, saved[name]["measured"]
-    assert declared != 1 and measured != 1
-    assert (declared > 1) == (measured > 1), (
-        f"{name} declares import_copy_cost={declared:g}, the benchmark measured {measured:.2f}")
+    names = _copying_importers()
+    assert names, "no adapter's import copies an unaligned buffer: nothing declares import_copy_cost"
+    for name in names:
+        assert name in saved, f"{FULL.name} has no import_copy_cost measurement for {name}: run python -m benchmarks"
+        declared, measured = registry.get(name).import_copy_cost, saved[name]["measured"]
+        assert declared != 1 and measured != 1
+        assert (declared > 1) == (measured > 1), (
+            f"{name} declares import_copy_cost={declared:g}, the benchmark measured {measured:.2f}")
