@@ -45,8 +45,13 @@ def _describe(x, to):
     source = registry.framework_of(x)
     target = registry.resolve(to)
     # a missing target framework fails here, naming its pip extra
-    alignment = registry.get(target).dlpack_unaligned != "ok"
+    alignment = _needs_alignment(registry.get(source), registry.get(target))
     return source, target, registry.get(source).describe(x, alignment=alignment)
+
+
+def _needs_alignment(src, dst) -> bool:
+    """Whether a route may depend on the input buffer's alignment (reading it can cost)."""
+    return dst.dlpack_unaligned != "ok" or not src.kernels_unaligned
 
 
 def _check(copy, fallback, for_compute, on_alias, on_grad) -> None:
@@ -105,10 +110,77 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     when the input requires grad, whose gradient does not cross. Warnings are
     ``Bf16BridgeWarning``.
     """
+    # The hot path: an input of a type, layout and settings seen before, on a zero-copy route,
+    # runs the cached plan. The key holds everything the plan depends on: the input's type and
+    # Adapter.fast_key (dtype, layout, alignment where it matters, read-only, device, empty or
+    # not), the keywords, the registry's generation and the adapters' state. An input the key
+    # cannot describe cheaply (fast_key None) takes the full path, and so does any route
+    # that copies (its copy costs more than planning it).
+    if (copy is None or copy is True or copy is False) and (for_compute is False or for_compute is True):
+        try:
+            fast = _FAST.get((type(x), to, copy, fallback, for_compute, on_alias, on_grad))
+        except TypeError:  # an unhashable keyword value: the full path says what is wrong with it
+            fast = None
+        if fast is not None and fast.generation == registry._GENERATION:
+            k = fast.src.fast_key(x, fast.alignment)
+            if k is not None:
+                hit = fast.plans.get((k, fast.src.state(), fast.hub.state(), fast.dst.state()))
+                if hit is not None:
+                    p, direct = hit
+                    if p.alias is not None and on_alias == "warn":
+                        _warn_alias(p)
+                    if direct is None:
+                        return _run(p, x, fast.source, copy, fast.dst)
+                    for run in direct:
+                        x = run(x)
+                    return x
+    return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
+
+
+class _Fast:
+    """The cached zero-copy plans for one input type, target and set of keywords."""
+
+    __slots__ = ("generation", "src", "hub", "dst", "source", "alignment", "plans")
+
+    def __init__(self, src, hub, dst, source):
+        self.generation = registry._GENERATION
+        self.src, self.hub, self.dst, self.source = src, hub, dst, source
+        # only a target's import can make a zero-copy route depend on alignment (a source's own
+        # alignment matters to its copies, and routes that copy are never cached here)
+        self.alignment = dst.dlpack_unaligned != "ok"
+        #: (fast_key, adapter states) -> (plan, its steps' run functions where _run would add
+        #: nothing to them: no pointer to verify, no read-only mark to set; else None)
+        self.plans: dict = {}
+
+
+#: (type, to, keywords) -> _Fast
+_FAST: dict = {}
+_FAST_LIMIT = 4096
+
+
+def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, source, target) -> None:
+    src, hub, dst = registry.get(source), registry.get(registry.HUB), registry.get(target)
+    k = src.fast_key(x, dst.dlpack_unaligned != "ok")
+    if k is None or len(_FAST) >= _FAST_LIMIT:
+        return
+    key = (type(x), to, copy, fallback, for_compute, on_alias, on_grad)
+    fast = _FAST.get(key)
+    if fast is None or fast.generation != registry._GENERATION:
+        fast = _FAST[key] = _Fast(src, hub, dst, source)
+    if len(fast.plans) < _FAST_LIMIT:
+        direct = (tuple(step.run for step in p.steps)
+                  if not any(step.verify for step in p.steps) and (p.writable or not dst.marks_readonly) else None)
+        fast.plans[(k, src.state(), hub.state(), dst.state())] = (p, direct)
+
+
+def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
     _check(copy, fallback, for_compute, on_alias, on_grad)
     source, target, src = _describe(x, to)
     routes = _routes()
     p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    if (not p.copies and not p.drops_grad and src.value is x and on_alias != "copy"
+            and not (p.alias is not None and on_alias == "error")):
+        _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p, source, target)
     if p.drops_grad and on_grad != "drop":
         why = (f"this {source} tensor requires grad; its data crosses to {target} detached and its "
                "gradient does not cross")
@@ -122,9 +194,13 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
         elif on_alias == "error":
             raise CopyRequiredError(f"{p.alias}; on_alias='error' refuses it: pass on_alias='copy'")
         else:
-            warnings.warn(f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)",
-                          Bf16BridgeWarning, stacklevel=_stacklevel())
-    return _run(p, src.value, source, copy)
+            _warn_alias(p)
+    return _run(p, src.value, source, copy, registry.get(p.target))
+
+
+def _warn_alias(p: Plan) -> None:
+    warnings.warn(f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)",
+                  Bf16BridgeWarning, stacklevel=_stacklevel())
 
 
 def _stacklevel() -> int:
@@ -138,7 +214,7 @@ def _stacklevel() -> int:
     return level
 
 
-def _run(p: Plan, value, source: str, copy):
+def _run(p: Plan, value, source: str, copy, dst_a):
     here = source
     for step in p.steps:
         out = step.run(value)  # type: ignore[misc]
@@ -151,9 +227,9 @@ def _run(p: Plan, value, source: str, copy):
                     f"copy=False, but {step.label} copied this {source} input; pass copy=None to allow it"
                 )
         value, here = out, step.framework
-    if not p.writable:
+    if not p.writable and dst_a.marks_readonly:
         # an empty result may come back writable from a framework that had nothing to share
-        value = registry.get(p.target).mark_readonly(value)
+        value = dst_a.mark_readonly(value)
     return value
 
 

@@ -104,8 +104,9 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             nxt = _fresh(a, d, s.host) if copies else s._replace(dtype=d)
             yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
                                     "the framework's bit-view copies" if copies else "", False,
-                                    run=partial(a.bitview, dtype=d)), nxt
-    if copy is not False:
+                                    run=a.bitview_to(d)), nxt
+    # no copy or widening by a framework whose kernels abort on this unaligned buffer (tensorflow)
+    if copy is not False and (s.aligned or a.kernels_unaligned):
         # a copy within the framework: contiguous, aligned as the framework allocates, writable
         if s.host:
             bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
@@ -121,6 +122,17 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
     for b in adapters.values():
         if b is a:
             continue
+        # hand-offs first: at equal copy cost, the first found wins, and an adapter's own
+        # hand-off is its framework's direct call, cheaper per call than a DLPack round trip
+        for h in (*a.handoffs(), *b.handoffs()):
+            if h.src != a.name or h.dst != b.name or s.dtype not in h.dtypes or s.layout > h.layouts:
+                continue
+            reason = h.copies(s.layout, s.aligned)
+            entered = _enter(s, a, b, reason is not None)
+            if entered is not None and not (reason and copy is False):
+                yield b.import_copy_cost if reason else 0, Step(
+                    "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
+                    verify=h.verify, run=h.run), entered
         # DLPack between frameworks
         unaligned = b.dlpack_unaligned if not s.aligned else "ok"
         if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts
@@ -132,16 +144,6 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
                     "dlpack", b.name, b.label_import, s.dtype, copies,
                     "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
                     run=_via_dlpack(a, b, s.readonly)), entered
-        # hand-offs either adapter declares
-        for h in (*a.handoffs(), *b.handoffs()):
-            if h.src != a.name or h.dst != b.name or s.dtype not in h.dtypes:
-                continue
-            reason = h.copies(s.layout, s.aligned)
-            entered = _enter(s, a, b, reason is not None)
-            if entered is not None and not (reason and copy is False):
-                yield b.import_copy_cost if reason else 0, Step(
-                    "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
-                    verify=h.verify, run=h.run), entered
 
 
 def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):

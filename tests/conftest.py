@@ -98,7 +98,13 @@ def ptr(x) -> int:
         return x.unsafe_buffer_pointer()
     import tensorflow as tf
 
-    return np.from_dlpack(tf.bitcast(x, tf.uint16) if x.dtype == tf.bfloat16 else x).__array_interface__["data"][0]
+    u = tf.bitcast(x, tf.uint16) if x.dtype == tf.bfloat16 else x
+    if hasattr(u, "__dlpack__"):
+        return np.from_dlpack(u).__array_interface__["data"][0]
+    # tensorflow 2.16 (the oldest set) has no Tensor.__dlpack__: its own exporter, read by torch
+    import torch
+
+    return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(u)).data_ptr()
 
 
 def dtype_name(x) -> str:

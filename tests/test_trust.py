@@ -351,3 +351,83 @@ def test_plan_and_step_are_frozen_records():
 def test_convert_takes_no_unknown_keywords():
     with pytest.raises(TypeError):
         bb.to_torch(_bf16(), kopy=True)  # type: ignore[call-arg]
+
+
+# -- the hot path: a cached plan serves only inputs it fits ---------------------------------
+
+
+def test_cached_zero_copy_plan_does_not_serve_a_readonly_array():
+    a = aligned_copy(_bf16())
+    first = bb.to_torch(a)
+    assert ptr(first) == ptr(a)
+    ro = aligned_copy(_bf16())
+    ro.flags.writeable = False
+    t = bb.to_torch(ro)  # same type, dtype and layout: only the read-only flag differs
+    assert ptr(t) != ptr(ro)
+    t[0] = 1
+    np.testing.assert_array_equal(bits(ro), bits(_bf16()))
+
+
+def test_cached_plan_does_not_serve_a_conjugated_tensor():
+    import torch
+
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    np.testing.assert_array_equal(bb.to_numpy(z), z.numpy())
+    zc = z.conj()
+    assert zc.is_conj()
+    np.testing.assert_array_equal(bb.to_numpy(zc), np.conj(z.numpy()))
+
+
+def test_cached_plan_does_not_serve_an_unaligned_buffer_to_jax():
+    aligned = aligned_copy(_bf16(64))
+    assert ptr(bb.to_jax(aligned, copy=False)) == ptr(aligned)
+    unaligned = aligned_copy(_bf16(64), offset_bytes=2)
+    with pytest.raises(bb.CopyRequiredError):
+        bb.to_jax(unaligned, copy=False)
+    np.testing.assert_array_equal(bits(bb.to_jax(unaligned)), bits(unaligned))
+
+
+def test_cached_plan_follows_jax_x64_and_adapter_replacement():
+    import jax
+
+    a = aligned_copy(np.arange(4, dtype=np.float64))
+    try:
+        jax.config.update("jax_enable_x64", True)
+        assert bb.to_jax(a).dtype == np.float64
+        assert bb.to_jax(a).dtype == np.float64  # from the cache
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(bb.UnsupportedDtypeError):
+            bb.to_jax(a)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+    from bf16bridge import registry
+    from bf16bridge.adapters.numpy import NumpyAdapter
+
+    class NoBitview(NumpyAdapter):
+        bitview_free = None
+
+    b = aligned_copy(_bf16())
+    bb.to_torch(b)
+    bb.to_torch(b)
+    spec = registry.spec("numpy")
+    try:
+        bb.register_adapter("numpy", NoBitview(), types=spec.types, aliases=spec.aliases, replace=True)
+        with pytest.raises(bb.UnsupportedDtypeError):
+            bb.to_torch(b)
+    finally:
+        bb.register_adapter("numpy", spec.module, types=spec.types, aliases=spec.aliases,
+                            requires=spec.requires, replace=True)
+
+
+def test_cached_plan_still_warns_and_still_verifies():
+    j = make("jax", _bf16())
+    for _ in range(3):  # the first call plans; the others take the cached plan
+        with pytest.warns(bb.Bf16BridgeWarning):
+            bb.to_torch(j)
+    import torch
+
+    t = torch.arange(64, dtype=torch.bfloat16)
+    for _ in range(3):
+        y = bb.to_numpy(bb.to_jax(t, copy=False), copy=False)
+        assert ptr(y) == ptr(t)

@@ -7,6 +7,7 @@ framework at the top: it is imported only when first used.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, ClassVar, NamedTuple
 
 from .. import dtypes
@@ -68,6 +69,8 @@ class Handoff(NamedTuple):
     copies: Callable[[int, bool], str | None]
     dtypes: frozenset = frozenset(dtypes.ALL)
     verify: bool = False
+    #: the least regular layout it takes (see CONTIGUOUS/STRIDED/NEGATIVE)
+    layouts: int = NEGATIVE
 
 
 class Adapter:
@@ -93,6 +96,10 @@ class Adapter:
     bitview_free: ClassVar[bool | None] = True
     #: its own copies are ALIGN-aligned
     copies_aligned: ClassVar[bool] = True
+    #: its kernels (copy, astype) can read a buffer that is not ALIGN-aligned. False
+    #: (tensorflow: they abort the process): the planner copies or widens such a tensor
+    #: in another framework, through steps plan() shows
+    kernels_unaligned: ClassVar[bool] = True
     #: what a copy made by its import costs, against one made by an adapter's copy()
     #: (measured by the benchmark harness; the planner prefers the cheaper)
     import_copy_cost: ClassVar[float] = 1.0
@@ -128,11 +135,25 @@ class Adapter:
         expensive check and report ``aligned=True``."""
         raise NotImplementedError
 
+    def fast_key(self, x, alignment: bool) -> tuple | None:
+        """A cheap, hashable description of everything ``describe`` would report of ``x``
+        that a route depends on (dtype, layout, read-only, device, empty or not, and, when
+        ``alignment``, whether the buffer is ALIGN-aligned), for ``convert``'s cache of
+        zero-copy plans; None where ``describe`` would change the value (a tensor that
+        requires grad, a tf.Variable) or the input is unusual: those take the full path.
+        Default: None (no fast path)."""
+        return None
+
     def data_ptr(self, x) -> int:  # pragma: no cover
         raise NotImplementedError
 
     def bitview(self, x, dtype: str):  # pragma: no cover
         raise NotImplementedError
+
+    def bitview_to(self, dtype: str) -> Callable[[Any], Any]:
+        """``bitview(x, dtype)`` as a one-argument function, for routes (override with a
+        faster one: it runs on every conversion)."""
+        return functools.partial(self.bitview, dtype=dtype)
 
     def export(self, x, readonly: bool):
         """An object with ``__dlpack__`` for the next framework to import."""

@@ -11,9 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from ._base import CONTIGUOUS, Adapter, Handoff, Source
+
+versions.require("jax", jax.__version__)
 
 _WIDE = {"int64", "uint64", "float64", "complex128"}
 
@@ -100,6 +102,11 @@ class JaxAdapter(Adapter):
             return None
         keys = [_key(path[0]) if path else "?" for path, _ in paths]
         return keys, [leaf for _, leaf in paths], treedef.unflatten
+
+    def fast_key(self, x, alignment):
+        if isinstance(x, jax.core.Tracer) or x.is_deleted():
+            return None
+        return (x.dtype, x.sharding, x.size == 0)  # jax buffers are dense and aligned
 
     def data_ptr(self, x) -> int:
         x.block_until_ready()  # a pointer asked of a pending result has hung a process here

@@ -4,6 +4,7 @@ so bf16 crosses as a uint16 bit-view, which is free."""
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -92,16 +93,31 @@ class NumpyAdapter(Adapter):
         ptr = x.__array_interface__["data"][0]
         return Source(
             value=x, dtype=name, shape=x.shape, nbytes=x.nbytes,
-            layout=CONTIGUOUS if x.flags.c_contiguous else layout_of(x.shape, [st // itemsize for st in x.strides]),
+            # numpy calls an array with a negative stride on a dimension of size 0 or 1 contiguous;
+            # torch.from_numpy refuses it all the same
+            layout=(CONTIGUOUS if x.flags.c_contiguous and min(x.strides, default=0) >= 0
+                    else layout_of(x.shape, [st // itemsize for st in x.strides])),
             aligned=ptr % ALIGN == 0, readonly=not x.flags.writeable, device="cpu",
             must_copy=must_copy, notes=notes,
         )
+
+    def fast_key(self, x, alignment):
+        if type(x) is not np.ndarray:
+            return None  # scalars, masked arrays and other subclasses: the full path
+        f = x.flags
+        if not (f.c_contiguous and f.aligned) or x.size <= 1 or 1 in x.shape:
+            return None  # (a dimension of size 0 or 1 may carry a negative stride: the full path)
+        return (x.dtype, f.writeable, x.size == 0,
+                alignment and x.__array_interface__["data"][0] % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
         return x.__array_interface__["data"][0]
 
     def bitview(self, x, dtype):
         return x.view(dtypes.numpy_dtype(dtype))
+
+    def bitview_to(self, dtype):
+        return operator.methodcaller("view", dtypes.numpy_dtype(dtype))
 
     def export(self, x, readonly):
         return np.asarray(_WritableAlias(x)) if readonly else x

@@ -98,6 +98,9 @@ class TensorflowAdapter(Adapter):
     label_bitview = "tf.bitcast({dtype})"
     label_import = "tf.experimental.dlpack.from_dlpack"
     label_copy = "copy into a new aligned tensor"
+    # an unaligned tensor (someone else's zero-copy import) aborts the process in any tf
+    # kernel, DeepCopy and Cast included: such tensors are copied in numpy
+    kernels_unaligned = False
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
@@ -123,6 +126,12 @@ class TensorflowAdapter(Adapter):
             readonly=False, device=_device(x.device), notes=notes,
         )
 
+    def fast_key(self, x, alignment):
+        if isinstance(x, tf.Variable) or not hasattr(x, "numpy"):
+            return None  # a Variable crosses as a snapshot; a symbolic tensor is refused: the full path
+        empty = x.shape.num_elements() == 0
+        return (x.dtype, x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
+
     def data_ptr(self, x) -> int:
         return _dlpack.data_ptr(_capsule(x))
 
@@ -137,17 +146,9 @@ class TensorflowAdapter(Adapter):
         return tf.experimental.dlpack.from_dlpack(obj.__dlpack__())
 
     def copy(self, x):
-        if self.data_ptr(x) % ALIGN == 0 or _device(x.device) != "cpu":
-            return tf.raw_ops.DeepCopy(x=x)
-        # An unaligned tensor (someone else's zero-copy import) aborts the process in any
-        # tf kernel, DeepCopy included: copy its bits through numpy instead.
-        import numpy as np
-
-        from .numpy import ADAPTER as NUMPY
-
-        bits = tf.bitcast(x, tf.uint16) if x.dtype == tf.bfloat16 else x
-        fresh = self.from_dlpack(NUMPY.copy(np.from_dlpack(self.export(bits, True))))
-        return tf.bitcast(fresh, tf.bfloat16) if x.dtype == tf.bfloat16 else fresh
+        # never reached with an unaligned tensor (kernels_unaligned is False: the planner
+        # copies those in numpy, as plan() shows)
+        return tf.raw_ops.DeepCopy(x=x)
 
     def astype(self, x, dtype):
         return tf.cast(x, _tf_dtype(dtype))

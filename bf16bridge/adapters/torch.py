@@ -3,14 +3,46 @@ free ``view(torch.uint16)``."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
-from .. import dtypes
+from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Source, layout_of
+from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, layout_of
+
+versions.require("torch", torch.__version__)
 
 _TO_TORCH = {name: getattr(torch, name) for name in dtypes.ALL if isinstance(getattr(torch, name, None), torch.dtype)}
 _FROM_TORCH = {dt: name for name, dt in _TO_TORCH.items()}
+
+
+def _numpy_dtypes() -> tuple[frozenset, frozenset]:
+    """The dtypes Tensor.numpy() and torch.from_numpy take in this torch, found by trying."""
+    import numpy as np
+
+    out, into = set(), set()
+    for name, dt in _TO_TORCH.items():
+        if name in dtypes.BITS_OF:
+            continue  # numpy's bf16 is ml_dtypes', which torch does not know
+        try:
+            torch.zeros(1, dtype=dt).numpy()
+            out.add(name)
+        except (TypeError, RuntimeError):
+            pass
+        try:
+            torch.from_numpy(np.zeros(1, dtype=name))
+            into.add(name)
+        except (TypeError, RuntimeError):
+            pass
+    return frozenset(out), frozenset(into)
+
+
+_NUMPY_OUT, _NUMPY_IN = _numpy_dtypes()
+
+
+def _no_copy(layout, aligned):
+    return None
 
 
 def _row_major(shape) -> tuple:
@@ -27,6 +59,14 @@ class TorchAdapter(Adapter):
     label_bitview = "Tensor.view(torch.{dtype})"
     label_import = "torch.from_dlpack"
     label_copy = "copy into a new contiguous tensor"
+
+    def handoffs(self):
+        # numpy's own bridge to torch: the calls a user writes by hand, cheaper per call than DLPack
+        return [
+            Handoff("torch", "numpy", "Tensor.numpy", torch.Tensor.numpy, _no_copy, dtypes=_NUMPY_OUT),
+            Handoff("numpy", "torch", "torch.from_numpy", torch.from_numpy, _no_copy, dtypes=_NUMPY_IN,
+                    layouts=STRIDED),  # it refuses negative strides
+        ]
 
     def cannot_hold(self, dtype):
         if dtype not in _TO_TORCH:
@@ -74,11 +114,21 @@ class TorchAdapter(Adapter):
             readonly=False, device=device, must_copy=must_copy, notes=notes, requires_grad=grad,
         )
 
+    def fast_key(self, x, alignment):
+        # describe detaches, restrides or refuses these: the full path
+        if x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape:
+            return None
+        return (x.dtype, x.device, x.is_contiguous(), x.numel() == 0,
+                x.is_conj() or x.is_neg(), alignment and x.data_ptr() % ALIGN == 0)
+
     def data_ptr(self, x) -> int:
         return x.data_ptr()
 
     def bitview(self, x, dtype):
         return x.view(_TO_TORCH[dtype])
+
+    def bitview_to(self, dtype):
+        return operator.methodcaller("view", _TO_TORCH[dtype])
 
     def from_dlpack(self, obj):
         return torch.from_dlpack(obj)
