@@ -13,7 +13,7 @@ OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
 OLDEST_TESTS := tests/test_bits.py tests/test_inputs.py tests/test_probe.py
 
-.PHONY: setup setup-legacy setup-oldest demo test test-legacy test-oldest bench matrix clean
+.PHONY: setup setup-legacy setup-oldest demo test typecheck test-legacy test-oldest bench parity-docs matrix clean
 
 setup: $(STAMP)
 
@@ -24,7 +24,7 @@ setup-oldest: $(OLDEST_STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[torch,jax,tensorflow-cpu,test,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[torch,jax,tensorflow-cpu,test,bench,lint]'
 	touch $(STAMP)
 
 $(LEGACY_STAMP): pyproject.toml
@@ -46,8 +46,12 @@ demo: setup
 matrix: setup
 	$(BIN)/bf16bridge matrix
 
-test: setup test-legacy test-oldest
+test: setup typecheck test-legacy test-oldest
 	$(BIN)/python -m pytest -q
+
+# the package's types (mypy.ini): the typed API (convert's overloads, Plan) and the code behind it
+typecheck: setup
+	$(BIN)/mypy
 
 test-legacy: setup-legacy
 	$(LEGACY)/bin/python -m pytest -q -p no:cacheprovider legacy_tests
@@ -57,6 +61,10 @@ test-oldest: setup-oldest
 
 bench: setup
 	$(BIN)/python -m benchmarks
+
+# docs/parity.md's generated block, docs/parity-results.md and .json, from one run of the suite
+parity-docs: setup
+	$(BIN)/python -m bf16bridge.parity.docs
 
 clean:
 	rm -rf $(VENV) $(LEGACY) $(OLDEST) build *.egg-info .pytest_cache

@@ -133,7 +133,7 @@ def _names(results, names):
         return list(results[0].keys()), list(results[0].values())
     if names is not None:
         return list(names), list(results)
-    out = []
+    out: list = []
     for r in results:
         try:
             n = framework_of(r)
@@ -268,11 +268,11 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     for i in range(len(arrays)):
         for j in range(i + 1, len(arrays)):
             pairs.append(_pair(labels[i], labels[j], arrays[i], arrays[j], k_worst, pol))
-    refs, outlier, why = (), None, None
+    refs: list = []
+    outlier, why = None, None
     if reference is not None:
         ref = metrics.to_float64(metrics.ensure_numpy(reference)).reshape(-1)
         cond = None if condition is None else metrics.to_float64(metrics.ensure_numpy(condition)).reshape(-1)
-        refs = []
         for name, c in zip(labels, arrays):
             if c.size != ref.size:
                 raise ValueError(f"{name}'s result has {c.size} elements, the reference {ref.size}")

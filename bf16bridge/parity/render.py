@@ -92,8 +92,8 @@ def region_text(rep, g) -> str:
 
 
 def _region_lines(rep) -> list[str]:
-    out = []
-    shown = {}
+    out: list[str] = []
+    shown: dict[str, int] = {}
     for g in rep.worst_regions:
         shown[g.result] = shown.get(g.result, 0) + 1
         out.append("  " + region_text(rep, g))

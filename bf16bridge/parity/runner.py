@@ -53,7 +53,7 @@ def settings(frameworks) -> dict:
 
 
 def run(op, inputs: dict | None = None, frameworks=None, *, policy="ulp(1)", kind: str | None = None,
-        seed: int = 0, allow_missing: bool = False, **params):
+        seed: int = 0, allow_missing: bool = False, **params: int):
     """Run ``op`` (a built-in name or an Op) in each framework on identical bf16 inputs.
 
     ``frameworks``: names (default: every registered framework that computes, see
@@ -133,8 +133,9 @@ def suite(frameworks=None, *, ops=None, policy="ulp(1)", seed=0, params: dict | 
         sweep = [{"k": k} for k in MATMUL_K] if name == "matmul" and "k" not in own else [{}]
         for extra in sweep:
             for kind in o.kinds:
+                sizes: dict[str, int] = {**own, **extra}  # only the op's own size names (o.params)
                 reports.append(run(o, frameworks=frameworks, policy=policy, kind=kind, seed=seed,
-                                   allow_missing=allow_missing, **own, **extra))
+                                   allow_missing=allow_missing, **sizes))  # type: ignore[arg-type]
     return reports
 
 
