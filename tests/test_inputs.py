@@ -127,6 +127,19 @@ def test_unaligned_tf_tensor_leaves_without_running_a_tf_kernel():
     float(tf.reduce_sum(tf.cast(y, tf.float32)))
 
 
+def test_unaligned_tf_tensor_is_copied_outside_tensorflow_as_plan_shows():
+    import tensorflow as tf
+
+    a = aligned_copy(_bf16((1000,)), offset_bytes=2)
+    x = tf.bitcast(tf.experimental.dlpack.from_dlpack(a.view(np.uint16).__dlpack__()), tf.bfloat16)
+    p = bb.plan(x, to="tensorflow", copy=True)
+    assert [s.framework for s in p.steps if s.copies] == ["numpy"], str(p)
+    y = bb.convert(x, "tensorflow", copy=True)
+    _expect(y, a)
+    assert ptr(y) != ptr(a) and ptr(y) % 64 == 0
+    float(tf.reduce_sum(tf.cast(y, tf.float32)))  # a tf kernel on the result: aligned, safe
+
+
 def test_readonly_numpy_into_torch_copies():
     a = aligned_copy(_bf16((64,)))
     a.flags.writeable = False

@@ -335,25 +335,27 @@ def test_the_installed_frameworks_are_within_the_tested_range():
     assert caps.numpy.tested.count("within the tested range") == 2, caps.numpy.tested
 
 
-def test_too_old_tensorflow_gives_our_error_naming_version_and_range():
-    """A conversion into (or a probe of) a tensorflow older than any tested fails at the adapter's
-    load, with our error, never later with a foreign one."""
-    code = textwrap.dedent("""
-        import numpy as np, tensorflow as tf
-        tf.__version__ = "2.15.1"  # what the adapter reads
+@pytest.mark.parametrize("name,module,version", [("tensorflow", "tensorflow", "2.15.1"),
+                                                 ("jax", "jax", "0.4.29"), ("torch", "torch", "2.2.2")])
+def test_too_old_framework_gives_our_error_naming_version_and_range(name, module, version):
+    """A conversion into (or a probe of) a framework older than any tested (torch: than its expected
+    floor) fails at the adapter's load, with our error, never later with a foreign one."""
+    code = textwrap.dedent(f"""
+        import numpy as np, {module} as fw
+        fw.__version__ = "{version}"  # what the adapter reads
         import bf16bridge as bb
         try:
-            bb.convert(np.zeros(4, np.uint16), "tf")
+            bb.convert(np.zeros(4, np.uint16), "{name}")
         except bb.FrameworkNotInstalledError as err:
             print(err)
-        print(bb.probe(frameworks=["tf"]).frameworks["tensorflow"].why)
+        print(bb.probe(frameworks=["{name}"]).frameworks["{name}"].why)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 2, out.stdout
     for line in lines:
-        assert "tensorflow 2.15.1 is older" in line and versions.tested_range("tensorflow") in line, line
+        assert f"{name} {version} is older" in line and versions.tested_range(name) in line, line
 
 
 def test_docs_state_the_tested_versions_of_the_table():
