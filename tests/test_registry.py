@@ -150,3 +150,16 @@ def test_docs_adapter_example_matches_the_adapter_interface(monkeypatch):
         if callable(fn) and hasattr(bb.Adapter, name):
             want = inspect.signature(getattr(bb.Adapter, name))
             assert inspect.signature(fn).parameters.keys() == want.parameters.keys(), name
+
+
+def test_docs_route_matrix_is_the_one_the_planner_makes():
+    """docs/routes.md's 12-pair table is generated (`bf16bridge matrix --format markdown`); a route
+    change that the doc does not show fails here."""
+    import pathlib
+    import re
+
+    from bf16bridge import demo
+
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "routes.md").read_text()
+    saved = re.search(r"<!-- matrix:.*?-->\n(.*?)\n<!-- /matrix -->", doc, re.S).group(1)
+    assert saved.strip() == demo.matrix("markdown").strip()
