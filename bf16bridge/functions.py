@@ -125,6 +125,11 @@ class ForeignCall:
 class BridgedFunction:
     """A function of one framework, callable with the tensors of any other."""
 
+    #: tf.function's autograph calls an object with this attribute as it is, instead of
+    #: rewriting its Python: the bridge has no tensor control flow to convert, and the callee
+    #: is foreign code (tensorflow's own marker for that, read with hasattr: nothing imported)
+    autograph_info__ = frozenset()
+
     def __init__(self, fn, callee: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
                  vmap_method: str | None = None):
         self.fn = fn
@@ -140,6 +145,15 @@ class BridgedFunction:
         return f"<bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}>"
 
     def __call__(self, *args, **kwargs):
+        # a graph compiler tracing the caller (torch.compile) must not trace the bridge: an
+        # imported adapter may hand back this call wrapped to run outside its trace
+        for adapter in registry.imported():
+            run = adapter.outside_compiler(self._call)
+            if run is not None:
+                return run(*args, **kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         leaves, skeleton = trees.flatten((args, kwargs))
         caller = _caller_of(leaves, self.fn)
         if caller is None or caller == self.callee:

@@ -171,16 +171,23 @@ def _classes(s: AdapterSpec):
             yield obj
 
 
-def tree_children(node):
-    """``(keys, children, rebuild)`` for a container a framework already imported knows
-    (a jax pytree node), or None. Imports no framework."""
+def imported() -> list[Adapter]:
+    """The adapters whose framework is already imported (loading their modules, not the frameworks)."""
+    out = []
     for s in list(_SPECS.values()):
         if s.instance is None and (s.requires or s.name) not in sys.modules:
             continue
         try:
-            adapter = get(s.name)
+            out.append(get(s.name))
         except FrameworkNotInstalledError:
             continue
+    return out
+
+
+def tree_children(node):
+    """``(keys, children, rebuild)`` for a container a framework already imported knows
+    (a jax pytree node), or None. Imports no framework."""
+    for adapter in imported():
         out = adapter.tree_children(node)
         if out is not None:
             return out

@@ -300,3 +300,54 @@ def test_tf_variable_caller_gets_the_callees_gradient():
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(fn(W, X) * C)
     np.testing.assert_array_equal(bits(tape.gradient(loss, W)), bits(_callee_vjp("torch", w, x, ct)[0]))
+
+
+def test_torch_compile_breaks_the_graph_around_a_bridged_call():
+    import torch
+
+    fn = bb.bridge("jax")(_layer("jax"))
+    w, x = _data((4, 3), 3), _data((2, 4), 4)
+
+    def model(W, X):
+        return fn(W * 1, X) + 1  # torch ops on both sides of the bridged call
+
+    W = make("torch", w).requires_grad_()
+    with warnings.catch_warnings():  # dynamo reads .grad of non-leaf tensors while tracing: its own warning
+        warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf", UserWarning)
+        y = torch.compile(model, backend="eager")(W, make("torch", x))
+    y.float().sum().backward()
+    W2 = make("torch", w).requires_grad_()
+    y2 = model(W2, make("torch", x))
+    y2.float().sum().backward()
+    np.testing.assert_array_equal(bits(y), bits(y2))
+    np.testing.assert_array_equal(bits(W.grad), bits(W2.grad))
+
+
+def test_tf_function_with_unknown_dimensions_is_refused_clearly():
+    import tensorflow as tf
+
+    fn = bb.bridge("jax")(_layer("jax"))
+    step = tf.function(fn, input_signature=[tf.TensorSpec([4, 3], tf.bfloat16),
+                                            tf.TensorSpec([None, 4], tf.bfloat16)])
+    with pytest.raises(bb.UnsupportedTypeError, match="input_signature"):
+        step(make("tensorflow", _data((4, 3), 1)), make("tensorflow", _data((2, 4), 2)))
+
+
+def test_tf_adapter_first_loaded_inside_a_tf_function_trace():
+    """The tensorflow adapter tries its DLPack entry point when it loads; loaded for the first
+    time inside a tf.function's trace, it must try eagerly, not on a symbolic tensor."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import tensorflow as tf, jax.numpy as jnp, numpy as np, bf16bridge as bb
+        fn = bb.bridge("jax")(lambda x: jnp.tanh(x) * 2)
+        step = tf.function(lambda x: fn(x))
+        x = tf.constant([0.5, -1.0], tf.bfloat16)
+        want = np.asarray(jnp.tanh(jnp.asarray([0.5, -1.0], jnp.bfloat16)) * 2).view(np.uint16)
+        assert (tf.bitcast(step(x), tf.uint16).numpy() == want).all()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]

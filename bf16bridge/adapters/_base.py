@@ -240,6 +240,11 @@ class Adapter:
         framework's tensors. Default (no autodiff): the forward alone."""
         return call.forward(leaves, False, self.name)[0]
 
+    def outside_compiler(self, call):
+        """``call`` wrapped to run outside this framework's graph compiler when one is tracing
+        now (torch.compile), else None. Asked of every imported framework on each bridged call."""
+        return None
+
     def vjp(self, fn, leaves: list, diff: list):
         """Callee side: ``fn(*leaves)`` (a list of output tensors) with this framework's own
         autodiff; returns (outputs, pullback) where ``pullback(cotangents)`` (one per output,

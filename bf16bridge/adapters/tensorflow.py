@@ -24,7 +24,8 @@ versions.require("tensorflow", tf.__version__)
 
 def _find_export():
     """How this tensorflow hands a tensor out over DLPack, tried once: (capsule maker, fact)."""
-    sample = tf.zeros([1], tf.uint8)
+    with tf.init_scope():  # eagerly, even when first loaded inside a tf.function's trace
+        sample = tf.zeros([1], tf.uint8)
     try:
         sample.__dlpack__()
         return (lambda x: x.__dlpack__()), (True, "Tensor.__dlpack__() works")

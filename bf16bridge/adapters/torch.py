@@ -198,6 +198,13 @@ class TorchAdapter(Adapter):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
 
+    def outside_compiler(self, call):
+        # torch.compile's tracer cannot follow foreign code (DLPack, jax): a graph break here,
+        # the bridged call runs eagerly, and tracing resumes after it
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(call)
+        return None
+
     def vjp(self, fn, leaves, diff):
         ins = [x.detach().requires_grad_() if d else x for x, d in zip(leaves, diff)]
         with torch.enable_grad():
