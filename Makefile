@@ -24,7 +24,7 @@ setup-oldest: $(OLDEST_STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[torch,jax,tensorflow-cpu,test,bench,lint]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[torch,jax,tensorflow-cpu,test,bench,lint,trees]'
 	touch $(STAMP)
 
 $(LEGACY_STAMP): pyproject.toml

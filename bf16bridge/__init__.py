@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .adapters._base import Adapter, Handoff, Source
 from .adapters.numpy import aligned_empty
-from .convert import convert, convert_tree, plan, to_jax, to_numpy, to_tensorflow, to_torch
+from .convert import convert, convert_tree, plan, plan_tree, to_jax, to_numpy, to_tensorflow, to_torch
 from .errors import (
     Bf16BridgeError,
     Bf16BridgeWarning,
@@ -32,14 +32,14 @@ if TYPE_CHECKING:
     from . import capabilities, functions, kernels, parity, plans, routes
     from .capabilities import Capabilities, Decision, probe
     from .functions import BridgedFunction, bridge
-    from .plans import Plan, Step
+    from .plans import Plan, Step, TreePlan
 
 #: submodules loaded on first use (they import more, or are rarely needed)
 _SUBMODULES = ("adapters", "capabilities", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
                "plans", "registry", "routes", "trees", "workarounds")
 #: names that live in a lazily loaded submodule
 _LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
-         "Plan": "plans", "Step": "plans"}
+         "Plan": "plans", "Step": "plans", "TreePlan": "plans"}
 
 
 def __getattr__(name: str) -> Any:
@@ -64,7 +64,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CopyRequiredError", "CopyTooLargeError",
     "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
-    "Step", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
-    "BridgedFunction", "aligned_empty", "bridge", "convert", "convert_tree", "framework_of", "plan", "probe", "register_adapter", "to_jax",
+    "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
+    "BridgedFunction", "aligned_empty", "bridge", "convert", "convert_tree", "framework_of", "plan", "plan_tree", "probe", "register_adapter", "to_jax",
     "to_numpy", "to_tensorflow", "to_torch",
 ]

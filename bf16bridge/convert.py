@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import warnings
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
     import torch
 
-    from .plans import Plan
+    from .plans import Plan, TreePlan
 
 #: the registered framework names and aliases (others can be registered: any str is taken)
 Target = Literal["numpy", "np", "torch", "pt", "pytorch", "jax", "tensorflow", "tf"]
@@ -175,7 +176,14 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
 
 def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
     _check(copy, fallback, for_compute, on_alias, on_grad)
-    source, target, src = _describe(x, to)
+    try:
+        source, target, src = _describe(x, to)
+    except UnsupportedTypeError:
+        inner = trees.unwrap(x)  # a keras.Variable, an nnx.Param: convert the tensor it holds
+        if inner is None:
+            raise
+        return convert(inner, to, copy=copy, fallback=fallback, for_compute=for_compute,
+                       on_alias=on_alias, on_grad=on_grad)
     routes = _routes()
     p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
     if (not p.copies and not p.drops_grad and src.value is x and on_alias != "copy"
@@ -186,8 +194,7 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
                "gradient does not cross")
         if on_grad == "error":
             raise UnsupportedTypeError(f"{why}; pass on_grad='drop' to detach, or use bb.bridge for gradients")
-        warnings.warn(f"{why} (on_grad='drop' silences this; on_grad='error' refuses)", Bf16BridgeWarning,
-                      stacklevel=_stacklevel())
+        _say(f"{why} (on_grad='drop' silences this; on_grad='error' refuses)")
     if p.alias is not None and on_alias != "allow":
         if on_alias == "copy":
             p = routes.plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute)
@@ -199,8 +206,19 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
 
 
 def _warn_alias(p: Plan) -> None:
-    warnings.warn(f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)",
-                  Bf16BridgeWarning, stacklevel=_stacklevel())
+    _say(f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)")
+
+
+#: inside convert_tree: the messages its leaves would warn, said once per call when it ends
+_SAYING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("bf16bridge_saying", default=None)
+
+
+def _say(message: str) -> None:
+    pending = _SAYING.get()
+    if pending is None:
+        warnings.warn(message, Bf16BridgeWarning, stacklevel=_stacklevel())
+    else:
+        pending[message] = pending.get(message, 0) + 1
 
 
 def _stacklevel() -> int:
@@ -264,24 +282,65 @@ def to_tensorflow(x, *, copy: bool | None = None, fallback: Fallback = "error", 
 T = TypeVar("T")
 
 
-def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
-                 for_compute: bool = False, on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> T:
-    """Convert every tensor leaf of a tree: dicts (defaultdict, OrderedDict and other dict
-    types keep their type and factory), lists, tuples, namedtuples, and, when jax is
-    already imported, every node ``jax.tree_util`` knows (flax and equinox parameter
-    trees, registered dataclasses).
+OnUnsupported = Literal["raise", "keep"]
 
-    Returns new containers of the same types; the input is not modified. Leaves
-    that are not tensors of a registered framework (ints, strings, None) are kept
-    as they are. An error names the path of the leaf.
+
+def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
+                 for_compute: bool = False, on_alias: OnAlias = "warn", on_grad: OnGrad = "warn",
+                 on_unsupported: OnUnsupported = "raise") -> T:
+    """Convert every tensor leaf of a tree, keeping its structure.
+
+    The tree: dicts (every dict type keeps its type: defaultdict with its factory, OrderedDict,
+    a torch state dict's ``_metadata``), other mappings, lists, tuples, namedtuples, and, once
+    their library is imported, jax pytree nodes (flax linen/nnx state and Variables, equinox
+    modules, registered dataclasses) and optree-registered nodes. A wrapper that holds a tensor
+    in ``.value`` and is no tree node (a ``keras.Variable``) becomes its converted value.
+
+    Returns new containers of the same types; the input is not modified. Leaves that are not
+    tensors (ints, strings, None, other objects) are kept as they are. A tensor leaf that
+    cannot cross raises our error naming its path (``on_unsupported="keep"``: kept as it is).
+    What a leaf's conversion would warn about (aliases, dropped gradients) is said once per
+    call, with how many leaves it concerns.
     """
     _check(copy, fallback, for_compute, on_alias, on_grad)
+    if on_unsupported not in ("raise", "keep"):
+        raise InvalidArgumentError(f"on_unsupported must be 'raise' or 'keep'; got {on_unsupported!r}")
 
     def leaf(x, path):
         try:
             return convert(x, to, copy=copy, fallback=fallback, for_compute=for_compute,
                            on_alias=on_alias, on_grad=on_grad)
         except Bf16BridgeError as err:
+            if on_unsupported == "keep" and not isinstance(err, InvalidArgumentError):
+                return x
             raise type(err)(f"at {trees.where(path)}: {err}") from err
 
-    return trees.map_leaves(leaf, tree)
+    pending: dict = {}
+    token = _SAYING.set(pending)
+    try:
+        out = trees.map_leaves(leaf, tree)
+    finally:
+        _SAYING.reset(token)
+    for message, n in pending.items():
+        warnings.warn(f"{n} lea{'f' if n == 1 else 'ves'} of this tree: {message}", Bf16BridgeWarning,
+                      stacklevel=_stacklevel())
+    return out
+
+
+def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
+              for_compute: bool = False) -> TreePlan:
+    """What ``convert_tree(tree, to, ...)`` would do, leaf by leaf and in total, without doing it."""
+    from .plans import TreePlan
+
+    _check(copy, fallback, for_compute, "warn", "warn")
+    leaves: list = []
+
+    def leaf(x, path):
+        try:
+            leaves.append((trees.where(path), plan(x, to, copy=copy, fallback=fallback, for_compute=for_compute)))
+        except Bf16BridgeError as err:
+            leaves.append((trees.where(path), err))
+        return x
+
+    trees.map_leaves(leaf, tree)
+    return TreePlan(tuple(leaves))

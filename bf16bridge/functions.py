@@ -128,7 +128,7 @@ class BridgedFunction:
     #: tf.function's autograph calls an object with this attribute as it is, instead of
     #: rewriting its Python: the bridge has no tensor control flow to convert, and the callee
     #: is foreign code (tensorflow's own marker for that, read with hasattr: nothing imported)
-    autograph_info__ = frozenset()
+    autograph_info__: frozenset = frozenset()
 
     def __init__(self, fn, callee: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
                  vmap_method: str | None = None):

@@ -96,3 +96,52 @@ def size(n: float) -> str:
         n /= 1024
     return str(n)  # pragma: no cover
 
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """``plan_tree``'s answer: each tensor leaf's path and its Plan (or the error it would raise)."""
+
+    leaves: tuple[tuple[str, Plan | Exception], ...]
+
+    @property
+    def plans(self) -> tuple[Plan, ...]:
+        return tuple(p for _, p in self.leaves if isinstance(p, Plan))
+
+    @property
+    def errors(self) -> tuple[tuple[str, Exception], ...]:
+        return tuple((w, e) for w, e in self.leaves if isinstance(e, Exception))
+
+    @property
+    def zero_copy_bytes(self) -> int:
+        return sum(p.nbytes for p in self.plans if not p.copies)
+
+    @property
+    def copied_bytes(self) -> int:
+        return sum(p.nbytes for p in self.plans if p.copies)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Paths of leaves whose result would be writable over immutable or read-only memory."""
+        return tuple(w for w, p in self.leaves if isinstance(p, Plan) and p.alias is not None)
+
+    def __str__(self) -> str:
+        plans = self.plans
+        lines = [f"{len(self.leaves)} tensor leaves: {sum(not p.copies for p in plans)} zero-copy "
+                 f"({size(self.zero_copy_bytes)}), {sum(p.copies for p in plans)} copied "
+                 f"({size(self.copied_bytes)}), {len(self.errors)} refused"]
+        for where, p in self.leaves:
+            if isinstance(p, Exception):
+                lines.append(f"  {where}: refused: {type(p).__name__}: {p}")
+            elif p.copies:
+                why = "; ".join(s.reason for s in p.steps if s.copies)
+                lines.append(f"  {where}: copies {size(p.nbytes)} ({why})")
+        for where in self.aliases:
+            lines.append(f"  {where}: writable alias of immutable or read-only memory")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"zero_copy_bytes": self.zero_copy_bytes, "copied_bytes": self.copied_bytes,
+                "aliases": list(self.aliases),
+                "leaves": [{"path": w, **(p.to_dict() if isinstance(p, Plan) else
+                                          {"error": f"{type(p).__name__}: {p}"})} for w, p in self.leaves]}

@@ -12,6 +12,7 @@ as it is.
 from __future__ import annotations
 
 import copy as _copy
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -95,12 +96,65 @@ def _walk(fn, node, path, active: set):
     try:
         registry.framework_of(node)
     except UnsupportedTypeError:
-        children = registry.tree_children(node)
-        if children is None:
-            return node  # a leaf we do not move
-        keys, values, rebuild = children
-        return rebuild([_walk(fn, v, path + (k,), active) for k, v in zip(keys, values)])
+        children = registry.tree_children(node) or _optree_children(node)
+        if children is not None:
+            keys, values, rebuild = children
+            return rebuild([_walk(fn, v, path + (k,), active) for k, v in zip(keys, values)])
+        inner = unwrap(node)
+        if inner is not None:
+            return fn(inner, path)  # a keras.Variable and the like: its value
+        if any(hasattr(node, a) for a in _ARRAY_PROTOCOLS):
+            return fn(node, path)  # holds data we cannot move: fn says so, naming the path
+        return node  # a number, a string, an object: kept
     return fn(node, path)
+
+
+#: what marks an object as holding array data (numpy's and DLPack's protocols)
+_ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__dlpack__")
+
+
+def unwrap(node):
+    """The tensor a variable-like wrapper holds in ``.value`` (keras.Variable, nnx.Param), or None."""
+    try:
+        value = getattr(node, "value", None)
+    except Exception:  # noqa: BLE001 - a property that fails: not a wrapper we can read
+        return None
+    if value is None or callable(value):
+        return None
+    try:
+        registry.framework_of(value)
+    except UnsupportedTypeError:
+        return None
+    return value
+
+
+_OPTREE_NAMESPACES: dict = {}
+
+
+def _optree_children(node):
+    """One level of an optree-registered node (found in any namespace), once optree is imported."""
+    optree = sys.modules.get("optree")
+    if optree is None:
+        return None
+    cls = type(node)
+    if cls not in _OPTREE_NAMESPACES:
+        found = None
+        try:  # optree keys custom nodes by (namespace, class); no public call lists namespaces
+            from optree.registry import _NODETYPE_REGISTRY
+        except ImportError:
+            _NODETYPE_REGISTRY = {}
+        for k in list(_NODETYPE_REGISTRY):
+            if isinstance(k, tuple) and len(k) == 2 and k[1] is cls:
+                found = k[0]
+                break
+        _OPTREE_NAMESPACES[cls] = found
+    namespace = _OPTREE_NAMESPACES[cls]
+    if namespace is None:
+        return None
+    paths, leaves, spec = optree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node,
+                                                        none_is_leaf=True, namespace=namespace)
+    keys = [p[0] if p else "?" for p in paths]
+    return keys, leaves, spec.unflatten
 
 
 def _container(fn, node, path, active):

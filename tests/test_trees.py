@@ -1,0 +1,146 @@
+"""The trees users have (flax nnx, equinox, keras, optree, torch state dicts), walked by
+convert_tree and plan_tree: every tensor leaf converted, bit for bit, structure and wrappers
+kept, nothing handed back unconverted without a word."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import BF16, bits, make
+
+
+def _bf16(shape, seed=0):
+    return (np.random.default_rng(seed).standard_normal(shape)).astype(np.float32).astype(BF16)
+
+
+def _tensor_leaves(tree, framework):
+    import jax
+
+    cls = {"torch": __import__("torch").Tensor, "numpy": np.ndarray}[framework]
+    return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, cls))
+
+
+def test_flax_nnx_state_keeps_its_variables_with_new_values():
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
+    state = nnx.state(model)
+    out = bb.convert_tree(state, "torch", on_alias="allow")
+    assert type(out) is type(state)
+    assert isinstance(out["kernel"], nnx.Param)  # the wrapper, with its metadata, around a torch tensor
+    leaves = _tensor_leaves(out, "torch")
+    assert len(leaves) == 2 and all(isinstance(t, torch.Tensor) for t in leaves)
+    np.testing.assert_array_equal(bits(out["kernel"].value), bits(model.kernel.value))
+
+
+def test_a_single_variable_converts_by_its_value():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    p = nnx.Param(jnp.asarray(_bf16((3,))))
+    np.testing.assert_array_equal(bits(bb.to_torch(p, on_alias="allow")), bits(p.value))
+
+
+def test_equinox_module_is_walked():
+    import equinox as eqx
+    import jax
+    import torch
+
+    mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    out = bb.convert_tree(mlp, "torch", on_alias="allow")
+    assert out is not mlp and type(out) is type(mlp)
+    want = [w for w in jax.tree_util.tree_leaves(mlp) if isinstance(w, jax.Array)]
+    got = jax.tree_util.tree_leaves(out)
+    assert not any(isinstance(g, jax.Array) for g in got)  # no array left behind
+    got = [g for g in got if isinstance(g, torch.Tensor)]
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(bits(g), bits(w))
+
+
+def test_keras_variables_convert_by_their_value():
+    import keras
+    import torch
+
+    v = keras.Variable(np.arange(3, dtype=np.float32))
+    assert isinstance(bb.to_torch(v, on_alias="allow"), torch.Tensor)
+    out = bb.convert_tree({"weights": [v, 7]}, "numpy")
+    assert isinstance(out["weights"][0], np.ndarray) and out["weights"][1] == 7
+    np.testing.assert_array_equal(out["weights"][0], np.arange(3, dtype=np.float32))
+
+
+def test_optree_registered_nodes_are_walked():
+    import optree
+    import torch
+
+    @optree.dataclasses.dataclass(namespace="bf16bridge-test")
+    class Pair:
+        w: object
+        n: object
+
+    out = bb.convert_tree({"p": Pair(make("torch", _bf16((4,))), 3)}, "numpy")
+    assert type(out["p"]) is Pair and out["p"].n == 3
+    assert isinstance(out["p"].w, np.ndarray)
+    assert not isinstance(out["p"].w, torch.Tensor)
+    np.testing.assert_array_equal(bits(out["p"].w), bits(_bf16((4,))))
+
+
+def test_torch_state_dict_keeps_its_metadata():
+    import torch
+
+    sd = torch.nn.Linear(2, 2).to(torch.bfloat16).state_dict()
+    out = bb.convert_tree(sd, "numpy")
+    assert type(out) is type(sd) and out._metadata == sd._metadata
+    np.testing.assert_array_equal(bits(out["weight"]), bits(sd["weight"]))
+
+
+def test_a_data_leaf_that_cannot_cross_raises_with_its_path_unless_kept():
+    tree = {"a": {"labels": np.array(["x", "y"]), "w": _bf16((2,))}}
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"\['a'\]\['labels'\]"):
+        bb.convert_tree(tree, "torch")
+    out = bb.convert_tree(tree, "torch", on_unsupported="keep")
+    assert out["a"]["labels"] is tree["a"]["labels"]
+    with pytest.raises(bb.InvalidArgumentError):
+        bb.convert_tree(tree, "torch", on_unsupported="drop")  # type: ignore[arg-type]
+
+
+def test_an_array_like_of_no_registered_framework_is_not_passed_through_silently():
+    class Foreign:
+        def __array__(self, dtype=None, copy=None):
+            return np.zeros(2)
+
+    with pytest.raises(bb.UnsupportedTypeError, match=r"\['x'\]"):
+        bb.convert_tree({"x": Foreign()}, "torch")
+    assert bb.convert_tree({"x": 3, "s": "label", "n": None}, "torch") == {"x": 3, "s": "label", "n": None}
+
+
+def test_tree_warns_once_per_call_with_a_count():
+    j = make("jax", _bf16((4,)))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        bb.convert_tree({"a": j, "b": [j, j]}, "torch")
+    assert len(said) == 1 and said[0].category is bb.Bf16BridgeWarning
+    assert str(said[0].message).startswith("3 leaves of this tree:")
+    assert said[0].filename == __file__
+
+
+def test_plan_tree_says_what_copies_and_what_aliases():
+    aligned = bb.aligned_empty(64)
+    aligned[...] = _bf16((64,))
+    readonly = aligned.copy()
+    readonly.flags.writeable = False
+    tree = {"ok": aligned, "ro": readonly, "j": make("jax", _bf16((4,))), "bad": np.array(["s"])}
+    p = bb.plan_tree(tree, "torch")
+    assert [w for w, _ in p.leaves] == ["['ok']", "['ro']", "['j']", "['bad']"]
+    assert p.copied_bytes == readonly.nbytes and p.zero_copy_bytes == aligned.nbytes + 8
+    assert p.aliases == ("['j']",)
+    assert [w for w, _ in p.errors] == ["['bad']"]
+    text = str(p)
+    assert "read-only" in text and "refused" in text
+    assert p.to_dict()["copied_bytes"] == readonly.nbytes
