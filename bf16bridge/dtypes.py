@@ -35,6 +35,10 @@ STANDARD = (
 )
 ALL = STANDARD + tuple(BITS_OF)
 
+#: 64-bit integers and the 32-bit ones fallback="auto" narrows them to, for a target that
+#: cannot hold them (jax without x64), when every value fits (checked on the data)
+NARROW = {"int64": "int32", "uint64": "uint32"}
+
 
 def numpy_dtype(name: str) -> np.dtype:
     """The NumPy dtype for a bridge dtype name (bfloat16 needs ml_dtypes)."""

@@ -115,6 +115,11 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
         elif copy:
             yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
                           run=a.to_host), _fresh(a, s.dtype, True)
+        narrow = dtypes.NARROW.get(s.dtype)
+        if narrow is not None and narrow in goal and a.narrows and s.host:
+            yield 2, Step("narrow", a.name, f"narrow to {narrow}, checked", narrow, True,
+                          f"fallback='auto': every value fits in {narrow}",
+                          run=partial(a.narrow, dtype=narrow)), _fresh(a, narrow, s.host)
         if s.dtype == "bfloat16" and "float32" in goal and a.holds("float32"):
             yield 2, Step("widen", a.name, "widen to float32 (exact)", "float32", True,
                           "fallback: widen to float32",
@@ -207,8 +212,9 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
     raise UnsupportedDtypeError(
         f"{target} cannot hold {dtype} from {source} bit for bit here"
         + (f" ({held})" if held else "") + "; "
-        + ("pass fallback='float32' (exact widening) or fallback='bits' (raw uint16)"
-           if dtype in dtypes.BITS_OF else "no fallback exists for this dtype")
+        + ("pass fallback='float32' (exact widening) or fallback='bits' (raw uint16)" if dtype in dtypes.BITS_OF
+           else f"or pass fallback='auto' (narrows to {dtypes.NARROW[dtype]} when every value fits, checked)"
+           if dtype in dtypes.NARROW else "no fallback exists for this dtype")
     )
 
 
@@ -220,6 +226,11 @@ def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device:
         d = probe().decide(target, for_compute=for_compute, device=device)
         goal = {"bfloat16": dtype, "float32": "float32", "bits": dtypes.BITS_OF[dtype]}[d.dtype]
         return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})"),)
+    if dtype in dtypes.NARROW and fallback == "auto":
+        narrow = dtypes.NARROW[dtype]
+        return ((frozenset([dtype]), None),
+                (frozenset([narrow]), f"{narrow} (fallback='auto': {target} cannot hold {dtype} here; "
+                                      f"narrowed after checking that every value fits in {narrow})"))
     return _fixed_attempts(dtype, target, fallback)
 
 

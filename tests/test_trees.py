@@ -144,3 +144,23 @@ def test_plan_tree_says_what_copies_and_what_aliases():
     text = str(p)
     assert "read-only" in text and "refused" in text
     assert p.to_dict()["copied_bytes"] == readonly.nbytes
+
+
+def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
+    import jax
+    import torch
+
+    assert not jax.config.jax_enable_x64
+    sd = torch.nn.BatchNorm1d(4).state_dict()  # num_batches_tracked is int64
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"num_batches_tracked.*fallback='auto'"):
+        bb.convert_tree(sd, "jax")
+    out = bb.convert_tree(sd, "jax", fallback="auto")
+    assert out["num_batches_tracked"].dtype == np.int32 and int(out["num_batches_tracked"]) == 0
+    p = bb.plan(np.array([1, 2], np.int64), "jax", fallback="auto")
+    assert p.dtype_out == "int32" and "every value fits" in p.decision
+    edge = np.array([2**31 - 1, -(2**31)], np.int64)
+    np.testing.assert_array_equal(np.asarray(bb.to_jax(edge, fallback="auto")), edge)
+    for too_big in (np.array([2**31], np.int64), np.array([-(2**31) - 1], np.int64)):
+        with pytest.raises(bb.UnsupportedDtypeError, match="jax_enable_x64"):
+            bb.to_jax(too_big, fallback="auto")
+    assert np.asarray(bb.to_jax(np.array([2**32 - 1], np.uint64), fallback="auto")).dtype == np.uint32

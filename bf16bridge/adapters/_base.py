@@ -172,6 +172,14 @@ class Adapter:
         """Convert values (used only for the float32 fallback: bf16 -> float32 is exact)."""
         raise NotImplementedError
 
+    #: ``narrow`` is offered (a checked int64 -> int32 conversion for fallback="auto")
+    narrows: ClassVar[bool] = False
+
+    def narrow(self, x, dtype: str):
+        """``x`` as the narrower integer ``dtype``, after checking every value fits; else our
+        ``UnsupportedDtypeError`` naming the range and the way out."""
+        raise NotImplementedError(f"{self.name} does not narrow")
+
     def mark_readonly(self, x):
         """``x`` marked read-only, for frameworks that mark memory (default: as it is)."""
         return x

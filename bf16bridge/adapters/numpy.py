@@ -135,6 +135,20 @@ class NumpyAdapter(Adapter):
             out[...] = x
         return out
 
+    narrows = True
+
+    def narrow(self, x, dtype):
+        info = np.iinfo(dtype)
+        if x.size and (x.min() < info.min or x.max() > info.max):
+            raise UnsupportedDtypeError(
+                f"fallback='auto' narrows {x.dtype} to {dtype} only when every value fits, and this array "
+                f"holds values in [{x.min()}, {x.max()}], outside [{info.min}, {info.max}]; turn on 64-bit "
+                "mode in jax (jax.config.update('jax_enable_x64', True)), or narrow it yourself"
+            )
+        out = aligned_empty(x.shape, dtype)
+        out[...] = x
+        return out
+
     def mark_readonly(self, x):
         if not x.flags.writeable:
             return x
