@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .plans import Plan, TreePlan
 
 #: the registered framework names and aliases (others can be registered: any str is taken)
-Target = Literal["numpy", "np", "torch", "pt", "pytorch", "jax", "tensorflow", "tf"]
+Target = Literal["numpy", "np", "torch", "pt", "pytorch", "jax", "tensorflow", "tf", "keras"]
 Fallback = Literal["error", "float32", "bits", "auto"]
 #: what to do when the result would be a writable alias of memory its owner treats as
 #: read-only or immutable (a torch tensor over a jax or tensorflow buffer)
@@ -287,14 +287,15 @@ OnUnsupported = Literal["raise", "keep"]
 
 def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
                  for_compute: bool = False, on_alias: OnAlias = "warn", on_grad: OnGrad = "warn",
-                 on_unsupported: OnUnsupported = "raise") -> T:
+                 on_unsupported: OnUnsupported = "raise", unwrap: bool = False) -> T:
     """Convert every tensor leaf of a tree, keeping its structure.
 
     The tree: dicts (every dict type keeps its type: defaultdict with its factory, OrderedDict,
     a torch state dict's ``_metadata``), other mappings, lists, tuples, namedtuples, and, once
     their library is imported, jax pytree nodes (flax linen/nnx state and Variables, equinox
     modules, registered dataclasses) and optree-registered nodes. A wrapper that holds a tensor
-    in ``.value`` and is no tree node (a ``keras.Variable``) becomes its converted value.
+    in ``.value`` and is no tree node (a ``keras.Variable``) becomes its converted value;
+    ``unwrap=True``: every such wrapper does (an nnx.State's Params become plain tensors).
 
     Returns new containers of the same types; the input is not modified. Leaves that are not
     tensors (ints, strings, None, other objects) are kept as they are. A tensor leaf that
@@ -318,7 +319,7 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     pending: dict = {}
     token = _SAYING.set(pending)
     try:
-        out = trees.map_leaves(leaf, tree)
+        out = trees.map_leaves(leaf, tree, unwrap_values=unwrap)
     finally:
         _SAYING.reset(token)
     for message, n in pending.items():

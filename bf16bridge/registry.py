@@ -39,6 +39,8 @@ _ALIASES: dict[str, str] = {}
 _LOADED: dict[str, Adapter] = {}
 _TYPE_CACHE: dict[type, str] = {}
 _LOCK = threading.RLock()
+#: names that stand for a framework decided when asked: name -> "module:function" returning it
+_DYNAMIC: dict[str, str] = {}
 #: bumped by every register_adapter: caches of routes through adapters key on it
 _GENERATION = 0
 
@@ -108,6 +110,12 @@ def spec(name: str) -> AdapterSpec:
     return _SPECS[resolve(name)]
 
 
+def register_dynamic_alias(name: str, function: str) -> None:
+    """Make ``name`` stand for the framework ``function`` ("module:function") names when asked
+    (``"keras"``: the running Keras backend). The module is imported only when ``name`` is used."""
+    _DYNAMIC[name.lower()] = function
+
+
 def resolve(name: str) -> str:
     """Canonical framework name for a name or alias; UnknownFrameworkError otherwise."""
     if not isinstance(name, str):
@@ -115,6 +123,12 @@ def resolve(name: str) -> str:
             f"the target must be a framework name (one of {_choices()}), got {type(name).__name__}"
         )
     key = name.lower()
+    if key in _DYNAMIC and key not in _SPECS:
+        mod_name, _, fn = _DYNAMIC[key].partition(":")
+        try:
+            key = getattr(importlib.import_module(mod_name), fn)()
+        except ImportError as err:
+            raise FrameworkNotInstalledError(f"{name!r} is not usable here ({err}); install it") from err
     key = _ALIASES.get(key, key)
     if key not in _SPECS:
         raise UnknownFrameworkError(f"unknown framework {name!r}; choose one of {_choices()}")
@@ -125,6 +139,7 @@ def _choices() -> str:
     out = []
     for s in _SPECS.values():
         out.append(s.name + (f" ({', '.join(s.aliases)})" if s.aliases else ""))
+    out.extend(f"{d} (its running backend)" for d in _DYNAMIC)
     return ", ".join(out)
 
 
@@ -225,3 +240,4 @@ register_adapter("jax", "bf16bridge.adapters.jax", types=("jax:Array", "jax:core
 register_adapter("tensorflow", "bf16bridge.adapters.tensorflow",
                  types=("tensorflow:Tensor", "tensorflow:Variable"),
                  aliases=("tf",), extra="tensorflow", requires="tensorflow")
+register_dynamic_alias("keras", "bf16bridge.adapters.keras:backend")

@@ -25,10 +25,22 @@ def where(path) -> str:
     return "".join(f"[{p!r}]" for p in path) or "the root"
 
 
-def map_leaves(fn: Callable[[Any, tuple], Any], tree):
+def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = False):
     """The tree with every tensor leaf ``x`` at ``path`` replaced by ``fn(x, path)``;
-    new containers of the same types, the input untouched."""
-    return _walk(fn, tree, (), set())
+    new containers of the same types, the input untouched. ``unwrap_values``: a wrapper
+    that holds a tensor in ``.value`` (an nnx.Variable, even where it is a tree node)
+    is replaced by ``fn(its value, path)``."""
+    return _walk(fn, tree, (), _Walk(unwrap_values))
+
+
+class _Walk:
+    """What one walk carries: the containers being walked (to refuse a cycle), its options."""
+
+    __slots__ = ("active", "unwrap_values")
+
+    def __init__(self, unwrap_values: bool):
+        self.active: set = set()
+        self.unwrap_values = unwrap_values
 
 
 class _Slot:
@@ -80,26 +92,30 @@ def _freeze(node):
     return node
 
 
-def _walk(fn, node, path, active: set):
+def _walk(fn, node, path, walk: _Walk):
     if node is SLOT:
         return fn(node, path)
     if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
         return node
     if isinstance(node, (Mapping, list, tuple)):
-        if id(node) in active:
+        if id(node) in walk.active:
             raise UnsupportedTypeError(f"at {where(path)}: the tree contains itself; a tree must be finite")
-        active.add(id(node))
+        walk.active.add(id(node))
         try:
-            return _container(fn, node, path, active)
+            return _container(fn, node, path, walk)
         finally:
-            active.discard(id(node))
+            walk.active.discard(id(node))
     try:
         registry.framework_of(node)
     except UnsupportedTypeError:
+        if walk.unwrap_values:
+            inner = unwrap(node)
+            if inner is not None:
+                return fn(inner, path)
         children = registry.tree_children(node) or _optree_children(node)
         if children is not None:
             keys, values, rebuild = children
-            return rebuild([_walk(fn, v, path + (k,), active) for k, v in zip(keys, values)])
+            return rebuild([_walk(fn, v, path + (k,), walk) for k, v in zip(keys, values)])
         inner = unwrap(node)
         if inner is not None:
             return fn(inner, path)  # a keras.Variable and the like: its value
@@ -157,9 +173,9 @@ def _optree_children(node):
     return keys, leaves, spec.unflatten
 
 
-def _container(fn, node, path, active):
+def _container(fn, node, path, walk: _Walk):
     if isinstance(node, Mapping):
-        items = {k: _walk(fn, v, path + (k,), active) for k, v in node.items()}
+        items = {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
         if isinstance(node, dict):
             out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes
             out.clear()
@@ -172,7 +188,7 @@ def _container(fn, node, path, active):
                 f"at {where(path)}: cannot rebuild a {type(node).__qualname__} from a dict; "
                 "pass a dict, or register the type with jax.tree_util"
             ) from err
-    values = [_walk(fn, v, path + (i,), active) for i, v in enumerate(node)]
+    values = [_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)]
     if type(node) in (list, tuple):
         return type(node)(values)
     if hasattr(node, "_fields"):  # namedtuple

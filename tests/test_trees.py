@@ -164,3 +164,38 @@ def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
         with pytest.raises(bb.UnsupportedDtypeError, match="jax_enable_x64"):
             bb.to_jax(too_big, fallback="auto")
     assert np.asarray(bb.to_jax(np.array([2**32 - 1], np.uint64), fallback="auto")).dtype == np.uint32
+
+
+def test_unwrap_returns_plain_tensors_for_wrapped_values():
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    state = nnx.state(nnx.Linear(3, 2, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16))
+    out = bb.convert_tree(state, "torch", on_alias="allow", unwrap=True)
+    kernel = out["kernel"]
+    assert isinstance(kernel, torch.Tensor)  # the Param is gone: a plain tensor
+    np.testing.assert_array_equal(bits(kernel), bits(state["kernel"].value))
+    assert not any(isinstance(x, nnx.Variable) for x in jax.tree_util.tree_leaves(
+        out, is_leaf=lambda x: isinstance(x, (nnx.Variable, torch.Tensor))))
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
+def test_to_keras_means_the_running_keras_backend(backend):
+    """Keras picks its backend once per process: each backend in a fresh one."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os
+        os.environ["KERAS_BACKEND"] = "{backend}"
+        import numpy as np, ml_dtypes, keras, bf16bridge as bb
+        a = bb.aligned_empty(4); a[...] = np.arange(4)
+        v = keras.Variable(np.arange(3, dtype=np.float32))
+        y = bb.convert(a, to="keras")
+        print(bb.framework_of(y), bb.framework_of(bb.convert_tree({{"v": v}}, to="keras")["v"]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == [backend, backend], out.stderr[-2000:]
