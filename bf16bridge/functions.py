@@ -26,7 +26,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import registry, trees
+import numpy as np
+
+from . import dtypes, registry, trees
 from .convert import Fallback, convert
 from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
 
@@ -109,10 +111,6 @@ class ForeignCall:
         shapes and dtypes (for callers that must declare results before running: jax under
         transformations, tensorflow graphs)."""
         if self.out_specs is None:
-            from . import dtypes
-
-            import numpy as np
-
             zeros = []
             for x in leaves:
                 shape, dtype = shapes_dtypes(x)
