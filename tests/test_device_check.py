@@ -1,0 +1,161 @@
+"""tools/device_check.sh, the prepared GPU check, run here with --dry-run on CPU tensors so it
+cannot rot; and its summary, which must fail when a check did not run, failed, was skipped
+without saying why, or recorded nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "device_check.sh"
+SUMMARY = ROOT / "tools" / "device_summary.py"
+
+#: every check the device tests hold, and a record each must leave (what it found)
+CHECKS = {
+    "test_all_patterns_bit_exact[torch->jax]": "mismatches",
+    "test_all_patterns_bit_exact[jax->torch]": "mismatches",
+    "test_zero_copy_by_pointer[torch->jax]": "result_ptr",
+    "test_zero_copy_by_pointer[jax->torch]": "result_ptr",
+    "test_device_index_kept[torch->jax]": "result_device",
+    "test_device_index_kept[jax->torch]": "result_device",
+    "test_producer_stream_busy[torch->jax]": "producer_busy_at_handoff",
+    "test_producer_stream_busy[jax->torch]": "producer_busy_at_handoff",
+    "test_copy_true_stays_on_device[torch->jax]": "result_device",
+    "test_copy_true_stays_on_device[jax->torch]": "result_device",
+    "test_numpy_target[torch]": "copy=True",
+    "test_numpy_target[jax]": "copy=True",
+    "test_torch_caller_jax_callee_grad": "grad_mismatches",
+    "test_jax_caller_torch_callee": "callee_ran_on",
+    "test_jax_caller_torch_callee_grad": "grad_mismatches",
+    "test_framework_present[torch]": "installed",
+    "test_framework_present[jax]": "installed",
+    "test_framework_present[tensorflow]": "installed",
+    "test_probe_reports_the_device": "torch_devices",
+    "test_registry_present": "register_dlpack_dtype",
+    "test_from_dlpack_host_copy[torch]": "np.from_dlpack",
+    "test_from_dlpack_host_copy[jax]": "np.from_dlpack",
+    "test_bridge_against_workaround[torch->jax]": "ratio",
+    "test_bridge_against_workaround[jax->torch]": "ratio",
+    "test_bridge_against_workaround[torch->numpy]": "ratio",
+    "test_bridge_against_workaround[jax->numpy]": "ratio",
+}
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("device-check")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BF16BRIDGE_DEVICE")}
+    env["PYTHON"] = sys.executable
+    r = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(out)], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=240)
+    return r, out
+
+
+def test_dry_run_passes(dry_run):
+    r, out = dry_run
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "device-check.json", "device-check.log", "device-check.md", "device-junit.xml"]
+
+
+def test_dry_run_ran_every_check(dry_run):
+    _, out = dry_run
+    data = json.loads((out / "device-check.json").read_text())
+    assert data["mode"] == "dry-run" and data["device"] == "cpu" and data["passed"] is True
+    tests = {t["name"]: t for t in data["tests"]}
+    assert sorted(tests) == sorted(CHECKS)
+    for name, record in CHECKS.items():
+        assert tests[name]["outcome"] == "passed", (name, tests[name])
+        assert record in tests[name]["records"], (name, tests[name]["records"])
+    # what they found, here on CPU tensors
+    assert tests["test_all_patterns_bit_exact[torch->jax]"]["records"]["patterns"] == 65536
+    assert tests["test_all_patterns_bit_exact[jax->torch]"]["records"]["mismatches"] == 0
+    zc = tests["test_zero_copy_by_pointer[torch->jax]"]["records"]
+    assert zc["source_ptr"] == zc["result_ptr"]
+    for name in CHECKS:
+        if name.startswith("test_bridge_against_workaround"):
+            assert tests[name]["records"]["bridge_ms"] > 0 and tests[name]["records"]["workaround_ms"] > 0
+
+
+def test_dry_run_summary_says_what_ran(dry_run):
+    _, out = dry_run
+    md = (out / "device-check.md").read_text()
+    assert md.startswith("# Device check (dry-run, ")
+    assert "**PASSED**" in md
+    for name in CHECKS:
+        if not name.startswith("test_bridge_against_workaround"):
+            assert f"| {name} | passed |" in md, name
+    assert "## Timings" in md
+    for route in ("torch->jax", "jax->torch", "torch->numpy", "jax->numpy"):
+        assert f"| {route} |" in md
+    junit = (out / "device-junit.xml").read_text()
+    assert f'tests="{len(CHECKS)}"' in junit and 'failures="0"' in junit and 'errors="0"' in junit
+
+
+def _results(**change):
+    tests = [{"nodeid": f"tests/device/x.py::{n}", "name": n, "when": "call", "outcome": "passed",
+              "seconds": 0.1, "records": {r: 1}} for n, r in CHECKS.items()]
+    data = {"mode": "gpu", "device": "cuda", "started": "now", "finished": "then", "tests": tests,
+            "warnings": [], "versions": {}, "missing": ["tensorflow"]}
+    for name, entry in change.items():
+        (t,) = [t for t in tests if t["name"] == name]
+        if entry is None:
+            tests.remove(t)
+        else:
+            t.update(entry)
+    return data
+
+
+# (what went wrong, the results, pytest's status, what the summary must say)
+BROKEN = [
+    ("a check did not run", _results(**{"test_registry_present": None}), 0, "test_registry_present did not run"),
+    ("a check recorded nothing", _results(**{"test_numpy_target[jax]": {"records": {}}}), 0,
+     "test_numpy_target[jax] recorded nothing"),
+    ("a check failed", _results(**{"test_zero_copy_by_pointer[jax->torch]": {"outcome": "failed"}}), 1,
+     "test_zero_copy_by_pointer[jax->torch] failed"),
+    ("a check was skipped", _results(**{"test_device_index_kept[torch->jax]": {"outcome": "skipped", "why": "x"}}),
+     0, "test_device_index_kept[torch->jax] was skipped"),
+    ("a missing framework skipped without saying why",
+     _results(**{"test_framework_present[tensorflow]": {"outcome": "skipped"}}), 0, "skipped without a reason"),
+    ("pytest ran out of time", _results(), 124, "ran past its time limit"),
+    ("the session was cut short", {**_results(), "finished": None}, 0, "did not finish"),
+    ("no results at all", None, 2, "the tests did not start"),
+]
+
+
+@pytest.mark.parametrize("what,data,status,says", BROKEN, ids=[b[0] for b in BROKEN])
+def test_summary_fails_when_a_check_did_nothing(tmp_path, what, data, status, says):
+    if data is not None:
+        if data.get("finished", "") is None:
+            del data["finished"]
+        (tmp_path / "device-check.json").write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--pytest-status", str(status)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout
+    md = (tmp_path / "device-check.md").read_text()
+    assert "**FAILED**" in md and says in md, md
+
+
+def test_summary_passes_a_skipped_missing_framework_that_says_so(tmp_path):
+    data = _results(**{"test_framework_present[tensorflow]": {
+        "outcome": "skipped", "why": "tensorflow is not installed on this machine"}})
+    (tmp_path / "device-check.json").write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--pytest-status", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout
+    md = (tmp_path / "device-check.md").read_text()
+    assert "**PASSED**" in md and "Not installed here, so not checked: tensorflow." in md
+    assert "| test_framework_present[tensorflow] | skipped | installed: 1 -- tensorflow is not installed" in md
+
+
+def test_normal_run_collects_no_device_test():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BF16BRIDGE_DEVICE")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "tests/device"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 5 and "no tests collected" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,140 @@
+"""Turn the device check's results (device-check.json, written by tests/device/conftest.py)
+into device-check.md, and decide whether the check passed.
+
+    python tools/device_summary.py OUT_DIR [--pytest-status N]
+
+Exit status 0 only when every expected check ran and passed (or, for a framework missing on
+the machine, was skipped with the reason said) and recorded what it found; 1 otherwise, with
+the reasons at the top of the summary. A check that ran but recorded nothing counts as failed:
+it did nothing anyone can read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+#: the checks the device tests must run (test function names); each must record something
+EXPECTED = (
+    "test_all_patterns_bit_exact",
+    "test_zero_copy_by_pointer",
+    "test_device_index_kept",
+    "test_producer_stream_busy",
+    "test_copy_true_stays_on_device",
+    "test_numpy_target",
+    "test_torch_caller_jax_callee_grad",
+    "test_jax_caller_torch_callee",
+    "test_jax_caller_torch_callee_grad",
+    "test_framework_present",
+    "test_probe_reports_the_device",
+    "test_registry_present",
+    "test_from_dlpack_host_copy",
+    "test_bridge_against_workaround",
+)
+#: checks that may be skipped, because they say why (a framework missing on the machine)
+MAY_SKIP = ("test_framework_present",)
+
+
+def base(name: str) -> str:
+    return name.split("[")[0]
+
+
+def problems(data: dict | None, pytest_status: int | None) -> list[str]:
+    """Why the check did not pass; empty when it did."""
+    if data is None:
+        return ["no device-check.json: the tests did not start (see device-check.log)"]
+    out = []
+    tests = data.get("tests", [])
+    if pytest_status not in (None, 0):
+        what = {124: "it ran past its time limit", 137: "it was killed", 5: "no tests were collected"}
+        out.append(f"pytest exited with status {pytest_status}"
+                   + (f" ({what[pytest_status]})" if pytest_status in what else ""))
+    if "finished" not in data:
+        out.append("the test session did not finish: results below are partial")
+    ran = {base(t["name"]) for t in tests}
+    for name in EXPECTED:
+        if name not in ran:
+            out.append(f"{name} did not run")
+    for t in tests:
+        if t["outcome"] == "failed":
+            out.append(f"{t['name']} failed ({t['when']})")
+        elif t["outcome"] == "skipped" and base(t["name"]) not in MAY_SKIP:
+            out.append(f"{t['name']} was skipped: {t.get('why', 'no reason given')}")
+        elif t["outcome"] == "skipped" and not t.get("why"):
+            out.append(f"{t['name']} was skipped without a reason")
+        if t["outcome"] == "passed" and not t.get("records"):
+            out.append(f"{t['name']} recorded nothing")
+    return out
+
+
+def _cell(v) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def render(data: dict | None, found: list[str]) -> str:
+    lines = []
+    if data is None:
+        return "# Device check\n\n**FAILED**\n\n" + "".join(f"- {p}\n" for p in found)
+    mode = data.get("mode", "?")
+    lines.append(f"# Device check ({mode}, {data.get('started', '?')})")
+    lines.append("")
+    lines.append("**PASSED**" if not found else "**FAILED**")
+    lines += [f"- {p}" for p in found]
+    lines.append("")
+    versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items())
+    lines.append(f"Python {data.get('python')} on {data.get('machine')}, tensors on `{data.get('device')}`; {versions}.")
+    missing = data.get("missing", [])
+    lines.append("")
+    lines.append("Not installed here, so not checked: " + (", ".join(missing) if missing else "nothing") + ".")
+    lines.append("Not checked anywhere yet: the fp8 types (the bridge does not carry them), "
+                 "the bridge's own registration of bf16 with NumPy's DLPack registry (not built).")
+    tests = data.get("tests", [])
+    counts: dict = {}
+    for t in tests:
+        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+    lines += ["", "## Checks (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ")", "",
+              "| check | outcome | what it found |", "|---|---|---|"]
+    for t in tests:
+        if base(t["name"]) == "test_bridge_against_workaround":
+            continue  # in the timings table
+        rec = "; ".join(f"{k}: {v}" for k, v in t.get("records", {}).items())
+        if t["outcome"] != "passed" and t.get("why"):
+            rec += f" -- {t['why'][:300]}"
+        lines.append(f"| {_cell(t['name'])} | {t['outcome']} | {_cell(rec)} |")
+    timed = [t for t in tests if base(t["name"]) == "test_bridge_against_workaround"]
+    if timed:
+        lines += ["", "## Timings: the bridge against the float32 workaround (best of several, same run)", "",
+                  "| route | MiB | bridge ms | workaround ms | workaround / bridge | bridge zero-copy | outcome |",
+                  "|---|---|---|---|---|---|---|"]
+        for t in timed:
+            r = t.get("records", {})
+            route = t["name"].split("[")[-1].rstrip("]")
+            lines.append(f"| {route} | {r.get('mib', '')} | {r.get('bridge_ms', '')} | {r.get('workaround_ms', '')} "
+                         f"| {r.get('ratio', '')} | {r.get('bridge_zero_copy', '')} | {t['outcome']} |")
+    if data.get("warnings"):
+        lines += ["", "## Warnings", ""] + [f"- {_cell(w)[:300]}" for w in data["warnings"][:20]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--pytest-status", type=int, default=None)
+    args = ap.parse_args(argv)
+    path = args.out / "device-check.json"
+    data = json.loads(path.read_text()) if path.exists() else None
+    found = problems(data, args.pytest_status)
+    if data is not None:
+        data["passed"] = not found
+        data["problems"] = found
+        path.write_text(json.dumps(data, indent=1, default=str))
+    text = render(data, found)
+    (args.out / "device-check.md").write_text(text)
+    print(text)
+    return 0 if not found else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
