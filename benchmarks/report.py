@@ -87,7 +87,11 @@ def targets(res: dict) -> list[tuple[str, bool, str]]:
     return out
 
 
-def markdown(res: dict, plot_name: str | None) -> str:
+def markdown(res: dict | None, plot_name: str | None, functions: dict | None = None) -> str:
+    """The page: the main run's results (``res``) and the cost-of-a-call results (``functions``),
+    each from its own saved run; either may be missing."""
+    if res is None:
+        return "\n".join(["# Benchmarks", *(function_markdown(functions) if functions else [])]) + "\n"
     m = res["machine"]
     lines = [
         "# Benchmarks",
@@ -161,6 +165,8 @@ def markdown(res: dict, plot_name: str | None) -> str:
     imp = res["import"]
     lines += ["", "## Import time (a fresh process each, the two alternating, median of 11)", "",
               table(["import", "time"], [(f"`import {k}`", _t(v["median"])) for k, v in imp.items()], "markdown")]
+    if functions:
+        lines += function_markdown(functions)
     return "\n".join(lines) + "\n"
 
 
@@ -194,10 +200,171 @@ def plot(res: dict, path: Path) -> bool:
     return True
 
 
-def write(res: dict, doc: Path, plot_path: Path, json_path: Path) -> None:
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(res, indent=1))
+def write(res: dict | None, doc: Path, plot_path: Path, json_path: Path | None,
+          functions: dict | None = None, functions_json: Path | None = None) -> None:
+    """Save what was run (``json_path``, ``functions_json``: None for results loaded, not run) and
+    write the page from both sets of results."""
+    for data, path in ((res, json_path), (functions, functions_json)):
+        if data is not None and path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1))
     doc.parent.mkdir(parents=True, exist_ok=True)
-    has_plot = plot(res, plot_path)
+    has_plot = res is not None and plot(res, plot_path)
     rel = plot_path.name if plot_path.parent == doc.parent else str(plot_path)
-    doc.write_text(markdown(res, rel if has_plot else None))
+    doc.write_text(markdown(res, rel if has_plot else None, functions))
+
+
+def load(path: Path) -> dict | None:
+    """Saved results, or None where there are none."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# -- the cost of a call (benchmarks/functions.py): convert, convert_tree, bridged functions, peers
+
+CONVERT_RATIO, CONVERT_SLACK_S = 1.3, 1e-6
+TREE_RATIO = 1.2
+BRIDGED_RATIO = 1.3
+ALLOW = "bridge, on_alias='allow'"
+
+
+def _convert_ok(times: dict, key: str = "bridge") -> bool:
+    return times[key]["best"] <= CONVERT_RATIO * times["raw"]["best"] + CONVERT_SLACK_S
+
+
+def _ratio(times: dict, key: str, base: str) -> float:
+    return times[key]["best"] / times[base]["best"]
+
+
+def function_targets(fres: dict) -> list[tuple[str, bool, str]]:
+    """The targets of issue 9, judged on the best batch of each contender (see benchmarks/functions.py)."""
+    out = []
+    rows = fres["convert"]["rows"]
+
+    def worst(rs, key):
+        return max(rs, key=lambda r: r["times"][key]["best"] / (CONVERT_RATIO * r["times"]["raw"]["best"]
+                                                               + CONVERT_SLACK_S))
+
+    for label, key, rs in (("default call", "bridge", rows),
+                           ("on_alias='allow' where the default warns", ALLOW, [r for r in rows if ALLOW in r["times"]])):
+        if not rs:
+            continue
+        missed = [f"{r['source']} -> {r['target']}" for r in rs if not _convert_ok(r["times"], key)]
+        w = worst(rs, key)
+        out.append((f"convert of 1 KiB ({label}): at most 1.3x the raw call + 1 us on every pair ({len(rs)})",
+                    not missed, f"{len(rs) - len(missed)} of {len(rs)} met; worst {w['source']} -> {w['target']}: "
+                    f"{_t(w['times'][key]['best'])} vs raw {_t(w['times']['raw']['best'])} "
+                    f"(limit {_t(CONVERT_RATIO * w['times']['raw']['best'] + CONVERT_SLACK_S)})"
+                    + (f"; missed: {', '.join(missed)}" if missed else "")))
+    for r in rows:
+        if "torch_jax_interop" not in r["times"]:
+            continue
+        for key in ("bridge", ALLOW):
+            if key in r["times"]:
+                ratio = _ratio(r["times"], key, "torch_jax_interop")
+                out.append((f"convert {r['source']} -> {r['target']} ({'default call' if key == 'bridge' else key}): "
+                            "faster than torch_jax_interop", ratio < 1,
+                            f"{_x(ratio)} of it ({_t(r['times'][key]['best'])} vs "
+                            f"{_t(r['times']['torch_jax_interop']['best'])})"))
+    for r in fres["tree"]:
+        for key in ("bridge", ALLOW):
+            if key in r["times"]:
+                ratio = _ratio(r["times"], key, "raw loop")
+                out.append((f"convert_tree GPT-2 small ({r['tensors']} tensors) {r['source']} -> {r['target']}"
+                            f"{'' if key == 'bridge' else ', ' + key[8:]}: at most 1.2x the raw loop",
+                            ratio <= TREE_RATIO, f"{_x(ratio)} ({_t(r['times'][key]['best'])} vs "
+                            f"{_t(r['times']['raw loop']['best'])})"))
+    for part, name in (("forward_backward", "forward and backward"), ("forward", "forward only")):
+        rs = fres["bridged"]
+        ratios = [(_ratio(r[part], "bridge", "hand-written"), r) for r in rs]
+        missed = [f"{r['caller']} -> {r['callee']} {_x(q)}" for q, r in ratios if q > BRIDGED_RATIO]
+        q, w = max(ratios, key=lambda p: p[0])
+        out.append((f"bridged function, three 64x64 bf16 inputs, {name}: at most 1.3x a hand-written wrapper "
+                    f"in each of the {len(rs)} directions", not missed,
+                    f"{len(rs) - len(missed)} of {len(rs)} met; worst {w['caller']} -> {w['callee']}: {_x(q)} "
+                    f"({_t(w[part]['bridge']['best'])} vs {_t(w[part]['hand-written']['best'])})"
+                    + (f"; missed: {', '.join(missed)}" if missed else "")))
+    return out
+
+
+def _times_cell(t: dict) -> str:
+    return f"{_t(t['best'])} ({_t(t['median'])})"
+
+
+def function_markdown(fres: dict) -> list[str]:
+    t = fres["timing"]
+    m = fres["machine"]
+    lines = [
+        "", "# The cost of a call (issue 9)", "",
+        f"Written by `python -m benchmarks --only functions{' --quick' if fres['mode'] == 'quick' else ''}` "
+        f"(or a full run) on {m['when']}, {fres.get('code', 'code not recorded')}; results in "
+        "`benchmarks/results/functions.json`. Contenders alternate: "
+        f"each round times a batch of about {t['batch_s'] * 1e3:g} ms of calls of each in turn, {t['rounds']} "
+        "rounds; a cell shows the best batch's time a call and, in parentheses, the median batch's. "
+        f"Targets are judged on the {t['judged_on']} (the least disturbed by other load on this shared machine).",
+        "", "## Targets (the cost of a call)", "",
+        table(["target", "met", "measured"],
+              [(what, "yes" if ok else "**no**", how) for what, ok, how in function_targets(fres)], "markdown"),
+    ]
+    conv = fres["convert"]
+    cells = []
+    for r in conv["rows"]:
+        tm = r["times"]
+        cells.append((f"{r['source']} -> {r['target']}", _times_cell(tm["raw"]), _times_cell(tm["bridge"]),
+                      _x(_ratio(tm, "bridge", "raw")), "yes" if _convert_ok(tm) else "**no**",
+                      f"{_times_cell(tm[ALLOW])}, {_x(_ratio(tm, ALLOW, 'raw'))}, "
+                      f"{'met' if _convert_ok(tm, ALLOW) else '**missed**'}" if ALLOW in tm else "",
+                      _times_cell(tm["torch_jax_interop"]) if "torch_jax_interop" in tm else ""))
+    lines += ["", "## convert of 1 KiB against the raw call of the same route", "",
+              "The raw calls are `benchmarks/raw.py`'s. jax -> torch and tensorflow -> torch warn by default "
+              "(`Bf16BridgeWarning`: the result is a writable torch tensor over an immutable buffer); the default "
+              "call is timed with that warning filtered out (its cost included), and the call with "
+              "`on_alias=\"allow\"` beside it. Target: at most 1.3x raw + 1 us.", "",
+              table(["pair", "raw call", "bridge (default)", "ratio", "target met",
+                     "on_alias='allow': time, ratio, target", "torch_jax_interop"], cells, "markdown")]
+    if conv.get("peer_error"):
+        lines += ["", f"torch_jax_interop did not import: `{conv['peer_error']}`."]
+    cells = []
+    for r in fres["tree"]:
+        tm = r["times"]
+        cells.append((f"{r['source']} -> {r['target']}", _times_cell(tm["raw loop"]), _times_cell(tm["bridge"]),
+                      _x(_ratio(tm, "bridge", "raw loop")),
+                      f"{_times_cell(tm[ALLOW])}, {_x(_ratio(tm, ALLOW, 'raw loop'))}" if ALLOW in tm else ""))
+    lines += ["", f"## convert_tree of a GPT-2-small-shaped state dict ({fres['tree'][0]['tensors']} bf16 tensors)",
+              "", "Against a dict comprehension of the raw per-tensor calls. Target: at most 1.2x.", "",
+              table(["direction", "raw loop", "convert_tree (default)", "ratio", "on_alias='allow': time, ratio"],
+                    cells, "markdown")]
+    cells = []
+    for r in fres["bridged"]:
+        fb, fw = r["forward_backward"], r["forward"]
+        cells.append((f"{r['caller']} -> {r['callee']}", _times_cell(fb["hand-written"]), _times_cell(fb["bridge"]),
+                      _x(_ratio(fb, "bridge", "hand-written")), _times_cell(fw["hand-written"]),
+                      _times_cell(fw["bridge"]), _x(_ratio(fw, "bridge", "hand-written")),
+                      "yes" if r["same_bits"] else "**no**"))
+    lines += ["", "## Bridged functions against a hand-written wrapper", "",
+              "`(a @ b) * c` on three 64x64 bf16 tensors, written in the callee (jax: `jax.jit`-compiled), called "
+              "from the caller's tensors; forward and backward is the caller's own vjp with a 64x64 cotangent "
+              "(torch `autograd.grad`, eager `jax.vjp`, `tf.GradientTape`). The hand-written wrappers "
+              "(`benchmarks/functions.py: baseline`) use raw DLPack moves: a torch `autograd.Function` around "
+              "the callee's vjp; for a jax caller `jax.custom_vjp` + `jax.pure_callback`, whose backward "
+              "recomputes the forward with the callee's vjp as the bridge's does (a callback cannot keep the "
+              "pullback); for tensorflow `tf.custom_gradient`. Forward only: the caller's tensors need no "
+              "gradient, both call the callee directly (no callback). Torch runs on one intra-op thread here "
+              "(its threads fight jax's and tensorflow's pools on this 2-core machine). \"Same bits\": the bridge "
+              "and the wrapper return the same output and gradients, bit for bit. Target: at most 1.3x.", "",
+              table(["caller -> callee", "fwd+bwd hand-written", "fwd+bwd bridge", "ratio", "fwd hand-written",
+                     "fwd bridge", "ratio", "same bits"], cells, "markdown")]
+    peers = fres["peers"]
+    tools = list(dict.fromkeys(r["tool"] for r in peers if r["case"] != "import"))
+    keys = list(dict.fromkeys((r["direction"], r["case"]) for r in peers if r["case"] != "import"))
+    by = {(r["tool"], r["direction"], r["case"]): r for r in peers}
+    verdict = {True: "ok: ", False: "**fails**: ", None: ""}
+    cells = [(direction, case, *(verdict[by[(tl, direction, case)]["ok"]] + by[(tl, direction, case)]["result"]
+                                 if (tl, direction, case) in by else "" for tl in tools)) for direction, case in keys]
+    lines += ["", "## Where each peer fails (bf16)", "",
+              "Each tool on a bf16 torch tensor of each layout (jax -> torch: a jax array, always compact). "
+              "\"copied\": the result does not share the input's memory. Generated from the run, not written by hand.",
+              "", table(["direction", "input", *tools], cells, "markdown")]
+    for r in peers:
+        if r["case"] == "import":
+            lines += ["", f"{r['tool']} did not import: `{r['result']}`."]
+    return lines

@@ -1,0 +1,476 @@
+"""The cost of a call (issue 9): convert, convert_tree and bridged functions against hand-written
+raw calls and peers, measured as ratios in one run; and where each peer fails.
+
+Each comparison alternates its contenders: a round times a batch of calls of each in turn
+(about BATCH_S seconds a batch), and the rounds repeat, so drift on this shared machine hits
+every contender alike. A result keeps the best and the median batch (seconds a call); the
+targets are judged on the best (the least disturbed by other load), and the report shows both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+
+import numpy as np
+
+import bf16bridge as bb
+from bf16bridge.errors import Bf16BridgeWarning
+
+from .harness import SIZES, machine, pairs, sample
+from .raw import raw_routes
+
+BATCH_S, QUICK_BATCH_S = 0.01, 0.004
+ROUNDS, QUICK_ROUNDS = 25, 2
+
+
+def _ready(y):
+    for v in y if isinstance(y, (list, tuple)) else (y,):
+        if hasattr(v, "block_until_ready"):
+            v.block_until_ready()
+    return y
+
+
+def compare(contenders: dict, *, quick: bool) -> dict:
+    """Seconds a call of each contender: {"best", "median", "n" (calls a batch), "rounds"}."""
+    batch_s, rounds = (QUICK_BATCH_S, QUICK_ROUNDS) if quick else (BATCH_S, ROUNDS)
+    sizes = {}
+    for name, fn in contenders.items():  # warm up, and size a batch to about batch_s
+        _ready(fn())
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < batch_s / 4 or n < 2:
+            _ready(fn())
+            n += 1
+        sizes[name] = max(1, int(n * 4))
+    times: dict = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            n = sizes[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                _ready(fn())
+            times[name].append((time.perf_counter() - t0) / n)
+    return {k: {"best": min(v), "median": statistics.median(v), "n": sizes[k], "rounds": rounds}
+            for k, v in times.items()}
+
+
+def _mods():
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import tensorflow as tf
+    import torch
+
+    return ml_dtypes, torch, jax, jnp, tf
+
+
+def _interop():
+    """torch_jax_interop's two calls, or None where it does not import."""
+    try:
+        import torch_jax_interop as tji
+    except Exception as err:  # noqa: BLE001 - a peer that does not import is reported, not fatal
+        return None, f"{type(err).__name__}: {err}"
+    return {("torch", "jax"): tji.torch_to_jax, ("jax", "torch"): tji.jax_to_torch}, None
+
+
+# -- 1. convert of 1 KiB, every pair, against the raw call and torch_jax_interop -------------
+
+
+def bench_convert(quick: bool, log) -> dict:
+    raws = raw_routes()
+    peers, peer_error = _interop()
+    base = sample(SIZES["1 KiB"])
+    rows = []
+    for s, d in pairs():
+        if (s, d) not in raws:
+            continue
+        x = bb.convert(base, s, copy=True)
+        p = bb.plan(x, to=d)
+        contenders = {"bridge": lambda: bb.convert(x, d), "raw": lambda: raws[(s, d)](x)}
+        if p.alias is not None:
+            contenders["bridge, on_alias='allow'"] = lambda: bb.convert(x, d, on_alias="allow")
+        if peers and (s, d) in peers:
+            contenders["torch_jax_interop"] = lambda f=peers[(s, d)]: f(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Bf16BridgeWarning)  # the default call's warning is timed, not shown
+            r = compare(contenders, quick=quick)
+        rows.append({"source": s, "target": d, "copies": p.copies, "warns": p.alias is not None, "times": r})
+        log(f"  convert 1 KiB {s:>10} -> {d:<10} " + "  ".join(f"{k} {v['best'] * 1e6:.2f} us" for k, v in r.items()))
+    return {"rows": rows, "peer_error": peer_error}
+
+
+# -- 2. convert_tree of a GPT-2-small-shaped state dict ---------------------------------------
+
+
+def gpt2_shapes() -> dict[str, tuple[int, ...]]:
+    """GPT-2 small's parameters (Hugging Face names, Conv1D weights as stored: in x out)."""
+    d, ff, v, ctx = 768, 3072, 50257, 1024
+    out = {"wte.weight": (v, d), "wpe.weight": (ctx, d)}
+    for i in range(12):
+        h = f"h.{i}."
+        out.update({h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
+                    h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
+                    h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
+                    h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
+                    h + "mlp.c_fc.weight": (d, ff), h + "mlp.c_fc.bias": (ff,),
+                    h + "mlp.c_proj.weight": (ff, d), h + "mlp.c_proj.bias": (d,)})
+    out.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+    return out
+
+
+def bench_tree(quick: bool, log) -> list[dict]:
+    ml, torch, jax, jnp, tf = _mods()
+    raws = raw_routes()
+    # torch's allocator aligns to 64 bytes; values do not matter to a zero-copy move (the
+    # pages are zero-filled, not random, to keep the run short)
+    sd = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in gpt2_shapes().items()}
+    rows = []
+    for d in ("numpy", "jax", "tensorflow"):
+        there = bb.convert_tree(sd, d)
+        for src, tree, to in (("torch", sd, d), (d, there, "torch")):
+            raw = raws[(src, to)]
+            p = bb.plan(next(iter(tree.values())), to=to)
+            contenders = {"bridge": lambda t=tree, to=to: bb.convert_tree(t, to),
+                          "raw loop": lambda t=tree, raw=raw: {k: raw(v) for k, v in t.items()}}
+            if p.alias is not None:
+                contenders["bridge, on_alias='allow'"] = lambda t=tree, to=to: bb.convert_tree(t, to, on_alias="allow")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Bf16BridgeWarning)
+                r = compare(contenders, quick=quick)
+            rows.append({"source": src, "target": to, "tensors": len(tree), "warns": p.alias is not None,
+                         "times": r})
+            log(f"  convert_tree GPT-2 {src:>10} -> {to:<10} "
+                + "  ".join(f"{k} {v['best'] * 1e3:.3f} ms" for k, v in r.items()))
+        there = None
+    return rows
+
+
+# -- 3. bridged functions against hand-written autodiff wrappers with raw DLPack calls -------
+
+AUTODIFF = ("torch", "jax", "tensorflow")
+
+
+class _Raw:
+    """The raw DLPack moves a hand-written wrapper uses (bf16, contiguous, aligned inputs)."""
+
+    def __init__(self):
+        ml, torch, jax, jnp, tf = _mods()
+        imp = tf.experimental.dlpack.from_dlpack
+        bf16 = ml.bfloat16
+
+        def np_to_tf(a):
+            if a.ctypes.data % 64:  # tensorflow's kernels abort on an unaligned import (FACTS.md)
+                a = _aligned(a)
+            return tf.bitcast(imp(a.view(np.uint16).__dlpack__()), tf.bfloat16)
+
+        self.move = {
+            ("torch", "jax"): lambda t: jnp.from_dlpack(t.detach()),
+            ("jax", "torch"): torch.from_dlpack,
+            ("torch", "tensorflow"): lambda t: imp(t.detach().__dlpack__()),
+            ("tensorflow", "torch"): torch.from_dlpack,
+            ("jax", "tensorflow"): lambda j: imp(j.__dlpack__()),
+            ("tensorflow", "jax"): jnp.from_dlpack,
+            ("numpy", "torch"): lambda a: torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16),
+            ("torch", "numpy"): lambda t: np.from_dlpack(t.detach().view(torch.uint16)).view(bf16),
+            ("numpy", "tensorflow"): np_to_tf,
+            ("tensorflow", "numpy"): lambda x: np.from_dlpack(tf.bitcast(x, tf.uint16)).view(bf16),
+        }
+
+
+def _aligned(a):
+    from bf16bridge.adapters.numpy import aligned_empty
+
+    out = aligned_empty(a.shape, np.uint16)
+    out[...] = a.view(np.uint16)
+    return out.view(a.dtype)
+
+
+def _callee_fn(callee):
+    """(a @ b) * c in the callee's own API (jax: jit-compiled, as a bridged jax function usually is)."""
+    ml, torch, jax, jnp, tf = _mods()
+    if callee == "torch":
+        return lambda a, b, c: (a @ b) * c
+    if callee == "jax":
+        return jax.jit(lambda a, b, c: (a @ b) * c)
+    return lambda a, b, c: tf.matmul(a, b) * c
+
+
+def _callee_vjp(callee):
+    """The callee's own vjp: (fn, inputs) -> (output, pullback(ct) -> grads)."""
+    ml, torch, jax, jnp, tf = _mods()
+    if callee == "torch":
+        def vjp(fn, xs):
+            ins = [x.detach().requires_grad_() for x in xs]
+            with torch.enable_grad():
+                out = fn(*ins)
+            return out, lambda ct: torch.autograd.grad(out, ins, ct)
+        return vjp
+    if callee == "jax":
+        def vjp(fn, xs):
+            out, pb = jax.vjp(fn, *xs)
+            return out, pb
+        return vjp
+
+    def vjp(fn, xs):
+        with tf.GradientTape() as tape:
+            for x in xs:
+                tape.watch(x)
+            out = fn(*xs)
+        return out, lambda ct: tape.gradient(out, xs, output_gradients=ct)
+    return vjp
+
+
+def baseline(caller: str, callee: str, fn):
+    """The hand-written wrapper a user writes today for ``fn`` of ``callee`` called from ``caller``,
+    with raw DLPack moves: torch ``autograd.Function`` around the callee's vjp; jax
+    ``custom_vjp`` + ``pure_callback`` (its backward recomputes the forward, as the bridge's
+    does: a callback cannot keep the pullback between the two); tf ``custom_gradient``."""
+    ml, torch, jax, jnp, tf = _mods()
+    mv = _Raw().move
+    vjp = _callee_vjp(callee)
+    if caller == "torch":
+        to_c, back = mv[("torch", callee)], mv[(callee, "torch")]
+
+        class Wrapped(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, b, c):
+                out, ctx.pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
+                return back(out)
+
+            @staticmethod
+            def backward(ctx, ct):
+                return tuple(back(g) for g in ctx.pb(to_c(ct)))
+
+        def fwd_only(a, b, c):
+            return back(fn(to_c(a), to_c(b), to_c(c)))
+
+        return Wrapped.apply, fwd_only
+    if caller == "jax":
+        # jax 0.10 hands a pure_callback jax arrays (older jax: numpy); results go back as numpy
+        to_c, back = mv[("jax", callee)], mv[(callee, "numpy")]
+        aval = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
+
+        def fwd_cb(a, b, c):
+            return back(fn(to_c(a), to_c(b), to_c(c)))
+
+        def bwd_cb(a, b, c, ct):
+            _, pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
+            return [back(g) for g in pb(to_c(ct))]
+
+        @jax.custom_vjp
+        def f(a, b, c):
+            return jax.pure_callback(fwd_cb, aval, a, b, c)
+
+        def f_fwd(a, b, c):
+            return f(a, b, c), (a, b, c)
+
+        def f_bwd(res, ct):
+            return tuple(jax.pure_callback(bwd_cb, [aval] * 3, *res, ct))
+
+        f.defvjp(f_fwd, f_bwd)
+        to_j, from_j = mv[("jax", callee)], mv[(callee, "jax")]
+
+        def fwd_only(a, b, c):  # concrete jax arrays: no callback needed
+            return from_j(fn(to_j(a), to_j(b), to_j(c)))
+
+        return f, fwd_only
+    to_c, back = mv[("tensorflow", callee)], mv[(callee, "tensorflow")]
+
+    @tf.custom_gradient
+    def g(a, b, c):
+        out, pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
+        return back(out), lambda ct: [back(x) for x in pb(to_c(ct))]
+
+    def fwd_only(a, b, c):
+        return back(fn(to_c(a), to_c(b), to_c(c)))
+
+    return g, fwd_only
+
+
+def _driver(caller: str):
+    """How a caller runs forward and backward: f, inputs, cotangent -> (output, grads)."""
+    ml, torch, jax, jnp, tf = _mods()
+    if caller == "torch":
+        def run(f, xs, ct):
+            out = f(*xs)
+            return out, torch.autograd.grad(out, xs, ct)
+        return run
+    if caller == "jax":
+        def run(f, xs, ct):
+            out, pb = jax.vjp(f, *xs)
+            return _ready([out, *pb(ct)])
+        return run
+
+    def run(f, xs, ct):
+        with tf.GradientTape() as tape:
+            for x in xs:
+                tape.watch(x)
+            out = f(*xs)
+        return out, tape.gradient(out, xs, output_gradients=ct)
+    return run
+
+
+def bench_bridged(quick: bool, log) -> list[dict]:
+    ml, torch, jax, jnp, tf = _mods()
+    # torch's intra-op threads spin against jax's and tensorflow's pools on this small shared
+    # machine: a 64x64 bf16 matmul took 20 us on one thread and up to 15 ms on two. One thread
+    # keeps the callee's own work small and steady, so the ratio shows the call's overhead.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _bench_bridged(quick, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench_bridged(quick: bool, log) -> list[dict]:
+    ml, torch, jax, jnp, tf = _mods()
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((64, 64)) * 0.5).astype(np.float32).astype(ml.bfloat16) for _ in range(4)]
+    rows = []
+    for caller in AUTODIFF:
+        for callee in AUTODIFF:
+            if caller == callee:
+                continue
+            fn = _callee_fn(callee)
+            bridged = bb.bridge(callee)(fn)
+            base, base_fwd = baseline(caller, callee, fn)
+            xs = [bb.convert(a, caller, copy=True) for a in data[:3]]
+            ct = bb.convert(data[3], caller, copy=True)
+            grad_xs = [x.requires_grad_() for x in xs] if caller == "torch" else xs
+            run = _driver(caller)
+            # both give the callee's own results, bit for bit: a fair race runs the same work
+            got, want = run(bridged, grad_xs, ct), run(base, grad_xs, ct)
+            same = all(np.array_equal(_bits(g), _bits(w)) for g, w in zip(_flat(got), _flat(want)))
+            plain = [x.detach() for x in xs] if caller == "torch" else xs
+            same_fwd = np.array_equal(_bits(bridged(*plain)), _bits(base_fwd(*plain)))
+            r = compare({"bridge": lambda: run(bridged, grad_xs, ct), "hand-written": lambda: run(base, grad_xs, ct)},
+                        quick=quick)
+            rf = compare({"bridge": lambda: _ready(bridged(*plain)), "hand-written": lambda: _ready(base_fwd(*plain))},
+                         quick=quick)
+            rows.append({"caller": caller, "callee": callee, "same_bits": bool(same and same_fwd),
+                         "forward_backward": r, "forward": rf})
+            log(f"  bridged {caller:>10} -> {callee:<10} fwd+bwd {r['bridge']['best'] * 1e6:8.1f} us vs "
+                f"{r['hand-written']['best'] * 1e6:8.1f} us; fwd {rf['bridge']['best'] * 1e6:7.1f} us vs "
+                f"{rf['hand-written']['best'] * 1e6:7.1f} us{'' if same and same_fwd else '  (BITS DIFFER)'}")
+    return rows
+
+
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        return [v for item in x for v in _flat(item)]
+    return [x]
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(bb.convert(x, "numpy", copy=True, on_grad="drop")).view(np.uint16)
+
+
+# -- 4. where each peer fails ------------------------------------------------------------------
+
+
+def peer_failures(log) -> list[dict]:
+    """torch_jax_interop, the raw DLPack calls and the bridge, on bf16 inputs of each layout:
+    whether each works, keeps the bits and shares memory, or what it raises."""
+    ml, torch, jax, jnp, tf = _mods()
+    peers, peer_error = _interop()
+    raws = raw_routes()
+    src = torch.from_numpy(sample(2 * 64 * 66).view(np.uint16)).view(torch.bfloat16).reshape(64, 66)
+    cases = {
+        "contiguous, 64-byte aligned": src[:, :64].contiguous(),
+        "unaligned (offset 2 bytes)": src.reshape(-1)[1:4097],
+        "sliced (every other column)": src[:, ::2],
+        "transposed": src[:, :64].contiguous().T,
+    }
+    tools = {
+        "bf16bridge": {("torch", "jax"): lambda t: bb.convert(t, "jax"),
+                       ("torch", "tensorflow"): lambda t: bb.convert(t, "tensorflow"),
+                       ("torch", "numpy"): lambda t: bb.convert(t, "numpy"),
+                       ("jax", "torch"): lambda j: bb.convert(j, "torch", on_alias="allow")},
+        "raw DLPack": {k: raws[k] for k in (("torch", "jax"), ("torch", "tensorflow"), ("torch", "numpy"),
+                                            ("jax", "torch"))},
+        "the framework's own call": {("torch", "jax"): jnp.asarray, ("torch", "tensorflow"): tf.convert_to_tensor,
+                                     ("torch", "numpy"): lambda t: t.numpy(), ("jax", "torch"): torch.asarray},
+    }
+    if peers:
+        tools["torch_jax_interop"] = peers
+    # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process (FACTS.md)
+    never = {("raw DLPack", ("torch", "tensorflow"), "unaligned (offset 2 bytes)"):
+             "not run: tensorflow imports it and its first kernel aborts the process (Check failed: IsAligned())"}
+    rows = []
+    for case, t in cases.items():
+        want = t.contiguous().view(torch.int16).numpy().view(np.uint16)
+        for tool, fns in tools.items():
+            for direction, fn in fns.items():
+                # jax -> torch starts from the bridge's own jax copy of the layout (jax arrays are
+                # always compact; a sliced or transposed case is the same array made compact)
+                x = t if direction[0] == "torch" else jnp.asarray(bb.convert(t.contiguous(), "numpy"))
+                row = {"case": case, "tool": tool, "direction": " -> ".join(direction)}
+                if (tool, direction, case) in never:
+                    rows.append({**row, "ok": None, "result": never[(tool, direction, case)]})
+                    continue
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        y = _ready(fn(x))
+                    bits = _bits(y)
+                    row["ok"] = bool(np.array_equal(bits, want))
+                    row["zero_copy"] = _ptr(x) == _ptr(y)
+                    row["result"] = ("bits kept" if row["ok"] else "BITS CHANGED") + (
+                        ", zero-copy" if row["zero_copy"] else ", copied")
+                except Exception as err:  # noqa: BLE001 - the point is to record what each raises
+                    row["ok"] = False
+                    row["result"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+                rows.append(row)
+                if direction[0] == "jax" and case != "contiguous, 64-byte aligned":
+                    rows.pop()  # the same compact jax array as the first case: nothing new
+    if peer_error:
+        rows.append({"case": "import", "tool": "torch_jax_interop", "direction": "", "ok": False,
+                     "result": peer_error})
+    for r in rows:
+        log(f"  peers {r['tool']:>18} {r['direction']:>14} {r['case']:<30} {r['result']}")
+    return rows
+
+
+def _ptr(x) -> int | None:
+    try:
+        from bf16bridge import registry
+
+        return registry.get(registry.framework_of(x)).data_ptr(x)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _code() -> str:
+    """The commit measured, and whether the package had changes not yet committed."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "bf16bridge"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"commit {head}" + (" with uncommitted changes in bf16bridge/" if dirty else "")
+
+
+def run(quick: bool, log=print) -> dict:
+    from bf16bridge import registry
+
+    for name in registry.names():
+        registry.get(name)
+    log("functions: convert 1 KiB against the raw calls and torch_jax_interop")
+    conv = bench_convert(quick, log)
+    log("functions: convert_tree of a GPT-2-small-shaped state dict")
+    tree = bench_tree(quick, log)
+    log("functions: bridged functions against hand-written wrappers")
+    fns = bench_bridged(quick, log)
+    log("functions: where each peer fails")
+    peers = peer_failures(log)
+    return {"mode": "quick" if quick else "full", "machine": machine(), "code": _code(), "timing": {
+        "batch_s": QUICK_BATCH_S if quick else BATCH_S, "rounds": QUICK_ROUNDS if quick else ROUNDS,
+        "judged_on": "best"}, "convert": conv, "tree": tree, "bridged": fns, "peers": peers}
