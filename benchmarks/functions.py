@@ -1,10 +1,9 @@
 """The cost of a call (issue 9): convert, convert_tree and bridged functions against hand-written
 raw calls and peers, measured as ratios in one run; and where each peer fails.
 
-Each comparison alternates its contenders: a round times a batch of calls of each in turn
-(about BATCH_S seconds a batch), and the rounds repeat, so drift on this shared machine hits
-every contender alike. A result keeps the best and the median batch (seconds a call); the
-targets are judged on the best (the least disturbed by other load), and the report shows both.
+Each comparison alternates its contenders call by call, so load from others on this shared
+machine hits every contender alike. A result keeps the fastest call and the median call; the
+targets are judged on the fastest (the least disturbed by other load), and the report shows both.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from bf16bridge.errors import Bf16BridgeWarning
 from .harness import SIZES, machine, pairs, sample
 from .raw import raw_routes
 
-BATCH_S, QUICK_BATCH_S = 0.01, 0.004
-ROUNDS, QUICK_ROUNDS = 25, 2
+BUDGET_S, QUICK_BUDGET_S = 1.5, 0.03  # seconds a comparison runs, all contenders together
+MIN_ROUNDS, QUICK_MIN_ROUNDS = 20, 3
 
 
 def _ready(y):
@@ -33,26 +32,32 @@ def _ready(y):
 
 
 def compare(contenders: dict, *, quick: bool) -> dict:
-    """Seconds a call of each contender: {"best", "median", "n" (calls a batch), "rounds"}."""
-    batch_s, rounds = (QUICK_BATCH_S, QUICK_ROUNDS) if quick else (BATCH_S, ROUNDS)
-    sizes = {}
-    for name, fn in contenders.items():  # warm up, and size a batch to about batch_s
+    """Seconds a call of each contender: {"best", "median", "calls"}.
+
+    The contenders alternate call by call (the order rotating each round), so a burst of other
+    load on this shared machine hits each alike; each call is timed alone, less the cost of
+    timing an empty call."""
+    budget, min_rounds = (QUICK_BUDGET_S, QUICK_MIN_ROUNDS) if quick else (BUDGET_S, MIN_ROUNDS)
+    fns = list(contenders.items())
+    for _, fn in fns:  # warm up
         _ready(fn())
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < batch_s / 4 or n < 2:
-            _ready(fn())
-            n += 1
-        sizes[name] = max(1, int(n * 4))
+        _ready(fn())
+    clock = time.perf_counter
+    floor = min(_time_one(clock, lambda: None) for _ in range(200))
     times: dict = {k: [] for k in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            n = sizes[name]
-            t0 = time.perf_counter()
-            for _ in range(n):
-                _ready(fn())
-            times[name].append((time.perf_counter() - t0) / n)
-    return {k: {"best": min(v), "median": statistics.median(v), "n": sizes[k], "rounds": rounds}
-            for k, v in times.items()}
+    start, rounds = clock(), 0
+    while rounds < min_rounds or clock() - start < budget:
+        k = rounds % len(fns)
+        for name, fn in fns[k:] + fns[:k]:
+            times[name].append(max(0.0, _time_one(clock, fn) - floor))
+        rounds += 1
+    return {k: {"best": min(v), "median": statistics.median(v), "calls": len(v)} for k, v in times.items()}
+
+
+def _time_one(clock, fn) -> float:
+    t0 = clock()
+    _ready(fn())
+    return clock() - t0
 
 
 def _mods():
@@ -472,5 +477,5 @@ def run(quick: bool, log=print) -> dict:
     log("functions: where each peer fails")
     peers = peer_failures(log)
     return {"mode": "quick" if quick else "full", "machine": machine(), "code": _code(), "timing": {
-        "batch_s": QUICK_BATCH_S if quick else BATCH_S, "rounds": QUICK_ROUNDS if quick else ROUNDS,
+        "budget_s": QUICK_BUDGET_S if quick else BUDGET_S, "min_rounds": QUICK_MIN_ROUNDS if quick else MIN_ROUNDS,
         "judged_on": "best"}, "convert": conv, "tree": tree, "bridged": fns, "peers": peers}

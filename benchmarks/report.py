@@ -236,7 +236,7 @@ def _ratio(times: dict, key: str, base: str) -> float:
 
 
 def function_targets(fres: dict) -> list[tuple[str, bool, str]]:
-    """The targets of issue 9, judged on the best batch of each contender (see benchmarks/functions.py)."""
+    """The targets of issue 9, judged on the fastest call of each contender (see benchmarks/functions.py)."""
     out = []
     rows = fres["convert"]["rows"]
 
@@ -297,9 +297,9 @@ def function_markdown(fres: dict) -> list[str]:
         "", "# The cost of a call (issue 9)", "",
         f"Written by `python -m benchmarks --only functions{' --quick' if fres['mode'] == 'quick' else ''}` "
         f"(or a full run) on {m['when']}, {fres.get('code', 'code not recorded')}; results in "
-        "`benchmarks/results/functions.json`. Contenders alternate: "
-        f"each round times a batch of about {t['batch_s'] * 1e3:g} ms of calls of each in turn, {t['rounds']} "
-        "rounds; a cell shows the best batch's time a call and, in parentheses, the median batch's. "
+        "`benchmarks/results/functions.json`. Contenders alternate call by call (the order rotating each "
+        f"round), each call timed alone, for about {t['budget_s']:g} s a comparison and at least "
+        f"{t['min_rounds']} rounds; a cell shows the fastest call and, in parentheses, the median call. "
         f"Targets are judged on the {t['judged_on']} (the least disturbed by other load on this shared machine).",
         "", "## Targets (the cost of a call)", "",
         table(["target", "met", "measured"],
