@@ -101,8 +101,8 @@ def test_dry_run_summary_says_what_ran(dry_run):
 def _results(**change):
     tests = [{"nodeid": f"tests/device/x.py::{n}", "name": n, "when": "call", "outcome": "passed",
               "seconds": 0.1, "records": {r: 1}} for n, r in CHECKS.items()]
-    data = {"mode": "gpu", "device": "cuda", "started": "now", "finished": "then", "tests": tests,
-            "warnings": [], "versions": {}, "missing": ["tensorflow"]}
+    data = {"mode": "gpu", "device": "cuda", "started": "now", "tests": tests, "warnings": [], "versions": {},
+            "missing": ["tensorflow"], "sessions": [{"args": ["tests/device/x.py"], "started": "now", "finished": "then"}]}
     for name, entry in change.items():
         (t,) = [t for t in tests if t["name"] == name]
         if entry is None:
@@ -112,30 +112,35 @@ def _results(**change):
     return data
 
 
-# (what went wrong, the results, pytest's status, what the summary must say)
+def _cut_short():
+    data = _results()
+    del data["sessions"][0]["finished"]
+    return data
+
+
+# (what went wrong, the results, each test file's pytest status, what the summary must say)
 BROKEN = [
-    ("a check did not run", _results(**{"test_registry_present": None}), 0, "test_registry_present did not run"),
-    ("a check recorded nothing", _results(**{"test_numpy_target[jax]": {"records": {}}}), 0,
+    ("a check did not run", _results(**{"test_registry_present": None}), "x=0", "test_registry_present did not run"),
+    ("a check recorded nothing", _results(**{"test_numpy_target[jax]": {"records": {}}}), "x=0",
      "test_numpy_target[jax] recorded nothing"),
-    ("a check failed", _results(**{"test_zero_copy_by_pointer[jax->torch]": {"outcome": "failed"}}), 1,
+    ("a check failed", _results(**{"test_zero_copy_by_pointer[jax->torch]": {"outcome": "failed"}}), "x=1",
      "test_zero_copy_by_pointer[jax->torch] failed"),
     ("a check was skipped", _results(**{"test_device_index_kept[torch->jax]": {"outcome": "skipped", "why": "x"}}),
-     0, "test_device_index_kept[torch->jax] was skipped"),
+     "x=0", "test_device_index_kept[torch->jax] was skipped"),
     ("a missing framework skipped without saying why",
-     _results(**{"test_framework_present[tensorflow]": {"outcome": "skipped"}}), 0, "skipped without a reason"),
-    ("pytest ran out of time", _results(), 124, "ran past its time limit"),
-    ("the session was cut short", {**_results(), "finished": None}, 0, "did not finish"),
-    ("no results at all", None, 2, "the tests did not start"),
+     _results(**{"test_framework_present[tensorflow]": {"outcome": "skipped"}}), "x=0", "skipped without a reason"),
+    ("a file ran out of time", _results(), "test_timings=124", "test_timings: pytest exited with status 124 (it ran past"),
+    ("a file crashed", _results(), "test_routes=139", "test_routes: pytest exited with status 139 (a segmentation fault)"),
+    ("a session was cut short", _cut_short(), "x=0", "did not finish"),
+    ("no results at all", None, "test_functions=2", "the tests did not start"),
 ]
 
 
 @pytest.mark.parametrize("what,data,status,says", BROKEN, ids=[b[0] for b in BROKEN])
 def test_summary_fails_when_a_check_did_nothing(tmp_path, what, data, status, says):
     if data is not None:
-        if data.get("finished", "") is None:
-            del data["finished"]
         (tmp_path / "device-check.json").write_text(json.dumps(data))
-    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--pytest-status", str(status)],
+    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--status", status],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stdout
     md = (tmp_path / "device-check.md").read_text()
@@ -146,7 +151,7 @@ def test_summary_passes_a_skipped_missing_framework_that_says_so(tmp_path):
     data = _results(**{"test_framework_present[tensorflow]": {
         "outcome": "skipped", "why": "tensorflow is not installed on this machine"}})
     (tmp_path / "device-check.json").write_text(json.dumps(data))
-    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--pytest-status", "0"],
+    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--status", "test_probe=0"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout
     md = (tmp_path / "device-check.md").read_text()

@@ -1,7 +1,11 @@
 """Turn the device check's results (device-check.json, written by tests/device/conftest.py)
 into device-check.md, and decide whether the check passed.
 
-    python tools/device_summary.py OUT_DIR [--pytest-status N]
+    python tools/device_summary.py OUT_DIR [--status FILE=N ...] [--junit-from DIR]
+
+``--status`` gives each test file's pytest exit status (tools/device_check.sh runs
+each file in a process of its own); ``--junit-from`` merges the JUnit reports found
+in DIR into OUT_DIR/device-junit.xml.
 
 Exit status 0 only when every expected check ran and passed (or, for a framework missing on
 the machine, was skipped with the reason said) and recorded what it found; 1 otherwise, with
@@ -41,18 +45,22 @@ def base(name: str) -> str:
     return name.split("[")[0]
 
 
-def problems(data: dict | None, pytest_status: int | None) -> list[str]:
+#: what a pytest exit status means, beyond "tests failed" (1)
+STATUS = {2: "interrupted or a usage error", 3: "an internal error", 4: "a usage error",
+          5: "no tests were collected", 124: "it ran past its time limit", 137: "it was killed",
+          139: "a segmentation fault", 134: "an abort"}
+
+
+def problems(data: dict | None, statuses: dict[str, int]) -> list[str]:
     """Why the check did not pass; empty when it did."""
+    out = [f"{name}: pytest exited with status {n}" + (f" ({STATUS[n]})" if n in STATUS else "")
+           for name, n in statuses.items() if n != 0]
     if data is None:
-        return ["no device-check.json: the tests did not start (see device-check.log)"]
-    out = []
+        return out + ["no device-check.json: the tests did not start (see device-check.log)"]
     tests = data.get("tests", [])
-    if pytest_status not in (None, 0):
-        what = {124: "it ran past its time limit", 137: "it was killed", 5: "no tests were collected"}
-        out.append(f"pytest exited with status {pytest_status}"
-                   + (f" ({what[pytest_status]})" if pytest_status in what else ""))
-    if "finished" not in data:
-        out.append("the test session did not finish: results below are partial")
+    for session in data.get("sessions", []):
+        if "finished" not in session:
+            out.append(f"the session of {' '.join(session.get('args', []))} did not finish: its results are partial")
     ran = {base(t["name"]) for t in tests}
     for name in EXPECTED:
         if name not in ran:
@@ -118,14 +126,38 @@ def render(data: dict | None, found: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_junit(folder: Path, into: Path) -> None:
+    """One JUnit file of every test suite in ``folder``'s reports (each file's own process wrote one)."""
+    import xml.etree.ElementTree as ET
+
+    merged = ET.Element("testsuites")
+    for report in sorted(folder.glob("*.xml")):
+        try:
+            root = ET.parse(report).getroot()
+        except ET.ParseError:  # a process killed while writing it: its tests are missing from the JSON too
+            continue
+        merged.extend(root.iter("testsuite"))
+    for key in ("tests", "failures", "errors", "skipped"):
+        merged.set(key, str(sum(int(s.get(key, 0)) for s in merged)))
+    ET.ElementTree(merged).write(into, encoding="utf-8", xml_declaration=True)
+
+
+def _status(text: str) -> tuple[str, int]:
+    name, _, n = text.rpartition("=")
+    return name, int(n)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--pytest-status", type=int, default=None)
+    ap.add_argument("--status", type=_status, nargs="*", default=[], help="FILE=N: a test file's pytest exit status")
+    ap.add_argument("--junit-from", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.junit_from is not None:
+        merge_junit(args.junit_from, args.out / "device-junit.xml")
     path = args.out / "device-check.json"
     data = json.loads(path.read_text()) if path.exists() else None
-    found = problems(data, args.pytest_status)
+    found = problems(data, dict(args.status))
     if data is not None:
         data["passed"] = not found
         data["problems"] = found

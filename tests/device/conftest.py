@@ -9,7 +9,9 @@ collected.
 Each test records what it found with ``record_property``; this file gathers those
 records and the outcomes into ``$BF16BRIDGE_DEVICE_OUT/device-check.json`` after
 every test (so a run cut short still leaves its results), which
-tools/device_summary.py turns into the Markdown summary.
+tools/device_summary.py turns into the Markdown summary. The script runs each test
+file in a process of its own (a crash loses one file, not the run): a session
+appends to the results an earlier one left.
 """
 
 from __future__ import annotations
@@ -44,13 +46,23 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _path() -> Path | None:
+    out = os.environ.get("BF16BRIDGE_DEVICE_OUT")
+    return Path(out) / "device-check.json" if DEVICE is not None and out else None
+
+
 def pytest_configure(config):
     if DEVICE is None:
         return
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    path = _path()
+    if path is not None and path.exists():  # an earlier file's session of the same run
+        _RESULTS.update(json.loads(path.read_text()))
+    _RESULTS.setdefault("sessions", []).append({"args": [str(a) for a in config.args], "started": now})
     _RESULTS.update(
         mode="gpu" if DEVICE == "cuda" else "dry-run",
         device=DEVICE,
-        started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        started=_RESULTS.get("started", now),
         python=platform.python_version(),
         machine=platform.machine(),
         versions={d: _version(d) for d in DISTRIBUTIONS if _version(d) is not None},
@@ -60,10 +72,9 @@ def pytest_configure(config):
 
 
 def _save() -> None:
-    out = os.environ.get("BF16BRIDGE_DEVICE_OUT")
-    if DEVICE is None or not out:
+    path = _path()
+    if path is None:
         return
-    path = Path(out) / "device-check.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_RESULTS, indent=1, default=str))
     tmp.replace(path)
@@ -105,8 +116,9 @@ def pytest_warning_recorded(warning_message, when, nodeid, location):
 def pytest_sessionfinish(session, exitstatus):
     if DEVICE is None:
         return
-    _RESULTS["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    _RESULTS["pytest_status"] = int(exitstatus)
+    _RESULTS["sessions"][-1].update(
+        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        status=int(exitstatus))
     _save()
 
 
