@@ -77,14 +77,69 @@ MATRIX_COLS = [("source", "from"), ("target", "to"), ("route", "route"), ("copie
                ("writable", "writable"), ("bit_exact", "bit-exact")]
 
 
+#: what every row of the matrix assumes about its input
+MATRIX_ASSUMES = ("each route is for a contiguous, 64-byte aligned, writable bf16 tensor of the source "
+                  "framework; other inputs can take other routes, and bb.plan(x, to=...) shows yours")
+
+
+def common_input_rows(n: int = 1 << 19) -> list[dict]:
+    """Inputs people commonly have that the matrix's assumptions leave out, and what the
+    planner does with each (asked of plan(), never written down here): a default numpy
+    allocation (numpy aligns to less than 64 bytes, so most of its buffers are not), a read-only
+    numpy array, and a transposed (strided) 2-D tensor of each framework that has ``.T``."""
+    bf16 = dtypes.numpy_dtype("bfloat16")
+    held = []  # numpy's own buffers land where malloc puts them; keep the first not 64-byte aligned
+    for _ in range(16):
+        held.append(np.empty(n, dtype=bf16))
+        if held[-1].ctypes.data % 64:
+            break
+    default = held[-1]
+    read_only = sample(1024)
+    read_only.flags.writeable = False
+    inputs = [(f"default {registry.HUB} allocation (np.empty: address {default.ctypes.data % 64} mod 64)", default),
+              (f"read-only {registry.HUB} array", read_only)]
+    square = sample(64 * 64).reshape(64, 64)
+    for s in registry.names():
+        transposed = getattr(convert(square, s, copy=True), "T", None)
+        if transposed is not None:
+            inputs.append((f"transposed 2-D {s} tensor (x.T)", transposed))
+    rows = []
+    for label, x in inputs:
+        source = registry.framework_of(x)
+        for d in registry.names():
+            if d == source:
+                continue
+            p = plan(x, to=d)
+            rows.append({"input": label, "source": source, "target": d, "copies": p.copies,
+                         "why": "; ".join(st.reason for st in p.steps if st.copies and st.reason)})
+    return rows
+
+
+COMMON_COLS = [("input", "input"), ("target", "to"), ("copies", "route"), ("why", "why")]
+
+
+def matrix_notes() -> str:
+    """What the matrix assumes, and which common inputs copy (text; ``matrix("text")`` includes it)."""
+    rows = [{**r, "copies": "copy" if r["copies"] else "zero-copy"} for r in common_input_rows()]
+    return (f"assumes: {MATRIX_ASSUMES}\n\n"
+            "common inputs outside that assumption, as bb.plan() routes them here:\n"
+            + _table(rows, COMMON_COLS))
+
+
 def matrix(fmt: Literal["text", "markdown", "json"] = "text") -> str:
-    """The route matrix as a text or markdown table, or JSON."""
+    """The route matrix as a text or markdown table, or JSON.
+
+    "markdown" and "json" are the table alone (docs/routes.md embeds the markdown);
+    "text" adds what the table assumes and which common inputs copy (matrix_notes()).
+    """
     if fmt not in ("text", "markdown", "json"):
         raise InvalidArgumentError(f"matrix: fmt must be one of text, markdown, json; got {fmt!r}")
     rows = matrix_rows()
     if fmt == "json":
         return json.dumps(rows, indent=2)
-    return _table(rows, MATRIX_COLS, fmt)
+    if fmt == "markdown":
+        return _table(rows, MATRIX_COLS, fmt)
+    return f"{_table(rows, MATRIX_COLS, fmt)}\n\n{matrix_notes()}"
 
 
 def _fmt_time(s: float) -> str:

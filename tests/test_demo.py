@@ -35,3 +35,43 @@ def test_matrix_refuses_an_unknown_format():
 
     with pytest.raises(InvalidArgumentError, match="fmt must be one of text, markdown, json; got 'html'"):
         demo.matrix("html")
+
+
+# what plan() does with each common input here (torch 2.13, jax 0.10.2, tensorflow 2.21)
+COMMON = {
+    ("default numpy allocation", "torch"): (False, ""),
+    ("default numpy allocation", "jax"): (True, "not 64-byte aligned"),
+    ("default numpy allocation", "tensorflow"): (True, "not 64-byte aligned"),
+    ("read-only numpy array", "torch"): (True, "the input is read-only"),
+    ("read-only numpy array", "jax"): (False, ""),
+    ("read-only numpy array", "tensorflow"): (False, ""),
+    ("transposed 2-D numpy tensor", "jax"): (True, "the input is strided"),
+    ("transposed 2-D torch tensor", "numpy"): (False, ""),
+    ("transposed 2-D torch tensor", "jax"): (True, "the input is strided"),
+    ("transposed 2-D torch tensor", "tensorflow"): (True, "the input is strided"),
+}
+
+
+def test_common_inputs_copy_where_the_planner_says():
+    rows = demo.common_input_rows()
+    found = {}
+    for r in rows:
+        for (label, target), expected in COMMON.items():
+            if r["input"].startswith(label) and r["target"] == target:
+                found[label, target] = r
+                assert r["copies"] == expected[0] and expected[1] in r["why"] and bool(r["why"]) == r["copies"], r
+    assert set(found) == set(COMMON)
+    unaligned = next(r["input"] for r in rows if r["input"].startswith("default numpy allocation"))
+    assert "address 0 mod 64" not in unaligned  # a default allocation that is not aligned was found
+
+
+def test_common_inputs_follow_the_registry(monkeypatch):
+    monkeypatch.setattr(registry, "names", lambda: ["numpy", "torch"])
+    rows = demo.common_input_rows(n=1024)
+    assert {(r["source"], r["target"]) for r in rows} == {("numpy", "torch"), ("torch", "numpy")}
+
+
+def test_matrix_text_states_its_assumptions_and_markdown_is_the_table_alone():
+    text, markdown = demo.matrix("text"), demo.matrix("markdown")
+    assert f"assumes: {demo.MATRIX_ASSUMES}" in text and "common inputs outside that assumption" in text
+    assert markdown.startswith("| from |") and "assumes" not in markdown and len(markdown.splitlines()) == 14
