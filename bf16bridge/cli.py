@@ -2,67 +2,113 @@
 
 ``main(argv)`` returns the exit status and leaves the interpreter running (a caller's
 ``finally`` blocks and atexit handlers run); ``console_main()``, the console script,
-ends the process with that status at once (see there why).
+ends the process with that status at once (see there why), and quiets the frameworks'
+start-up log lines (see there how).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
+import re
 import sys
+import tempfile
 
 from . import registry
 from .errors import Bf16BridgeError
 
+# argparse prints these: plain text, no reStructuredText (the module docstring is for Python readers)
+DESCRIPTION = "Move bfloat16 tensors between {} bit for bit, and check them."
+EPILOG = ("exit status: 0 success; 1 a parity case or the demo failed; 2 a usage error.\n"
+          "'bf16bridge COMMAND --help' describes each command.")
 
-def main(argv: list[str] | None = None) -> int:
+#: the native log level the console script sets when the user set none: 1, no INFO lines
+#: (0 all, 1 warnings and errors, 2 errors, 3 none, as TF_CPP_MIN_LOG_LEVEL counts)
+QUIET_LEVEL = 1
+# jax's JAX_LOGGING_LEVEL, counted as jax counts it for its C++ logs (jax/_src/logging_config.py)
+_JAX_LEVELS = {"DEBUG": 0, "INFO": 0, "WARN": 1, "WARNING": 1, "ERROR": 2, "CRITICAL": 3, "FATAL": 3}
+
+# The native log lines of tensorflow and jaxlib, whose C++ logs through absl: absl's notice that
+# it is not set up yet, and lines like "I0000 00:00:1795.. 1900 port.cc:153] oneDNN custom
+# operations are on ..."; tensorflow 2.21 writes these two at import, twice, whatever
+# TF_CPP_MIN_LOG_LEVEL says.
+_ABSL_NOTICE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR")
+_ABSL_LINE = re.compile(r"([IWE])\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
+_SEVERITY = {"I": 0, "W": 1, "E": 2}
+
+
+def main(argv: list[str] | None = None, *, native_log_level: int | None = None) -> int:
     """Run the command line ``argv`` (default: sys.argv[1:]); returns the exit status:
-    0 success, 1 a parity case or the demo failed, 2 a usage error."""
-    parser = argparse.ArgumentParser(prog="bf16bridge", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="move a bf16 tensor through every framework, timed against the usual workaround")
+    0 success, 1 a parity case or the demo failed, 2 a usage error (``--help``: 0).
+
+    ``native_log_level`` (1 to 3, counted as TF_CPP_MIN_LOG_LEVEL counts): import the
+    frameworks the command uses first, dropping the native log lines they write below
+    that level (console_main() passes the user's level, or QUIET_LEVEL)."""
+    parser, subs = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if native_log_level:
+            with _native_logs_below(native_log_level):
+                _load(args)
+        return _run(subs[args.command], args)
+    except SystemExit as stop:  # argparse's usage errors and --help: a status, as documented
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+    except Bf16BridgeError as err:  # ours name the input and the way out: no traceback needed
+        print(f"bf16bridge {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    names = registry.names()
+    parser = argparse.ArgumentParser(prog="bf16bridge", description=DESCRIPTION.format(", ".join(names)),
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("demo", help="move a bf16 tensor through every framework, timed against the usual workaround",
+                       description="Move one bf16 tensor through every ordered pair of the registered frameworks "
+                                   "and time each move against the usual workaround. Exits 1 if a bit changed.")
     d.add_argument("--mib", type=float, default=32.0, help="size of the tensor in MiB (default 32)")
     d.add_argument("--repeat", type=int, default=5, help="timed runs per call (median)")
-    n = len(registry.names())
-    m = sub.add_parser("matrix", help=f"the route of each of the {n * (n - 1)} ordered pairs of registered frameworks")
+    n = len(names)
+    m = sub.add_parser("matrix", help=f"the route of each of the {n * (n - 1)} ordered pairs of registered frameworks",
+                       description="The route of each ordered pair of registered frameworks for a contiguous, "
+                                   "64-byte aligned bf16 tensor, and which common inputs (unaligned, read-only, "
+                                   "transposed) copy instead. The text format prints both; markdown and json "
+                                   "print the table on stdout and the rest on stderr.")
     m.add_argument("--format", choices=["text", "markdown", "json"], default="text")
-    p = sub.add_parser("probe", help="what this machine and these libraries can do with bf16")
+    p = sub.add_parser("probe", help="what this machine and these libraries can do with bf16",
+                       description="What this machine and these libraries can do with bf16. Frameworks are "
+                                   "imported and tried only when named in --frameworks (or 'all').")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--frameworks", default="", help="comma-separated frameworks to import and try, or 'all'")
-    q = sub.add_parser("parity", help="the same bf16 computations in every framework that computes, compared")
+    p.add_argument("--frameworks", default="",
+                   help=f"comma-separated frameworks to import and try ({', '.join(names)}), or 'all'")
+    q = sub.add_parser("parity", help="the same bf16 computations in every framework that computes, compared",
+                       description="Run the same bf16 computations in two or more frameworks and compare the "
+                                   "results. Exits 1 if a case fails or nothing was compared.")
     q.add_argument("--ops", default="", help="comma-separated built-in ops (default: all)")
     q.add_argument("--frameworks", default="",
-                   help=f"comma-separated, from {', '.join(registry.names())} "
+                   help=f"two or more, comma-separated, from {', '.join(names)} "
                         "(default: every registered framework that computes)")
     q.add_argument("--allow-missing", action="store_true",
-                   help="pass a case although a framework did not run it or fewer than two results were compared")
+                   help="pass a case although a framework did not run it or fewer than two results were "
+                        "compared (a run that compared nothing at all still fails)")
     q.add_argument("--policy", default="ulp(1)",
                    help="exact, ulp(N), allclose(RTOL,ATOL), reference(K), torch, jax or tensorflow")
     q.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an op size, e.g. k=1024 (matmul's inner dimension), rows=128, cols=512, seq=128")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--format", default="text", choices=["text", "json", "markdown", "html"])
-    q.add_argument("--output", help="write the report here instead of printing it")
+    q.add_argument("--output", help="write the report here; print where, and the summary line")
     q.add_argument("--recheck", metavar="RESULTS_JSON", help="judge results saved with --format json again")
-    args = parser.parse_args(argv)
-    try:
-        return _run(parser, args)
-    except Bf16BridgeError as err:  # ours name the input and the way out: no traceback needed
-        print(f"bf16bridge {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    return parser, {"demo": d, "matrix": m, "probe": p, "parity": q}
 
 
-def _run(parser, args) -> int:
+def _run(parser: argparse.ArgumentParser, args) -> int:
     if args.command == "parity":
         return _parity(parser, args)
-
     if args.command == "probe":
-        from .capabilities import probe
-
-        names = args.frameworks.split(",") if args.frameworks and args.frameworks != "all" else args.frameworks
-        caps = probe(frameworks=[n for n in names if n] if isinstance(names, list) else (names or None))
-        print(caps.to_json() if args.json else caps)
-        return 0
+        return _probe(parser, args)
 
     from . import demo
 
@@ -71,13 +117,44 @@ def _run(parser, args) -> int:
         print(text)
         return 0 if ok else 1
     print(demo.matrix(args.format))
+    if args.format != "text":  # stdout stays the table alone (docs/routes.md embeds the markdown)
+        print(demo.matrix_notes(), file=sys.stderr)
     return 0
 
 
-def _parity(parser, args) -> int:
+def _asked(frameworks: str, parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """The canonical names in --frameworks, once each; an unknown one is a usage error
+    (listing the valid ones) when a parser is given, UnknownFrameworkError otherwise."""
+    if frameworks == "all":
+        return [n for n in registry.names() if n != registry.HUB]
+    try:
+        return list(dict.fromkeys(registry.resolve(f) for f in frameworks.split(",") if f))
+    except Bf16BridgeError as err:
+        if parser is None:
+            raise
+        parser.error(str(err))
+
+
+def _probe(parser: argparse.ArgumentParser, args) -> int:
+    from .capabilities import probe
+
+    asked = _asked(args.frameworks, parser)
+    caps = probe(frameworks="all" if args.frameworks == "all" else asked)
+    # the probe's own hint is a Python call; on the command line the way is --frameworks
+    hint = "not imported; 'bf16bridge probe --frameworks all' (or '--frameworks {0}') imports and tries it"
+    caps = dataclasses.replace(caps, frameworks={
+        name: fw if fw.probed or not fw.version or name in asked else dataclasses.replace(fw, why=hint.format(name))
+        for name, fw in caps.frameworks.items()})
+    print(caps.to_json() if args.json else caps)
+    return 0
+
+
+def _parity(parser: argparse.ArgumentParser, args) -> int:
     from .parity import parse, render, runner
 
     parse(args.policy)  # a policy that cannot be read is refused before anything runs
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        parser.error(f"--output {args.output}: no such directory; create it or write elsewhere")
     if args.recheck:
         reports = runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
     else:
@@ -87,13 +164,18 @@ def _parity(parser, args) -> int:
             if not value.isdigit():
                 parser.error(f"--set takes NAME=INTEGER; got {item!r}")
             params[name] = int(value)
-        ops = [o for o in args.ops.split(",") if o] or None
+        ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) or None
         unknown = [o for o in ops or () if o not in runner.OPS]
         if unknown:
-            parser.error(f"unknown op(s) {', '.join(unknown)}; built-in ops: {', '.join(runner.OPS)}")
-        frameworks = [registry.resolve(f) for f in args.frameworks.split(",") if f] or None
+            parser.error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                         f"built-in ops: {', '.join(runner.OPS)}")
+        frameworks = _asked(args.frameworks, parser) or None
+        if frameworks is not None and len(frameworks) < 2:
+            parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
+                         f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
         reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed, params=params,
                                allow_missing=args.allow_missing)
+    summary = _summary(reports, args.policy)
     if args.format == "json":
         out = runner.dumps(reports)
     elif args.format == "markdown":
@@ -101,16 +183,94 @@ def _parity(parser, args) -> int:
     elif args.format == "html":
         out = render.html(reports)
     else:
-        out = "\n\n".join(str(r) for r in reports)
-        failed = [r.op for r in reports if not r.passed]
-        out += f"\n\n{len(reports) - len(failed)} of {len(reports)} cases pass {args.policy}" + (
-            f"; failing: {', '.join(failed)}" if failed else "")
+        out = "\n\n".join(str(r) for r in reports) + "\n\n" + summary
     if args.output:
         with open(args.output, "w") as f:
             f.write(out)
+        print(f"wrote {len(reports)} case{'' if len(reports) == 1 else 's'} ({args.format}) to {args.output}")
+        print(summary)
     else:
         print(out)
-    return 0 if all(r.passed for r in reports) else 1
+        if args.format != "text":  # the report is data; the verdict goes where a person sees it
+            print(summary, file=sys.stderr)
+    return 0 if reports and all(r.passed for r in reports) and any(r.pairs for r in reports) else 1
+
+
+def _summary(reports, policy: str) -> str:
+    failed = [r.op for r in reports if not r.passed]
+    line = f"{len(reports) - len(failed)} of {len(reports)} cases pass {policy}" + (
+        f"; failing: {', '.join(failed)}" if failed else "")
+    if not any(r.pairs for r in reports):  # --allow-missing passes such cases; the run still fails
+        line += "; FAILED: nothing was compared (no case had results from two frameworks)"
+    return line
+
+
+def _load(args) -> None:
+    """Import the frameworks the command will use (each adapter imports its framework),
+    so that their start-up log lines fall inside _native_logs_below. A framework that
+    cannot be imported, or a name that is unknown, is left for the command to report."""
+    try:
+        if args.command in ("demo", "matrix"):
+            names = registry.names()
+        elif args.command == "probe":
+            names = _asked(args.frameworks)
+        elif args.recheck:  # runs nothing
+            return
+        else:
+            names = _asked(args.frameworks) or registry.names()
+    except Bf16BridgeError:
+        return
+    for name in names:
+        try:
+            registry.get(name)
+        except (ImportError, Bf16BridgeError):  # not installed, or refused: the command says so
+            pass
+
+
+def user_log_level(environ=os.environ) -> int | None:
+    """The native log level the user set (TF_CPP_MIN_LOG_LEVEL, JAX_LOGGING_LEVEL; the more
+    verbose of the two), or None. A value neither framework reads counts as 0: show all."""
+    levels = []
+    if "TF_CPP_MIN_LOG_LEVEL" in environ:
+        value = environ["TF_CPP_MIN_LOG_LEVEL"].strip()
+        levels.append(min(int(value), 3) if value.isdigit() else 0)
+    if "JAX_LOGGING_LEVEL" in environ:
+        levels.append(_JAX_LEVELS.get(environ["JAX_LOGGING_LEVEL"].strip().upper(), 0))
+    return min(levels) if levels else None
+
+
+def _below(line: str, level: int) -> bool:
+    if _ABSL_NOTICE.match(line):
+        return True  # absl's own notice, before the line it announces
+    m = _ABSL_LINE.match(line)
+    return m is not None and _SEVERITY[m.group(1)] < level
+
+
+@contextlib.contextmanager
+def _native_logs_below(level: int):
+    """Send file descriptor 2 to a temporary file for the block, then copy what it caught
+    to stderr without the frameworks' native log lines below ``level``. Only around imports:
+    a process that aborts inside the block loses what the block caught."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to guard
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not _below(line, level))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
 
 
 def console_main() -> None:
@@ -121,8 +281,18 @@ def console_main() -> None:
     passed into a failed exit status. The script owns its process, so it flushes its
     output and exits with main()'s status without that shutdown; library callers use
     main(), which returns.
+
+    Log lines: unless the user set a level (user_log_level()), the script sets
+    TF_CPP_MIN_LOG_LEVEL=QUIET_LEVEL (no INFO lines) before any framework is imported; and
+    it drops the lines below the user's level or that one which the frameworks write at
+    import whatever the variable says (main(native_log_level=...)). A value the user set
+    is never changed.
     """
-    code = main()
+    level = user_log_level()
+    if level is None:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(QUIET_LEVEL)
+        level = QUIET_LEVEL
+    code = main(native_log_level=level)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,16 +1,33 @@
-"""bf16bridge matrix / demo, run as a user runs them."""
+"""bf16bridge on the command line: main() in-process where it can, a subprocess where the
+environment or a fresh process matters."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from bf16bridge import cli
+
+BANNERS = ("absl::InitializeLog", "oneDNN custom operations")  # tensorflow 2.21's, at import
+
+
+def _run(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bf16bridge", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
 
 def _cli(*args):
-    out = subprocess.run([sys.executable, "-m", "bf16bridge", *args], capture_output=True, text=True, timeout=600)
+    out = _run(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
+
+
+def _env(**set_):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_LOGGING_LEVEL")}
+    env.update(set_)
+    return env
 
 
 def test_matrix_json_has_twelve_zero_copy_bit_exact_routes():
@@ -23,9 +40,22 @@ def test_matrix_json_has_twelve_zero_copy_bit_exact_routes():
                                  or r["target"] == "torch")
 
 
-def test_matrix_markdown():
-    text = _cli("matrix", "--format", "markdown")
-    assert text.startswith("| from | to | route |") and text.count("\n") >= 13
+def test_matrix_markdown_is_the_table_alone_and_says_its_assumptions_on_stderr():
+    out = _run("matrix", "--format", "markdown", env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("| from | to | route |") and out.stdout.count("\n") == 14
+    assert "assumes" not in out.stdout  # docs/routes.md embeds stdout
+    assert "contiguous, 64-byte aligned" in out.stderr and "transposed 2-D torch tensor" in out.stderr
+    assert not [b for b in BANNERS if b in out.stderr], out.stderr
+
+
+def test_matrix_text_states_its_assumptions_and_the_inputs_that_copy():
+    text = _cli("matrix")
+    assert "assumes: each route is for a contiguous, 64-byte aligned, writable bf16 tensor" in text
+    lines = text.splitlines()
+    copies = [line for line in lines if line.startswith(("default numpy allocation", "read-only numpy",
+                                                         "transposed 2-D torch")) and " copy " in line]
+    assert len(copies) == 5, "\n".join(lines)  # unaligned -> jax, tf; read-only -> torch; transposed -> jax, tf
 
 
 def test_demo_runs_and_says_all_pairs_are_bit_exact():
@@ -61,22 +91,122 @@ def test_console_script_exits_with_mains_status_and_our_error():
     assert "Traceback" not in out.stderr
 
 
-def test_parity_with_a_framework_that_cannot_run_fails_unless_allow_missing(capsys):
-    from bf16bridge.cli import main
+@pytest.mark.parametrize("command", [[], ["demo"], ["matrix"], ["probe"], ["parity"]])
+def test_help_is_plain_text_and_main_returns_0(capsys, command):
+    assert cli.main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: bf16bridge")
+    for markup in ("``", ":func:", ":class:", ":meth:", ".. "):
+        assert markup not in out, (markup, out)
 
-    args = ["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,numpy", "--policy", "ulp(1000)"]
-    assert main(args) == 1  # numpy has no definition of sum: not run, and one result compares nothing
+
+@pytest.mark.parametrize("argv, says", [
+    (["parity", "--frameworks", "torch,jaxx"],
+     ["usage: bf16bridge parity", "unknown framework 'jaxx'; choose one of numpy (np), torch (pt, pytorch), jax"]),
+    (["parity", "--ops", "nosuchop"], ["usage: bf16bridge parity", "unknown op nosuchop; built-in ops: matmul,"]),
+    (["parity", "--ops", "matmul,fft,ffft"], ["unknown ops fft, ffft; built-in ops: matmul,"]),
+    (["parity", "--frameworks", "torch"],
+     ["two or more frameworks; --frameworks torch names only torch; choose two or more of numpy, torch, jax"]),
+    (["parity", "--frameworks", "torch,pt", "--allow-missing"], ["--frameworks torch,pt names only torch"]),
+    (["probe", "--frameworks", "torch,jaxx"], ["usage: bf16bridge probe", "unknown framework 'jaxx'"]),
+    (["matrix", "--format", "html"], ["usage: bf16bridge matrix", "invalid choice: 'html'"]),
+    (["parity", "--output", "/no/such/dir/r.txt"], ["--output /no/such/dir/r.txt: no such directory"]),
+])
+def test_unknown_names_and_one_framework_are_usage_errors_before_anything_runs(monkeypatch, capsys, argv, says):
+    from bf16bridge.parity import runner
+
+    def must_not_run(*a, **k):
+        raise AssertionError("ran")
+    monkeypatch.setattr(runner, "suite", must_not_run)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    for s in says:
+        assert s in err, err
+
+
+def test_parity_with_a_framework_that_cannot_run_fails_unless_allow_missing(capsys):
+    args = ["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,jax,numpy", "--policy", "ulp(1000)"]
+    assert cli.main(args) == 1  # numpy has no definition of sum: not run
     out = capsys.readouterr().out
     assert "not compared: not run: numpy (no definition of this op)" in out and "FAILED" in out
-    assert main(args + ["--allow-missing"]) == 0
-    assert "PASSED" in capsys.readouterr().out
+    assert cli.main(args + ["--allow-missing"]) == 0
+    out = capsys.readouterr().out
+    assert "PASSED" in out and out.rstrip().endswith("3 of 3 cases pass ulp(1000)")
 
 
-def test_parity_refuses_unknown_names_before_running(capsys):
-    from bf16bridge.cli import main
+def test_parity_that_compared_nothing_fails_even_with_allow_missing(capsys):
+    args = ["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,numpy", "--allow-missing"]
+    assert cli.main(args) == 1  # only torch ran: every case passes as allowed, and nothing was compared
+    out = capsys.readouterr().out.rstrip()
+    assert out.endswith("3 of 3 cases pass ulp(1); FAILED: nothing was compared "
+                        "(no case had results from two frameworks)")
 
-    assert main(["parity", "--frameworks", "torch,mxnet"]) == 2
-    assert "unknown framework 'mxnet'" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_:
-        main(["parity", "--ops", "matmul,fft"])
-    assert exit_.value.code == 2 and "unknown op(s) fft" in capsys.readouterr().err
+
+def test_parity_output_says_where_it_wrote_and_the_summary(tmp_path, capsys):
+    saved = tmp_path / "r.json"
+    assert cli.main(["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,jax", "--format", "json",
+                     "--output", str(saved)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote 3 cases (json) to {saved}", "3 of 3 cases pass ulp(1)"]
+    assert len(json.loads(saved.read_text())) == 3
+    page = tmp_path / "r.md"
+    assert cli.main(["parity", "--recheck", str(saved), "--policy", "ulp(2)", "--format", "markdown",
+                     "--output", str(page)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote 3 cases (markdown) to {page}", "3 of 3 cases pass ulp(2)"]
+    assert page.read_text().count("sum") >= 3
+
+
+def test_parity_output_that_fails_says_why(tmp_path, capsys):
+    page = tmp_path / "r.html"
+    assert cli.main(["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,numpy", "--format", "html",
+                     "--output", str(page)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote 3 cases (html) to {page}",
+        "0 of 3 cases pass ulp(1); failing: sum cols=64 [normal], sum cols=64 [cancel], sum cols=64 [ties]; "
+        "FAILED: nothing was compared (no case had results from two frameworks)"]
+
+
+def test_probe_suggests_the_command_line_not_a_python_call():
+    out = _run("probe", env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "probe(frameworks=" not in out.stdout
+    for name in ("torch", "jax", "tensorflow"):  # none imported by a bare probe
+        assert f"(not imported; 'bf16bridge probe --frameworks all' (or '--frameworks {name}') imports" in out.stdout
+    caps = json.loads(_cli("probe", "--json"))
+    assert "--frameworks all" in caps["frameworks"]["torch"]["why"]
+
+
+@pytest.mark.parametrize("env, banners", [
+    ({}, False),  # the script quiets them
+    ({"TF_CPP_MIN_LOG_LEVEL": "1"}, False),  # the user's level, held although tensorflow 2.21 ignores it here
+    ({"TF_CPP_MIN_LOG_LEVEL": "0"}, True),  # the user asked for everything: not overridden
+    ({"JAX_LOGGING_LEVEL": "INFO"}, True),
+])
+def test_framework_log_banners_are_quieted_unless_the_user_set_a_level(env, banners):
+    out = _run("probe", "--frameworks", "tensorflow", "--json", env=_env(**env))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["frameworks"]["tensorflow"]["probed"]
+    assert all((b in out.stderr) == banners for b in BANNERS), out.stderr
+
+
+@pytest.mark.parametrize("env, level", [
+    ({}, None),
+    ({"TF_CPP_MIN_LOG_LEVEL": "2"}, 2),
+    ({"TF_CPP_MIN_LOG_LEVEL": "7"}, 3),
+    ({"TF_CPP_MIN_LOG_LEVEL": "x"}, 0),
+    ({"JAX_LOGGING_LEVEL": "error"}, 2),
+    ({"JAX_LOGGING_LEVEL": "DEBUG", "TF_CPP_MIN_LOG_LEVEL": "3"}, 0),  # the more verbose wins
+])
+def test_user_log_level(env, level):
+    assert cli.user_log_level(env) == level
+
+
+def test_native_log_lines_below_the_level_are_dropped_and_the_rest_kept(capfd):
+    written = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+               "I0000 00:00:1796000158.013337    5300 port.cc:153] oneDNN custom operations are on.\n"
+               "W0000 00:00:1796000158.013337    5300 x.cc:1] a warning\n"
+               "E0000 00:00:1796000158.013337    5300 x.cc:2] an error\n"
+               "a line of our own\n")
+    for level, kept in [(1, [2, 3, 4]), (2, [3, 4]), (3, [4])]:
+        with cli._native_logs_below(level):
+            os.write(2, written.encode())
+        assert capfd.readouterr().err.splitlines() == [written.splitlines()[i] for i in kept]
