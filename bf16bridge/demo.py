@@ -159,9 +159,9 @@ def demo(mib: float = 32.0, repeat: int = 5) -> tuple[str, bool]:
         p = plan(x, to=d)
         if longest is None or len(p.steps) > len(longest.steps):
             longest = p
-        y = convert(x, d)
+        y = convert(x, d, on_alias="allow")  # the demo's own tensor; the table shows the route
         exact = bool(np.array_equal(_bits(y), expect))
-        t_bridge = time_call(lambda: convert(x, d), repeat)
+        t_bridge = time_call(lambda: convert(x, d, on_alias="allow"), repeat)
         ok &= exact
         row = {"pair": f"{s} -> {d}", "copies": "copy" if p.copies else "zero-copy", "bridge": _fmt_time(t_bridge),
                "bits": "exact" if exact else "CHANGED", "workaround": "", "speedup": "", "workaround_bits": "",

@@ -75,3 +75,14 @@ def test_matrix_text_states_its_assumptions_and_markdown_is_the_table_alone():
     text, markdown = demo.matrix("text"), demo.matrix("markdown")
     assert f"assumes: {demo.MATRIX_ASSUMES}" in text and "common inputs outside that assumption" in text
     assert markdown.startswith("| from |") and "assumes" not in markdown and len(markdown.splitlines()) == 14
+
+
+def test_demo_does_not_warn_about_its_own_aliases():
+    import warnings
+
+    from bf16bridge.errors import Bf16BridgeWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Bf16BridgeWarning)
+        text, ok = demo.demo(mib=0.01, repeat=1)
+    assert ok
