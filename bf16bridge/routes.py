@@ -108,11 +108,12 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
     # no copy or widening by a framework whose kernels abort on this unaligned buffer (tensorflow)
     if copy is not False and (s.aligned or a.kernels_unaligned):
         # a copy within the framework: contiguous, aligned as the framework allocates, writable
-        if s.host:
+        if s.host or copy:
+            # a device tensor is copied on its device; only a host-only target takes it to the host
             bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
             yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
-                                 _copy_reason(s, target, copy), run=a.copy), _fresh(a, s.dtype, True)
-        elif copy:
+                                 _copy_reason(s, target, copy), run=a.copy), _fresh(a, s.dtype, s.host)
+        if not s.host and copy and adapters[target].host_only:
             yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
                           run=a.to_host), _fresh(a, s.dtype, True)
         narrow = dtypes.NARROW.get(s.dtype)

@@ -48,3 +48,14 @@ def test_invalid_copy_and_fallback_values():
         bb.convert(a, "torch", copy="yes")
     with pytest.raises(ValueError, match="fallback must be"):
         bb.convert(a, "torch", fallback="float16")
+
+
+@pytest.mark.parametrize("src,dst", [("torch", "jax"), ("jax", "torch")])
+def test_copy_true_copies_a_device_tensor_on_its_device(src, dst):
+    """A device input (described as on cuda:0; planned here on CPU): copy=True copies on the device;
+    only a host-only target (numpy) takes it to the host."""
+    from bf16bridge import registry, routes
+
+    s = registry.get(src).describe(make(src, np.zeros(8, BF16)))._replace(device="cuda:0")
+    assert [st.kind for st in routes.plan_for(s, src, dst, copy=True).steps if st.copies] == ["copy"]
+    assert [st.kind for st in routes.plan_for(s, src, "numpy", copy=True).steps if st.copies] == ["to_host"]
