@@ -48,7 +48,7 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method")
+                 "vmap_method", "memo")
 
     def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method):
         self.fn = fn
@@ -60,6 +60,9 @@ class ForeignCall:
         self.vmap_method = vmap_method
         self.out_skeleton: Any = None  # the result's tree, leaves taken out, once known
         self.out_specs: list | None = None  # [(shape, dtype name)] of the output leaves, once known
+        #: what a caller adapter keeps between calls of one signature (input structure, non-tensor
+        #: values, leaves' shapes and dtypes, which want gradients); None when it cannot be keyed
+        self.memo: dict | None = None
 
     # -- the pieces every caller hook uses -----------------------------------------------
     def _inputs(self, leaves):
@@ -136,6 +139,7 @@ class BridgedFunction:
         self.fallback = fallback
         self.vmap_method = vmap_method
         self._specs: dict = {}  # output specs by input signature, for declared-shape callers
+        self._memo: dict = {}  # (caller, signature, wanted gradients) -> what the caller's adapter keeps
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -173,6 +177,8 @@ class BridgedFunction:
         if sig is not None:
             sig = (sig, tuple(adapter.shape_dtype(x) for x in leaves))
             call.out_specs, call.out_skeleton = self._specs.get(sig, (None, None))
+            with self._lock:
+                call.memo = self._memo.setdefault((caller, sig, tuple(diff)), {})
         outs = adapter.call_foreign(call, leaves)
         if call.out_skeleton is None:  # nothing ran yet (a traced call) and nothing was kept
             call.specs(leaves, adapter.shape_dtype)

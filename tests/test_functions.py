@@ -351,3 +351,34 @@ def test_tf_adapter_first_loaded_inside_a_tf_function_trace():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_a_jax_caller_compiles_a_bridged_call_once_per_signature():
+    """jax caches a pure_callback's computation by the callback's identity: a bridged call must
+    reuse its callbacks, or every gradient step compiles again (25 ms a call here)."""
+    import logging
+
+    import jax
+
+    fn = bb.bridge("torch")(_layer("torch"))
+    W, X, C = (make("jax", v) for v in (_data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)))
+    grad = jax.grad(lambda W, X: (fn(W, X) * C).sum())
+    grad(W, X)  # the first call compiles
+
+    class Count(logging.Handler):
+        n = 0
+
+        def emit(self, record):
+            if "Compiling" in record.getMessage() or "compil" in record.getMessage().lower():
+                Count.n += 1
+
+    handler = Count()
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            for _ in range(3):
+                grad(W, X)
+    finally:
+        logger.removeHandler(handler)
+    assert Count.n == 0
