@@ -169,8 +169,10 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
     if fast is None or fast.generation != registry._GENERATION:
         fast = _FAST[key] = _Fast(src, hub, dst, source)
     if len(fast.plans) < _FAST_LIMIT:
-        direct = (tuple(step.run for step in p.steps)
-                  if not any(step.verify for step in p.steps) and (p.writable or not dst.marks_readonly) else None)
+        runs = tuple(step.run for step in p.steps)
+        if not p.writable and dst.marks_readonly:
+            runs += (dst.mark_readonly,)
+        direct = None if any(step.verify for step in p.steps) else runs
         fast.plans[(k, src.state(), hub.state(), dst.state())] = (p, direct)
 
 

@@ -86,8 +86,12 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
 
 
 def _via_dlpack(a: Adapter, b: Adapter, readonly: bool) -> Callable[[Any], Any]:
+    export, imp = a.exporter(readonly), b.importer()
+    if export is None:
+        return imp
+
     def run(x):
-        return b.from_dlpack(a.export(x, readonly))
+        return imp(export(x))
 
     return run
 

@@ -107,7 +107,7 @@ class JaxAdapter(Adapter):
     def fast_key(self, x, alignment):
         if isinstance(x, jax.core.Tracer) or x.is_deleted():
             return None
-        return (x.dtype, x.sharding, x.size == 0)  # jax buffers are dense and aligned
+        return (x.dtype, x.sharding, 0 in x.shape)  # jax buffers are dense and aligned
 
     def data_ptr(self, x) -> int:
         x.block_until_ready()  # a pointer asked of a pending result has hung a process here
@@ -118,6 +118,9 @@ class JaxAdapter(Adapter):
 
     def from_dlpack(self, obj):
         return jnp.from_dlpack(obj)
+
+    def importer(self):
+        return jnp.from_dlpack
 
     def copy(self, x):
         return jnp.array(x, copy=True)

@@ -90,6 +90,10 @@ class NumpyAdapter(Adapter):
         elif any(st % itemsize for st in x.strides):
             # a field of a structured array: strides in bytes that no element stride expresses
             must_copy = f"its strides {x.strides} are not whole multiples of its {itemsize}-byte elements"
+        elif x.size and x.__array_interface__["data"][0] % itemsize:
+            # numpy aligns complex128 to 8 bytes, torch's kernels load 16: copying a 1- or
+            # 3-element complex128 tensor 8 bytes past a 16-byte boundary segfaults (torch 2.13 CPU)
+            must_copy = f"the buffer is not aligned to its {itemsize}-byte elements"
         ptr = x.__array_interface__["data"][0]
         return Source(
             value=x, dtype=name, shape=x.shape, nbytes=x.nbytes,
@@ -107,8 +111,13 @@ class NumpyAdapter(Adapter):
         f = x.flags
         if not (f.c_contiguous and f.aligned) or x.size <= 1 or 1 in x.shape:
             return None  # (a dimension of size 0 or 1 may carry a negative stride: the full path)
-        return (x.dtype, f.writeable, x.size == 0,
-                alignment and x.__array_interface__["data"][0] % ALIGN == 0)
+        dt = x.dtype
+        if alignment or dt.alignment < dt.itemsize:  # complex: numpy's alignment is half an element
+            ptr = x.__array_interface__["data"][0]
+            if ptr % dt.itemsize:
+                return None  # describe copies it: the full path
+            return (dt, f.writeable, False, alignment and ptr % ALIGN == 0)
+        return (dt, f.writeable, False, False)
 
     def data_ptr(self, x) -> int:
         return x.__array_interface__["data"][0]
@@ -124,6 +133,12 @@ class NumpyAdapter(Adapter):
 
     def from_dlpack(self, obj):
         return np.from_dlpack(obj)
+
+    def exporter(self, readonly):
+        return super().exporter(readonly) if readonly else None
+
+    def importer(self):
+        return np.from_dlpack
 
     def copy(self, x):
         out = aligned_empty(x.shape, x.dtype.newbyteorder("="))

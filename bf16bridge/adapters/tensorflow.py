@@ -128,9 +128,10 @@ class TensorflowAdapter(Adapter):
         )
 
     def fast_key(self, x, alignment):
-        if isinstance(x, tf.Variable) or not hasattr(x, "numpy"):
-            return None  # a Variable crosses as a snapshot; a symbolic tensor is refused: the full path
-        empty = x.shape.num_elements() == 0
+        # convert keeps plans per input type, and never one for a tf.Variable (describe swaps it
+        # for a snapshot) or a symbolic tensor (refused): only eager tensors get here with a plan
+        shape = x._shape_tuple() if hasattr(x, "_shape_tuple") else tuple(x.shape)
+        empty = 0 in shape
         return (x.dtype, x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
@@ -139,8 +140,14 @@ class TensorflowAdapter(Adapter):
     def bitview(self, x, dtype):
         return tf.bitcast(x, _tf_dtype(dtype))
 
+    def bitview_to(self, dtype):
+        return functools.partial(tf.bitcast, type=_tf_dtype(dtype))
+
     def export(self, x, readonly):
         return x if _NATIVE_EXPORT else _Exported(x)
+
+    def exporter(self, readonly):
+        return None if _NATIVE_EXPORT else _Exported
 
     def from_dlpack(self, obj):
         # a capsule: the one form every tensorflow tested takes (2.16 takes nothing else)

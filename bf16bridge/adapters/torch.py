@@ -133,6 +133,9 @@ class TorchAdapter(Adapter):
     def from_dlpack(self, obj):
         return torch.from_dlpack(obj)
 
+    def importer(self):
+        return torch.from_dlpack
+
     def copy(self, x):
         # copy_ resolves conj/neg bits; clone() would keep them
         return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
