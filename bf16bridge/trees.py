@@ -12,6 +12,7 @@ as it is.
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -112,7 +113,7 @@ def _walk(fn, node, path, walk: _Walk):
             inner = unwrap(node)
             if inner is not None:
                 return fn(inner, path)
-        children = registry.tree_children(node) or _optree_children(node)
+        children = registry.tree_children(node) or _optree_children(node) or _dataclass_children(node)
         if children is not None:
             keys, values, rebuild = children
             return rebuild([_walk(fn, v, path + (k,), walk) for k, v in zip(keys, values)])
@@ -142,6 +143,20 @@ def unwrap(node):
     except UnsupportedTypeError:
         return None
     return value
+
+
+def _dataclass_children(node):
+    """The fields of a plain dataclass instance (one no tree library registered), rebuilt with
+    ``dataclasses.replace``; fields the constructor does not take (``init=False``) stay as they are."""
+    if isinstance(node, type) or not dataclasses.is_dataclass(node):
+        return None
+    names = [f.name for f in dataclasses.fields(node) if f.init]
+    instance: Any = node  # an instance, not a class (checked above)
+
+    def rebuild(values):
+        return dataclasses.replace(instance, **dict(zip(names, values)))
+
+    return names, [getattr(node, n) for n in names], rebuild
 
 
 _OPTREE_NAMESPACES: dict = {}

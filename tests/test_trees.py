@@ -199,3 +199,22 @@ def test_to_keras_means_the_running_keras_backend(backend):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == [backend, backend], out.stderr[-2000:]
+
+
+def test_plain_dataclasses_are_walked():
+    import dataclasses
+
+    import torch
+
+    @dataclasses.dataclass(frozen=True)
+    class Layer:
+        w: object
+        name: str
+        cache: object = dataclasses.field(default=None, init=False)
+
+    layer = Layer(make("torch", _bf16((3,))), "dense")
+    out = bb.convert_tree({"l": [layer]}, "numpy")
+    got = out["l"][0]
+    assert type(got) is Layer and got.name == "dense" and isinstance(got.w, np.ndarray)
+    assert isinstance(layer.w, torch.Tensor)  # the input is not modified
+    np.testing.assert_array_equal(bits(got.w), bits(_bf16((3,))))
