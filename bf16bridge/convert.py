@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextvars
+import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
@@ -111,6 +113,14 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     when the input requires grad, whose gradient does not cross. Warnings are
     ``Bf16BridgeWarning``.
     """
+    return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
+
+
+def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
+    """convert() with its keywords as positions (convert_tree calls this per leaf).
+
+    The hot path: an input of a type, layout and settings seen before, on a zero-copy route,
+    runs the cached plan."""
     # The hot path: an input of a type, layout and settings seen before, on a zero-copy route,
     # runs the cached plan. The key holds everything the plan depends on: the input's type and
     # Adapter.fast_key (dtype, layout, alignment where it matters, read-only, device, empty or
@@ -225,13 +235,14 @@ def _say(message: str) -> None:
 
 def _stacklevel() -> int:
     """Point a warning at the caller's line, past every frame of this package."""
-    import sys
-
     level = 2
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(__package__ + "."):
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         level, frame = level + 1, frame.f_back
     return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _run(p: Plan, value, source: str, copy, dst_a):
@@ -311,8 +322,7 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
 
     def leaf(x, path):
         try:
-            return convert(x, to, copy=copy, fallback=fallback, for_compute=for_compute,
-                           on_alias=on_alias, on_grad=on_grad)
+            return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
         except Bf16BridgeError as err:
             if on_unsupported == "keep" and not isinstance(err, InvalidArgumentError):
                 return x

@@ -91,10 +91,7 @@ class ForeignCall:
             out_leaves, pullback = registry.get(self.callee).vjp(self._flat_fn, callee_leaves, self.diff)
         else:
             out_leaves, pullback = self._flat_fn(*callee_leaves), None
-        outs = self._outputs(out_leaves, to)
-        if self.out_specs is None:
-            self.out_specs = [registry.get(to).shape_dtype(y) for y in outs]
-        return outs, pullback
+        return self._outputs(out_leaves, to), pullback
 
     def backward(self, pullback, cotangents, to: str):
         if pullback is None:
@@ -118,7 +115,8 @@ class ForeignCall:
             for x in leaves:
                 shape, dtype = shapes_dtypes(x)
                 zeros.append(np.zeros(shape, dtypes.numpy_dtype(dtype)))
-            self.forward(zeros, False, "numpy")
+            outs, _ = self.forward(zeros, False, "numpy")
+            self.out_specs = [registry.get("numpy").shape_dtype(y) for y in outs]
         assert self.out_specs is not None
         return self.out_specs
 
@@ -161,7 +159,7 @@ class BridgedFunction:
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
         adapter = registry.get(caller)
-        diff = [adapter.differentiable(x) for x in leaves]
+        diff = adapter.differentiable_leaves(leaves)
         callee = registry.get(self.callee)
         if any(diff) and not callee.differentiates:
             warnings.warn(
@@ -173,7 +171,8 @@ class BridgedFunction:
         # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
         # anything runs: they are found by one call on zeros and kept per input signature
         # (the arguments' structure, non-tensor values, and each leaf's shape and dtype).
-        sig = trees.key(skeleton)
+        # An eager call runs the function now and learns its results as it goes: none of this.
+        sig = trees.key(skeleton) if adapter.traced(leaves) else None
         if sig is not None:
             sig = (sig, tuple(adapter.shape_dtype(x) for x in leaves))
             call.out_specs, call.out_skeleton = self._specs.get(sig, (None, None))

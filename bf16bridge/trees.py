@@ -98,7 +98,8 @@ def _walk(fn, node, path, walk: _Walk):
         return fn(node, path)
     if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
         return node
-    if isinstance(node, (Mapping, list, tuple)):
+    t = type(node)
+    if t is dict or t is list or t is tuple or isinstance(node, (Mapping, list, tuple)):
         if id(node) in walk.active:
             raise UnsupportedTypeError(f"at {where(path)}: the tree contains itself; a tree must be finite")
         walk.active.add(id(node))
@@ -189,8 +190,10 @@ def _optree_children(node):
 
 
 def _container(fn, node, path, walk: _Walk):
-    if isinstance(node, Mapping):
+    if isinstance(node, dict) or isinstance(node, Mapping):
         items = {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
+        if type(node) is dict:
+            return items
         if isinstance(node, dict):
             out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes
             out.clear()
@@ -204,7 +207,7 @@ def _container(fn, node, path, walk: _Walk):
                 "pass a dict, or register the type with jax.tree_util"
             ) from err
     values = [_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)]
-    if type(node) in (list, tuple):
+    if type(node) is list or type(node) is tuple:
         return type(node)(values)
     if hasattr(node, "_fields"):  # namedtuple
         return type(node)(*values)

@@ -254,6 +254,15 @@ class Adapter:
         """Caller side: whether this input leaf's gradient is wanted (default: never)."""
         return False
 
+    def differentiable_leaves(self, leaves: list) -> list:
+        """``differentiable`` of each leaf (an adapter may answer for all at once, cheaper)."""
+        return [self.differentiable(x) for x in leaves]
+
+    def traced(self, leaves: list) -> bool:
+        """Whether this call is being traced (jax under a transformation, a tf graph): its
+        results must be declared before it runs. Default: never."""
+        return False
+
     def call_foreign(self, call, leaves: list) -> list:
         """Caller side: run a ``functions.ForeignCall`` on this framework's input leaves so that
         this framework's autodiff reaches its backward; the output leaves, as this

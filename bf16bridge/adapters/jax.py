@@ -167,8 +167,11 @@ class JaxAdapter(Adapter):
         # concrete arrays have no transformation watching them; tracers of inexact dtype may
         return isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)
 
+    def traced(self, leaves):
+        return any(isinstance(x, jax.core.Tracer) for x in leaves)
+
     def call_foreign(self, call, leaves):
-        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+        if not self.traced(leaves):
             return call.forward(leaves, False, self.name)[0]
         # Under a transformation (grad, jit, ...) the callee runs in a callback when jax runs
         # the computation; results are declared first, and the backward recomputes the forward

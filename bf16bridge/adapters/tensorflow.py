@@ -193,6 +193,14 @@ class TensorflowAdapter(Adapter):
     def shape_dtype(self, x):
         return tuple(x.shape), _name(x.dtype) or x.dtype.name
 
+    def traced(self, leaves):
+        return not tf.executing_eagerly()
+
+    def differentiable_leaves(self, leaves):
+        if tf.executing_eagerly() and not _recording(leaves):
+            return [False] * len(leaves)  # no tape watches any of them: one question for all
+        return [self.differentiable(x) for x in leaves]
+
     def differentiable(self, x):
         # eagerly, only a tape that watches it wants its gradient; in a graph, any may
         return (x.dtype.is_floating or x.dtype.is_complex) and (not tf.executing_eagerly() or _recording([x]))
