@@ -117,10 +117,7 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
 
 
 def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
-    """convert() with its keywords as positions (convert_tree calls this per leaf).
-
-    The hot path: an input of a type, layout and settings seen before, on a zero-copy route,
-    runs the cached plan."""
+    """convert() with its keywords as positions (convert_tree calls this per leaf)."""
     # The hot path: an input of a type, layout and settings seen before, on a zero-copy route,
     # runs the cached plan. The key holds everything the plan depends on: the input's type and
     # Adapter.fast_key (dtype, layout, alignment where it matters, read-only, device, empty or
