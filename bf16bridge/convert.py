@@ -9,6 +9,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from . import registry, trees
+from .adapters._base import Adapter
 from .errors import Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
         if fast is not None and fast.generation == registry._GENERATION:
             k = fast.src.fast_key(x, fast.alignment)
             if k is not None:
-                hit = fast.plans.get((k, fast.src.state(), fast.hub.state(), fast.dst.state()))
+                hit = fast.plans.get((k, *[a.state() for a in fast.stateful]) if fast.stateful else k)
                 if hit is not None:
                     p, direct = hit
                     if p.alias is not None and on_alias == "warn":
@@ -148,11 +149,13 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
 class _Fast:
     """The cached zero-copy plans for one input type, target and set of keywords."""
 
-    __slots__ = ("generation", "src", "hub", "dst", "source", "alignment", "plans")
+    __slots__ = ("generation", "src", "hub", "dst", "source", "alignment", "plans", "stateful")
 
     def __init__(self, src, hub, dst, source):
         self.generation = registry._GENERATION
         self.src, self.hub, self.dst, self.source = src, hub, dst, source
+        #: the adapters whose run-time state a route depends on (Adapter.state overridden: jax)
+        self.stateful = tuple(a for a in dict.fromkeys((src, hub, dst)) if type(a).state is not Adapter.state)
         # only a target's import can make a zero-copy route depend on alignment (a source's own
         # alignment matters to its copies, and routes that copy are never cached here)
         self.alignment = dst.dlpack_unaligned != "ok"
@@ -180,7 +183,7 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
         if not p.writable and dst.marks_readonly:
             runs += (dst.mark_readonly,)
         direct = None if any(step.verify for step in p.steps) else runs
-        fast.plans[(k, src.state(), hub.state(), dst.state())] = (p, direct)
+        fast.plans[(k, *[a.state() for a in fast.stateful]) if fast.stateful else k] = (p, direct)
 
 
 def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):

@@ -94,10 +94,10 @@ def _freeze(node):
 
 
 def _walk(fn, node, path, walk: _Walk):
-    if node is SLOT:
-        return fn(node, path)
     if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
         return node
+    if type(node) in registry._TYPE_CACHE or node is SLOT:  # a tensor of a type seen before: no ABC checks
+        return fn(node, path)
     t = type(node)
     if t is dict or t is list or t is tuple or isinstance(node, (Mapping, list, tuple)):
         if id(node) in walk.active:

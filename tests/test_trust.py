@@ -431,3 +431,9 @@ def test_cached_plan_still_warns_and_still_verifies():
     for _ in range(3):
         y = bb.to_numpy(bb.to_jax(t, copy=False), copy=False)
         assert ptr(y) == ptr(t)
+
+
+def test_string_leaves_stay_strings_after_numpy_has_seen_their_type():
+    with pytest.raises(bb.UnsupportedDtypeError):
+        bb.to_torch(np.str_("x"))  # the registry now knows np.str_ as a numpy type
+    assert bb.convert_tree({"name": np.str_("x"), "w": _bf16()}, "numpy")["name"] == "x"
