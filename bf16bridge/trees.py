@@ -190,10 +190,13 @@ def _optree_children(node):
 
 
 def _container(fn, node, path, walk: _Walk):
-    if isinstance(node, dict) or isinstance(node, Mapping):
+    t = type(node)
+    if t is list or t is tuple:  # the common containers first, with no ABC checks
+        return t([_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)])
+    if t is dict:
+        return {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
+    if isinstance(node, Mapping):
         items = {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
-        if type(node) is dict:
-            return items
         if isinstance(node, dict):
             out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes
             out.clear()
@@ -207,8 +210,6 @@ def _container(fn, node, path, walk: _Walk):
                 "pass a dict, or register the type with jax.tree_util"
             ) from err
     values = [_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)]
-    if type(node) is list or type(node) is tuple:
-        return type(node)(values)
     if hasattr(node, "_fields"):  # namedtuple
         return type(node)(*values)
     try:
