@@ -44,6 +44,10 @@ class CopyTooLargeError(Bf16BridgeError, MemoryError):
     """A route must copy, and the copy would not fit in this machine's memory."""
 
 
+class CheckpointError(Bf16BridgeError, ValueError):
+    """A checkpoint file is malformed or does not match what was asked (names the file and the key)."""
+
+
 class Bf16BridgeWarning(UserWarning):
     """What a call did that its plan knew mattered: a writable alias of read-only or
     immutable memory, a gradient dropped. Filter it with
