@@ -101,8 +101,8 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
     a = adapters[s.framework]
     # bit-views within a framework: bf16 <-> uint16
     if a.bitview_free is not None:
-        views = [dtypes.BITS_OF[s.dtype]] if s.dtype in dtypes.BITS_OF else [
-            d for d, bits in dtypes.BITS_OF.items() if bits == s.dtype and a.holds(d)]
+        views = [dtypes.BITS_OF[s.dtype]] if s.dtype in dtypes.BITS_OF and a.views_bits(s.dtype) else [
+            d for d, bits in dtypes.BITS_OF.items() if bits == s.dtype and d in goal and a.views_bits(d)]
         for d in views:
             copies = not a.bitview_free
             nxt = _fresh(a, d, s.host) if copies else s._replace(dtype=d)

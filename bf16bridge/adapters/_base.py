@@ -8,6 +8,7 @@ framework at the top: it is imported only when first used.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
 
 from .. import dtypes
@@ -83,7 +84,8 @@ class Adapter:
     marks_readonly: ClassVar[bool] = False
     #: holds host (CPU) memory only
     host_only: ClassVar[bool] = False
-    #: dtypes it exports / imports over DLPack
+    #: dtypes it exports / imports over DLPack (bit for bit, with the table's DLPack code;
+    #: adapters add the narrow rows they were found to speak, by trying)
     dlpack_export: ClassVar[frozenset] = frozenset(dtypes.ALL)
     dlpack_import: ClassVar[frozenset] = frozenset(dtypes.ALL)
     #: the least regular layout its DLPack import takes (see CONTIGUOUS/STRIDED/NEGATIVE)
@@ -92,7 +94,8 @@ class Adapter:
     #: "copies" (copies it, silently: jax), "refuse" (takes it, but its kernels then
     #: abort the process: tensorflow; the planner copies first)
     dlpack_unaligned: ClassVar[str] = "ok"
-    #: a bit-view (bf16 <-> uint16) is free; False: it copies; None: impossible
+    #: a bit-view (a dtype <-> the unsigned int carrying its bits) is free; False: it copies;
+    #: None: impossible (``views_bits`` says for which dtypes)
     bitview_free: ClassVar[bool | None] = True
     #: its own copies are ALIGN-aligned
     copies_aligned: ClassVar[bool] = True
@@ -119,6 +122,22 @@ class Adapter:
     def cannot_hold(self, dtype: str) -> str | None:
         """Why this framework cannot hold ``dtype`` here (and the way out), or None."""
         return None if dtype in dtypes.ALL else f"{self.name} holds no {dtype}"
+
+    def views_bits(self, dtype: str) -> bool:
+        """Whether a bit-view turns ``dtype`` into its carrier (``dtypes.BITS_OF``) and back
+        within this framework (``bitview_free`` says whether that copies). Default: wherever
+        the framework has a bit-view and holds ``dtype``."""
+        return self.bitview_free is not None and dtype in dtypes.BITS_OF and self.holds(dtype)
+
+    def can_copy(self, dtype: str) -> bool:
+        """Whether ``copy`` works on a tensor of ``dtype`` (tensorflow has no copy kernel for its
+        storage-only dtypes). Default: wherever it holds ``dtype``."""
+        return self.holds(dtype)
+
+    def casts(self, src: str, dst: str) -> bool:
+        """Whether ``astype`` turns every ``src`` value into the same ``dst`` value, as ml_dtypes
+        does (the widenings the planner takes). Default: wherever it holds both."""
+        return self.holds(src) and self.holds(dst)
 
     def handoffs(self) -> list[Handoff]:
         """Extra edges into or out of this framework (default: none)."""
@@ -181,7 +200,7 @@ class Adapter:
         raise NotImplementedError
 
     def astype(self, x, dtype: str):  # pragma: no cover
-        """Convert values (used only for the float32 fallback: bf16 -> float32 is exact)."""
+        """Convert values (used only for the widening fallbacks, exact where ``casts`` says so)."""
         raise NotImplementedError
 
     #: ``narrow`` is offered (a checked int64 -> int32 conversion for fallback="auto")
@@ -279,3 +298,24 @@ class Adapter:
         autodiff; returns (outputs, pullback) where ``pullback(cotangents)`` (one per output,
         None for none) gives one gradient per input leaf, None where ``diff`` is False."""
         raise NotImplementedError(f"{self.name} has no autodiff")
+
+
+def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
+    """Whether ``run`` (a framework's own conversion, given and returning numpy arrays) keeps
+    every ``src`` value exactly in ``dst``, as ml_dtypes reads both: NaN for NaN, zeros keeping
+    their sign. For the adapters' ``casts``, found by trying (at most 256 values; 65,536 for bf16)."""
+    import numpy as np
+
+    try:
+        # NaN patterns warn "invalid value encountered in cast" in some ml_dtypes casts
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            a = dtypes.all_patterns(src).view(dtypes.numpy_dtype(src))
+            want = a.astype(np.float64)
+            got = np.asarray(run(a)).astype(np.float64)
+    except Exception:  # noqa: BLE001 - any failure means it does not convert
+        return False
+    nan = np.isnan(want)
+    return bool(want.shape == got.shape and np.array_equal(nan, np.isnan(got))
+                and np.array_equal(want[~nan], got[~nan])
+                and np.array_equal(np.signbit(want[~nan]), np.signbit(got[~nan])))
