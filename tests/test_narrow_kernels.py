@@ -385,3 +385,48 @@ def test_unpack_inverts_pack(name):
     np.testing.assert_array_equal(back.view(np.uint8), a.view(np.uint8))
     out = np.empty((3, 8, 16), np.uint8)
     assert kernels.pack_nibbles(a, out=out) is out
+
+
+def _doc_row(name: str) -> str:
+    """docs/kernels.md's row for a float dtype, from what the kernels do."""
+    f = kernels.FORMATS[name]
+    big = kernels._largest(name)
+    x = np.array([big * 1.75, -big * 1.75, np.inf, -np.inf, np.nan, -np.nan, -0.0, -1e-30], dtype=np.float32)
+    p = kernels.to_dtype(x, name).view(np.uint8)
+    s = kernels.to_dtype(x, name, saturate=True).view(np.uint8)
+
+    def h(*v):
+        return " / ".join(f"0x{int(b):02X}" for b in v)
+
+    return (f"| {name} | {f.ebits}/{f.mbits}/{f.bias} | {big:g} | {h(p[0], p[1])} | {h(p[2], p[3])} | "
+            f"{h(p[4], p[5])} | {h(p[6])} | {h(p[7])} | {h(s[0], s[1])} | {h(s[2], s[3])} | {h(s[4], s[5])} |")
+
+
+def test_the_docs_table_is_what_the_kernels_do():
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "kernels.md"), encoding="utf-8") as f:
+        doc = f.read()
+    missing = [_doc_row(n) for n in FLOATS if _doc_row(n) not in doc]
+    assert not missing, "docs/kernels.md's table differs; the rows now:\n" + "\n".join(missing)
+
+
+def test_how_torchs_own_fp8_casts_relate_to_ours():
+    """docs/kernels.md, "torch differs": torch's CPU .to(float8_e4m3fn) saturates (our
+    saturate=True); e5m2 is ours but for the NaN pattern; the fnuz types are ours."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    u = np.concatenate([rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32),
+                        np.arange(0, 1 << 32, 1 << 14, dtype=np.uint64).astype(np.uint32)])
+    x = u.view(np.float32)
+    nan = np.isnan(x)
+
+    def theirs(name):
+        return torch.from_numpy(x).to(getattr(torch, name)).view(torch.uint8).numpy()
+
+    np.testing.assert_array_equal(theirs("float8_e4m3fn"), kernels.to_dtype(x, "float8_e4m3fn", saturate=True)
+                                  .view(np.uint8))
+    e5m2 = theirs("float8_e5m2")
+    np.testing.assert_array_equal(e5m2[~nan], kernels.to_dtype(x[~nan], "float8_e5m2").view(np.uint8))
+    assert set(e5m2[nan].tolist()) == {0x7F, 0xFF}
+    for name in ("float8_e4m3fnuz", "float8_e5m2fnuz"):
+        np.testing.assert_array_equal(theirs(name), kernels.to_dtype(x, name).view(np.uint8))
