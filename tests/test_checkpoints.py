@@ -25,8 +25,9 @@ from conftest import FRAMEWORKS, bits, make, ptr
 
 #: every safetensors code one value a byte or wider, and the numpy (ml_dtypes) dtype that holds it
 CODES = [code for code, (_, nbits) in fmt.CODES.items() if nbits >= 8]
-#: the codes safetensors' numpy loader knows (its _TYPES table has no bf16 and no fp8)
-NUMPY_LOADER = set(st_numpy._TYPES)
+#: the codes safetensors' numpy loader reads: its _TYPES table, and BF16 (0.8 reads it through
+#: ml_dtypes); fp8 raises AttributeError there (numpy has no float8_e4m3fn: safetensors#682)
+NUMPY_LOADER = set(st_numpy._TYPES) | {"BF16"}
 
 
 def _np_dtype(code: str) -> np.dtype:
@@ -106,7 +107,7 @@ def test_torch_saved_by_safetensors_read_by_ours(tmp_path, dtype):
     assert got.reshape(-1).view(np.uint8).tobytes() == t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def test_packed_fp4_is_listed_its_bytes_readable_and_not_unpacked(tmp_path):
+def test_fp4_packed_by_safetensors_torch_is_unpacked_in_torchs_nibble_order(tmp_path):
     import torch
 
     packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 8)
@@ -114,7 +115,32 @@ def test_packed_fp4_is_listed_its_bytes_readable_and_not_unpacked(tmp_path):
     with bb.open(tmp_path / "f4.safetensors") as f:
         assert (f.info("w").code, f.info("w").shape, f.info("w").packed) == ("F4", (2, 16), True)
         assert f.raw("w").tobytes() == bytes(range(16))
-        with pytest.raises(UnsupportedDtypeError, match="'w'.*packed"):
+        unpacked = np.stack([np.arange(16) & 0xF, np.arange(16) >> 4], axis=-1).reshape(2, 16)  # low nibble first
+        got = f.get("w")
+        assert got.dtype == ml_dtypes.float4_e2m1fn and got.view(np.uint8).tolist() == unpacked.tolist()
+        p = f.plan("w")
+        assert p.copies and "unpacked" in p.notes[-1]
+        assert ptr(got) % 64 == 0
+
+
+def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
+    import torch
+
+    a = (np.arange(32, dtype=np.uint8) & 0xF).view(ml_dtypes.float4_e2m1fn).reshape(4, 8)
+    bb.save({"w": a}, tmp_path / "f4.safetensors")
+    t = st_torch.load_file(str(tmp_path / "f4.safetensors"))["w"]
+    assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (4, 4)
+    nibbles = np.arange(32, dtype=np.uint8) & 0xF
+    assert t.view(torch.uint8).numpy().tobytes() == (nibbles[0::2] | nibbles[1::2] << 4).tobytes()  # 2i low
+    assert _st_read(tmp_path / "f4.safetensors")["w"][:2] == ("F4", [4, 8])
+    assert bits(bb.load(tmp_path / "f4.safetensors")["w"]).tobytes() == bits(a).tobytes()
+
+
+def test_fp6_is_listed_and_raw_but_not_unpacked(tmp_path):
+    (tmp_path / "f6.safetensors").write_bytes(_file({"w": _t("F6_E2M3", (4,), (0, 3))}, b"abc"))
+    with bb.open(tmp_path / "f6.safetensors") as f:
+        assert f.info("w").packed and f.raw("w").tobytes() == b"abc"
+        with pytest.raises(UnsupportedDtypeError, match="'w'.*F6_E2M3"):
             f.get("w")
 
 
@@ -158,9 +184,10 @@ def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     ({"__metadata__": np.zeros(1)}, None, "format's own"),
     ({(1, 2): np.zeros(1)}, None, r"\(1, 2\).*string keys"),
     ({"a": np.zeros(2, np.complex128)}, None, "'a'.*complex128"),
-    ({"a": np.zeros(2, ml_dtypes.float4_e2m1fn)}, None, "'a'.*float4_e2m1fn"),
+    ({"a": np.zeros(3, ml_dtypes.float4_e2m1fn)}, None, "'a'.*inside a byte"),
+    ({"a": np.zeros(4, ml_dtypes.float6_e2m3fn)}, None, "'a'.*float6"),
 ], ids=["collision", "number", "string", "metadata-value", "metadata-key", "metadata-type", "reserved",
-        "tuple-key", "complex128", "fp4"])
+        "tuple-key", "complex128", "odd-fp4", "fp6"])
 def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     p = tmp_path / "m.safetensors"
     with pytest.raises(bb.Bf16BridgeError, match=match):

@@ -44,6 +44,11 @@ CODES: Mapping[str, tuple[str, int]] = types.MappingProxyType({
     # packed: two (F4) or four-in-three-bytes (F6) values a byte run; ml_dtypes holds one a byte
     "F4": ("float4_e2m1fn", 4), "F6_E2M3": ("float6_e2m3fn", 6), "F6_E3M2": ("float6_e3m2fn", 6),
 })
+#: packed two values a byte, element 2i in the low nibble (the order torch's float4_e2m1fn_x2 has,
+#: which safetensors' torch loader hands the file's bytes to): unpacked on reading, packed on writing
+NIBBLES = frozenset({"F4"})
+#: packed four values in three bytes, in an order no reader here defines: listed, checked, raw() only
+UNPACKED = frozenset({"F6_E2M3", "F6_E3M2"})
 #: our dtype name -> safetensors' code
 NAMES: Mapping[str, str] = types.MappingProxyType({name: code for code, (name, _) in CODES.items()})
 
@@ -78,7 +83,7 @@ class TensorInfo:
 
     @property
     def packed(self) -> bool:
-        """More than one value a byte (F4, F6): not one numpy element a value."""
+        """More than one value a byte (F4, F6): not one numpy element a value in the file."""
         return CODES[self.code][1] < 8
 
 

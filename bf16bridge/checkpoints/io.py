@@ -9,6 +9,7 @@ temporary file beside the target, then fsyncs and renames it into place.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import mmap
 import os
 import tempfile
@@ -18,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import registry, trees
+from .. import kernels, registry, trees
+from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
 from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
 from . import format as fmt
@@ -102,16 +104,19 @@ def _describe(key: str, x) -> fmt.Entry:
             raise type(err)(f"key {key!r}: {err}") from err
         shape, name = p.shape, p.dtype_out
     code = fmt.NAMES.get(name)
-    if code is None or fmt.CODES[code][1] < 8:
+    if code is None or code in fmt.UNPACKED:
         raise UnsupportedDtypeError(
-            f"key {key!r}: {name} has no safetensors code one value a byte or wider "
-            f"(the format has: {', '.join(fmt.CODES)}); cast it first (complex128 to complex64, "
-            "float4/float6 are packed in files and not written by bf16bridge yet)")
-    itemsize = fmt.CODES[code][1] // 8
+            f"key {key!r}: {name} has no safetensors code that bf16bridge writes "
+            f"(the format has: {', '.join(fmt.CODES)}); cast it first (complex128 to complex64; "
+            "float6 is packed in files, in an order bf16bridge does not write)")
     n = 1
     for d in shape:
         n *= int(d)
-    return fmt.Entry(key, code, tuple(int(d) for d in shape), n * itemsize)
+    nbits = n * fmt.CODES[code][1]
+    if nbits % 8:
+        raise UnsupportedDtypeError(f"key {key!r}: {n} values of {name} end inside a byte, which the format "
+                                    "cannot hold (F4 packs two a byte): pad it to an even count")
+    return fmt.Entry(key, code, tuple(int(d) for d in shape), nbits // 8)
 
 
 def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
@@ -130,6 +135,8 @@ def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
         raise CheckpointError(
             f"key {key!r}: the tensor changed while it was saved ({entry.code} {list(entry.shape)} planned, "
             f"{a.dtype.name} {list(a.shape)} read); save it again once nothing else writes to it")
+    if entry.code in fmt.NIBBLES:  # two values a byte, element 2i in the low nibble (torch's x2 order)
+        return kernels.pack_nibbles(a.reshape(-1))
     return a
 
 
@@ -267,16 +274,19 @@ class Checkpoint:
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
-        if t.packed:
+        if t.code in fmt.UNPACKED:
             raise UnsupportedDtypeError(
-                f"{self.path}: key {key!r} is {t.code}, packed below a byte a value, which bf16bridge "
-                "does not unpack yet; raw(key) gives its bytes")
+                f"{self.path}: key {key!r} is {t.code}, four values in three bytes, in an order bf16bridge "
+                "does not unpack; raw(key) gives its bytes")
         try:
             dtype = fmt.numpy_dtype(t.dtype)
         except UnsupportedDtypeError as err:
             raise UnsupportedDtypeError(f"{self.path}: key {key!r}: {err}") from err
         if t.nbytes == 0 or self._map is None:
             return np.zeros(t.shape, dtype)
+        if t.code in fmt.NIBBLES:  # ml_dtypes holds one value a byte: unpacked, one aligned copy
+            out = aligned_empty(t.nbytes * 2, dtype)
+            return kernels.unpack_nibbles(self.raw(key), t.dtype, out=out).reshape(t.shape)
         return np.frombuffer(self._map, dtype, t.nbytes // dtype.itemsize, t.offset).reshape(t.shape)
 
     def raw(self, key: str) -> np.ndarray:
@@ -289,8 +299,14 @@ class Checkpoint:
         return np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
 
     def plan(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
-        """What ``get(key, to, ...)`` will do, as ``bb.plan`` says it (route, copies and why)."""
-        return plan(self.array(key), to, copy=copy, fallback=fallback)
+        """What ``get(key, to, ...)`` will do, as ``bb.plan`` says it (route, copies and why). Reads no
+        data; for a packed (F4) tensor, the plan of its unpacked copy, with a note that says so."""
+        t = self.info(key)
+        if t.code not in fmt.NIBBLES:
+            return plan(self.array(key), to, copy=copy, fallback=fallback)
+        p = plan(aligned_empty(t.shape, fmt.numpy_dtype(t.dtype)), to, copy=copy, fallback=fallback)
+        return dataclasses.replace(p, copies=True, shares_memory=False, notes=p.notes + (
+            f"the file packs {t.code} two values a byte; ml_dtypes holds one: unpacked first (one copy)",))
 
     def get(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
         """One tensor in framework ``to``: a view of the map where the route allows (numpy, torch;
@@ -309,7 +325,7 @@ class Checkpoint:
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
         if self._map is not None and a.size:
-            if _shares(a, out, to):
+            if not self._infos[key].packed and _shares(a, out, to):
                 self._shared.add(key)
             else:
                 del a
