@@ -203,6 +203,21 @@ class Adapter:
         """Convert values (used only for the widening fallbacks, exact where ``casts`` says so)."""
         raise NotImplementedError
 
+    #: ``pack`` and ``unpack`` are offered: between a row of one value a byte and its packed row
+    #: (``dtypes.PACKED``: float4_e2m1fn <-> float4_e2m1fn_x2), as the packed row's carrier
+    packs: ClassVar[bool] = False
+    label_pack: ClassVar[str] = "pack into {dtype}"
+    label_unpack: ClassVar[str] = "unpack into {dtype}"
+
+    def pack(self, x, dtype: str):
+        """``x`` (a row of one value a byte) packed as row ``dtype``'s bytes, in its carrier:
+        element 2i in the low nibble; the last dimension halves (and must be even)."""
+        raise NotImplementedError(f"{self.name} does not pack")
+
+    def unpack(self, x, dtype: str):
+        """``x`` (the carrier of packed row ``dtype``) as its values one a byte: the last dimension doubles."""
+        raise NotImplementedError(f"{self.name} does not unpack")
+
     #: ``narrow`` is offered (a checked int64 -> int32 conversion for fallback="auto")
     narrows: ClassVar[bool] = False
 

@@ -141,7 +141,8 @@ class JaxAdapter(Adapter):
         if _PUT_COPIES:
             out += [Handoff("numpy", "jax", "jax.device_put (packs)", jax.device_put, _packs_copy,
                             dtypes=_PUT_COPIES),
-                    Handoff("jax", "numpy", "numpy.asarray (unpacks)", np.asarray, _packs_copy,
+                    # numpy.array: its own writable copy (numpy.asarray's would be read-only)
+                    Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
                             dtypes=_PUT_COPIES | _ASARRAY_COPIES)]
         return out
 

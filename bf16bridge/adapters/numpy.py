@@ -169,6 +169,22 @@ class NumpyAdapter(Adapter):
             out[...] = x
         return out
 
+    packs = True
+    label_pack = "kernels.pack_nibbles ({dtype} bytes, element 2i in the low nibble)"
+    label_unpack = "kernels.unpack_nibbles ({dtype})"
+
+    def pack(self, x, dtype):
+        from ..kernels import pack_nibbles
+
+        out = aligned_empty((*x.shape[:-1], x.shape[-1] // 2) if x.ndim else (), dtypes.BITS_OF[dtype])
+        return pack_nibbles(x, out=out)
+
+    def unpack(self, x, dtype):
+        from ..kernels import unpack_nibbles
+
+        values = dtypes.PACKED[dtype]
+        return unpack_nibbles(x, values, out=aligned_empty((*x.shape[:-1], x.shape[-1] * 2), values))
+
     narrows = True
 
     def narrow(self, x, dtype):

@@ -141,6 +141,8 @@ def _copy_kernel(name: str) -> bool:
         return False
 #: held rows with no bit-view and no DLPack: they cross from and to numpy by tensorflow's own copies
 _BY_NUMPY = _HELD - _VIEWS - _DLPACK_OUT
+#: tf's dtype enums of those: no DLPack capsule, so no data pointer to read
+_NO_POINTER = frozenset(_tf_dtype(n).as_datatype_enum for n in _BY_NUMPY)
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,7 +221,8 @@ class TensorflowAdapter(Adapter):
             value=x, dtype=name, shape=shape, nbytes=nbytes, layout=CONTIGUOUS,
             # tf allocates on 64-byte boundaries, but a tensor imported zero-copy keeps its
             # source's alignment; reading it costs a DLPack capsule, so only when it matters
-            aligned=not alignment or nbytes == 0 or self.data_ptr(x) % ALIGN == 0,
+            # (the storage-only types have no capsule; nothing imports them zero-copy: tf allocated them)
+            aligned=not alignment or nbytes == 0 or name in _BY_NUMPY or self.data_ptr(x) % ALIGN == 0,
             readonly=False, device=_device(x.device), notes=notes,
         )
 
@@ -229,7 +232,10 @@ class TensorflowAdapter(Adapter):
         shape = x._shape_tuple() if hasattr(x, "_shape_tuple") else tuple(x.shape)
         empty = 0 in shape
         # the dtype as tf's enum: an int, cheaper to read and hash than the DType object
-        return (x._datatype_enum(), x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
+        enum = x._datatype_enum()
+        if enum in _NO_POINTER:
+            return None  # no DLPack capsule to read a pointer from: the full path (these routes copy)
+        return (enum, x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
         return _dlpack.data_ptr(_capsule(x))
