@@ -160,6 +160,45 @@ def test_every_framework_saves_and_loads_bf16_bit_for_bit(tmp_path, source, targ
     assert bits(out["h"]["1"]["b"]).tobytes() == np.arange(6, dtype=np.float32).tobytes()
 
 
+def _fp8(framework: str, a: np.ndarray):
+    """An fp8 tensor of ``framework`` with the bits of ``a``, by the framework's own calls."""
+    if framework == "torch":
+        import torch
+
+        return torch.from_numpy(a.view(np.uint8).copy()).view(getattr(torch, a.dtype.name))
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        return tf.constant(a)
+    return make(framework, a)
+
+
+#: tensorflow joins once the bridge moves a tensorflow fp8 tensor to numpy (today's route exports
+#: it over DLPack: "DT_FLOAT8_E4M3FN is not supported by dlpack"; the dtype work in progress fixes it)
+FP8_SOURCES = ("numpy", "torch", "jax")
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("source", FP8_SOURCES)
+@pytest.mark.parametrize("target", FRAMEWORKS)
+def test_every_framework_saves_and_loads_fp8_bit_for_bit(tmp_path, source, target, dtype):
+    a = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, dtype)).reshape(4, 64)  # NaNs, -0 included
+    bb.save({"w": _fp8(source, a)}, tmp_path / "m.safetensors")
+    assert _st_read(tmp_path / "m.safetensors")["w"] == (fmt.NAMES[dtype], [4, 64], a.tobytes())
+    out = bb.load(tmp_path / "m.safetensors", to=target)["w"]
+    assert type(out).__module__.split(".")[0] in (target, "jaxlib")
+    assert _bytes(out) == a.tobytes()
+
+
+def _bytes(x) -> bytes:
+    """Any framework's tensor's bytes, by its own calls (torch's .numpy() refuses fp8)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+
+        return x.contiguous().view(torch.uint8).numpy().tobytes()
+    return np.asarray(x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else x).tobytes()
+
+
 def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     import torch
 
@@ -193,6 +232,25 @@ def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     with pytest.raises(bb.Bf16BridgeError, match=match):
         bb.save(tree, p, metadata=metadata)
     assert os.listdir(tmp_path) == []
+
+
+def test_keys_of_a_torch_state_dict_and_a_flax_nnx_state(tmp_path):
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    sd = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2)).to(torch.bfloat16).state_dict()
+    bb.save(sd, tmp_path / "t.safetensors")
+    back = bb.load(tmp_path / "t.safetensors", to="torch")
+    assert sorted(back) == sorted(sd) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    assert all(torch.equal(back[k].view(torch.uint16), sd[k].view(torch.uint16)) for k in sd)
+    model = nnx.Sequential(nnx.Linear(3, 2, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16),
+                           nnx.LayerNorm(2, rngs=nnx.Rngs(0)))
+    bb.save(nnx.state(model), tmp_path / "f.safetensors")  # Params saved as the arrays they hold
+    params = bb.load(tmp_path / "f.safetensors", to="jax", nested=True)
+    assert sorted(bb.load(tmp_path / "f.safetensors")) == ["layers.0.bias", "layers.0.kernel", "layers.1.bias",
+                                                           "layers.1.scale"]
+    assert bits(params["layers"]["0"]["kernel"]).tobytes() == bits(model.layers[0].kernel.value).tobytes()
 
 
 def test_a_bare_tensor_has_no_key(tmp_path):
