@@ -134,6 +134,8 @@ ALL: tuple[str, ...] = tuple(d.name for d in TABLE if d.family != "narrow")
 NARROW_DTYPES: tuple[str, ...] = tuple(d.name for d in TABLE if d.family == "narrow")
 #: rows that need a bit-view on the way somewhere, with the unsigned integer carrying their bits
 BITS_OF: dict[str, str] = {d.name: d.carrier for d in TABLE if d.carrier is not None}
+#: rows whose fallback='auto' the capability probe decides (it knows bf16 storage and compute)
+PROBED: frozenset[str] = frozenset(d.name for d in TABLE if d.family == "bfloat16")
 #: packed rows and the row of the same values one a byte, both ways
 PACKED: dict[str, str] = {d.name: d.unpacked for d in TABLE if d.unpacked is not None}
 UNPACKED: dict[str, str] = {v: k for k, v in PACKED.items()}

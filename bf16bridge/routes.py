@@ -275,7 +275,7 @@ def _way_out(dtype: str, target: str) -> str:
 
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
     """The goal dtypes to try in order, each with the decision to report."""
-    if dtype in dtypes.ROWS and dtypes.ROWS[dtype].family == "bfloat16" and fallback == "auto":
+    if dtype in dtypes.PROBED and fallback == "auto":
         from .capabilities import probe  # cached; it imports no framework
 
         d = probe().decide(target, for_compute=for_compute, device=device)
