@@ -177,6 +177,8 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
                 continue
             reason = h.copies(s.layout, s.aligned)
             entered = _enter(s, a, b, reason is not None)
+            if entered is not None and reason and not h.copies_aligned:
+                entered = entered._replace(aligned=False)
             if entered is not None and not (reason and copy is False):
                 yield b.import_copy_cost if reason else 0, Step(
                     "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",

@@ -72,6 +72,8 @@ class Handoff(NamedTuple):
     verify: bool = False
     #: the least regular layout it takes (see CONTIGUOUS/STRIDED/NEGATIVE)
     layouts: int = NEGATIVE
+    #: a copy it makes is ALIGN-aligned (False: numpy.array's own allocation, which is not)
+    copies_aligned: bool = True
 
 
 class Adapter:

@@ -143,7 +143,7 @@ class JaxAdapter(Adapter):
                             dtypes=_PUT_COPIES),
                     # numpy.array: its own writable copy (numpy.asarray's would be read-only)
                     Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
-                            dtypes=_PUT_COPIES | _ASARRAY_COPIES)]
+                            dtypes=_PUT_COPIES | _ASARRAY_COPIES, copies_aligned=False)]
         return out
 
     def state(self):
