@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
+from . import _numpy_registry
 from ._base import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
 
 
@@ -61,6 +62,11 @@ def _dlpack_dtypes() -> frozenset:
         except (BufferError, RuntimeError, TypeError, ValueError):
             pass
     return frozenset(found)
+
+
+#: NumPy 2.5's DLPack dtype registry: the table's bf16 and fp8 rows registered where ml_dtypes
+#: has not (issue 13; nothing to do on NumPy <= 2.4), before the trying below finds them
+REGISTRATION = _numpy_registry.register()
 
 
 class NumpyAdapter(Adapter):
