@@ -19,7 +19,7 @@ import safetensors.torch as st_torch
 
 import bf16bridge as bb
 from bf16bridge.checkpoints import format as fmt
-from bf16bridge.checkpoints import io as ckio
+from bf16bridge.checkpoints import write as ckwrite
 from bf16bridge.errors import CheckpointError, InvalidArgumentError, UnsupportedDtypeError
 from conftest import FRAMEWORKS, bits, make, ptr
 
@@ -292,7 +292,7 @@ def test_an_interrupted_save_leaves_the_target_as_it_was(tmp_path, monkeypatch, 
         bb.save({"old": np.ones(3, np.float32)}, p)
     before = p.read_bytes() if exists else None
     calls = []
-    real = ckio.convert
+    real = ckwrite.convert
 
     def flaky(x, *args, **kwargs):
         calls.append(1)
@@ -300,7 +300,7 @@ def test_an_interrupted_save_leaves_the_target_as_it_was(tmp_path, monkeypatch, 
             raise error("interrupted")
         return real(x, *args, **kwargs)
 
-    monkeypatch.setattr(ckio, "convert", flaky)
+    monkeypatch.setattr(ckwrite, "convert", flaky)
     tree = {f"t{i}": torch.full((64,), float(i), dtype=torch.bfloat16) for i in range(3)}
     with pytest.raises(error):
         bb.save(tree, p)
@@ -314,7 +314,17 @@ def test_save_replaces_a_file_and_keeps_the_umask(tmp_path):
     bb.save({"a": np.zeros(1)}, p)
     bb.save({"b": np.ones(2)}, p)
     assert list(bb.load(p)) == ["b"]
-    assert oct(os.stat(p).st_mode & 0o777) == oct(0o666 & ~ckio._umask())
+    assert oct(os.stat(p).st_mode & 0o777) == oct(0o666 & ~ckwrite._umask())
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "a-directory"])
+def test_a_save_that_cannot_write_is_a_checkpoint_error(tmp_path, where):
+    p = tmp_path / "nope" / "m.safetensors" if where == "missing-dir" else tmp_path / "d"
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_bytes(b"")  # a non-empty directory where the file should go
+    with pytest.raises(CheckpointError, match="cannot write"):
+        bb.save({"a": np.zeros(1)}, p)
+    assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
 
 
 # -- private memory maps, alignment, plans -----------------------------------------------------

@@ -14,7 +14,8 @@ from ..convert import convert
 from ..errors import Bf16BridgeError, InvalidArgumentError
 from ..plans import size
 from . import format as fmt
-from .io import Checkpoint, nest
+from .keys import nest
+from .read import Checkpoint
 
 #: the dtypes ``dtype=`` may name (floating ones; integer and bool tensors are never cast)
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
