@@ -40,6 +40,7 @@ CHECKS = {
     "test_registry_present": "register_dlpack_dtype",
     "test_from_dlpack_host_copy[torch]": "np.from_dlpack",
     "test_from_dlpack_host_copy[jax]": "np.from_dlpack",
+    "test_bridge_registration": "registration",
     "test_bridge_against_workaround[torch->jax]": "ratio",
     "test_bridge_against_workaround[jax->torch]": "ratio",
     "test_bridge_against_workaround[torch->numpy]": "ratio",

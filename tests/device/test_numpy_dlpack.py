@@ -41,3 +41,28 @@ def test_from_dlpack_host_copy(src, all_u16, torch_device, jax_device, record_pr
         np.testing.assert_array_equal(host_bits(a), all_u16)
     plan = bb.plan(host, "numpy")
     record_property("bridge_route", " -> ".join(s.label for s in plan.steps))
+
+
+def test_bridge_registration(all_u16, torch_device, jax_device, record_property):
+    """Where NumPy has the registry and ml_dtypes did not register bf16, the bridge does (once the
+    numpy adapter is built), and then ``np.from_dlpack`` takes bf16 from torch directly, bits kept,
+    and the planner's torch -> numpy route is that one hand-over."""
+    from bf16bridge import registry
+    from bf16bridge.adapters import _numpy_registry
+
+    adapter = registry.get("numpy")  # builds the adapter: the registration runs here
+    done = _numpy_registry.register()  # a second call finds what the first did
+    record_property("registration", str(done))
+    record_property("numpy_dlpack_rows", ",".join(sorted(adapter.dlpack_import - frozenset(bb.dtypes.STANDARD))))
+    if not done.available:
+        assert "bfloat16" not in adapter.dlpack_import
+        return
+    assert "bfloat16" in done.already, f"bf16 still does not cross numpy's DLPack: {done}"
+    assert "bfloat16" in adapter.dlpack_import and "bfloat16" in adapter.dlpack_export
+    host = make("torch", all_u16, torch_device, jax_device).cpu()
+    a = np.from_dlpack(host)
+    assert a.dtype == BF16
+    np.testing.assert_array_equal(host_bits(a), all_u16)
+    plan = bb.plan(host, "numpy")
+    record_property("bridge_route_after_registration", " -> ".join(s.label for s in plan.steps))
+    assert [s.kind for s in plan.steps] == ["dlpack"] and not plan.copies
