@@ -77,6 +77,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                                    "transposed) copy instead. The text format prints both; markdown and json "
                                    "print the table on stdout and the rest on stderr.")
     m.add_argument("--format", choices=["text", "markdown", "json"], default="text")
+    m.add_argument("--dtype", metavar="DTYPE",
+                   help="the routes for a tensor of DTYPE holding every bit pattern (zero-copy, copies and why, "
+                        "refused and why), checked bit for bit, instead of bf16's table; 'all' for every dtype "
+                        "beyond numpy's own (bfloat16, the float8/float6/float4 family, the sub-byte integers)")
     p = sub.add_parser("probe", help="what this machine and these libraries can do with bf16",
                        description="What this machine and these libraries can do with bf16. Frameworks are "
                                    "imported and tried only when named in --frameworks (or 'all').")
@@ -110,6 +114,9 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     if args.command == "probe":
         return _probe(parser, args)
 
+    if args.command == "matrix" and args.dtype:
+        return _dtype_matrix(parser, args)
+
     from . import demo
 
     if args.command == "demo":
@@ -119,6 +126,33 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     print(demo.matrix(args.format))
     if args.format != "text":  # stdout stays the table alone (docs/routes.md embeds the markdown)
         print(demo.matrix_notes(), file=sys.stderr)
+    return 0
+
+
+def _dtype_matrix(parser: argparse.ArgumentParser, args) -> int:
+    import json
+
+    from . import dtypes, tables
+
+    known = dtypes.NAMES
+    if args.dtype == "all":
+        asked = list(tables.matrix_dtypes())
+    else:
+        asked = list(dict.fromkeys(d for d in args.dtype.split(",") if d))
+        unknown = [d for d in asked if d not in known]
+        if unknown or not asked:
+            parser.error(f"unknown dtype {', '.join(unknown) or repr(args.dtype)}; choose 'all' or one or more "
+                         f"(comma-separated) of {', '.join(known)}")
+    rows = [r for d in asked for r in tables.route_rows(d)]
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    out = tables.route_table(rows, args.format)
+    if len(asked) > 1:
+        out = tables.pair_matrix(rows, args.format) + "\n\n" + out
+    print(out)
+    # stdout stays the tables alone in markdown (docs/dtypes.md embeds it); the text says what they assume
+    print(f"\nassumes: {tables.DTYPE_ASSUMES}", file=sys.stdout if args.format == "text" else sys.stderr)
     return 0
 
 

@@ -110,6 +110,9 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
     (["parity", "--frameworks", "torch,pt", "--allow-missing"], ["--frameworks torch,pt names only torch"]),
     (["probe", "--frameworks", "torch,jaxx"], ["usage: bf16bridge probe", "unknown framework 'jaxx'"]),
     (["matrix", "--format", "html"], ["usage: bf16bridge matrix", "invalid choice: 'html'"]),
+    (["matrix", "--dtype", "float9"], ["usage: bf16bridge matrix", "unknown dtype float9; choose 'all' or one or more",
+                                       "float8_e4m3fn"]),
+    (["matrix", "--dtype", "int4,bf16"], ["unknown dtype bf16; choose"]),
     (["parity", "--output", "/no/such/dir/r.txt"], ["--output /no/such/dir/r.txt: no such directory"]),
 ])
 def test_unknown_names_and_one_framework_are_usage_errors_before_anything_runs(monkeypatch, capsys, argv, says):
@@ -210,3 +213,59 @@ def test_native_log_lines_below_the_level_are_dropped_and_the_rest_kept(capfd):
         with cli._native_logs_below(level):
             os.write(2, written.encode())
         assert capfd.readouterr().err.splitlines() == [written.splitlines()[i] for i in kept]
+
+
+# -- matrix --dtype ----------------------------------------------------------------------
+
+
+def _dtype_rows(capsys, dtype: str) -> list[dict]:
+    assert cli.main(["matrix", "--dtype", dtype, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e8m0fnu", "float8_e4m3", "float4_e2m1fn", "float4_e2m1fn_x2",
+                                   "int4", "uint2"])
+def test_matrix_dtype_routes_every_pair_as_the_probe_says_each_framework_holds_it(capsys, dtype):
+    import bf16bridge as bb
+    from conftest import PAIRS
+
+    rows = _dtype_rows(capsys, dtype)
+    caps = bb.probe(frameworks="all")
+    sup = {"numpy": caps.numpy.dtypes[dtype], **{n: f.dtypes[dtype] for n, f in caps.frameworks.items() if f.probed}}
+    assert [(r["source"], r["target"]) for r in rows] == PAIRS and {r["dtype"] for r in rows} == {dtype}
+    for r in rows:
+        s, d = sup[r["source"]], sup[r["target"]]
+        assert r["result"].split(" ")[0] in ("zero-copy", "copies", "refused"), r
+        if r["refused"]:
+            assert r["reason"] and r["result"] == f"refused ({r['reason']})" and r["bit_exact"] is None, r
+        else:  # every bit pattern went there and came back through numpy unchanged
+            assert r["bit_exact"] is True, r
+            assert r["result"] == ("copies" if r["copies"] else "zero-copy") + (f" ({r['reason']})" if r["copies"]
+                                                                               else ""), r
+            assert r["same_pointer"] is (True if not r["copies"] else None), r  # zero-copy: the same memory
+        if not s.holds:
+            assert r["refused"] and r["source"] in r["reason"], r
+        if s.holds and d.holds and s.dlpack_export and d.dlpack_import:  # a DLPack code both speak
+            assert r["result"] == "zero-copy", r
+
+
+def test_matrix_dtype_bfloat16_takes_the_routes_of_the_bf16_matrix(capsys):
+    from bf16bridge import demo
+
+    assert cli.main(["matrix", "--dtype", "bfloat16"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("bfloat16:\n") and "assumes: each route is for a contiguous, 64-byte aligned" in text
+    rows = _dtype_rows(capsys, "bfloat16")
+    assert [(r["source"], r["target"], r["route"], r["result"]) for r in rows] == [
+        (r["source"], r["target"], r["route"], "zero-copy") for r in demo.matrix_rows()]
+
+
+def test_matrix_dtype_all_markdown_is_the_tables_alone_and_says_its_assumption_on_stderr(capsys):
+    from bf16bridge import tables
+
+    assert cli.main(["matrix", "--dtype", "all", "--format", "markdown"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("| dtype | numpy -> torch | numpy -> jax |")
+    assert [line[4:] for line in out.splitlines() if line.startswith("### ")] == list(tables.matrix_dtypes())
+    assert "bfloat16" in tables.matrix_dtypes() and "float32" not in tables.matrix_dtypes()
+    assert "assumes" not in out and "assumes: each route is for a contiguous" in err
