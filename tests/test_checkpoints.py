@@ -119,7 +119,7 @@ def test_fp4_packed_by_safetensors_torch_is_unpacked_in_torchs_nibble_order(tmp_
         got = f.get("w")
         assert got.dtype == ml_dtypes.float4_e2m1fn and got.view(np.uint8).tolist() == unpacked.tolist()
         p = f.plan("w")
-        assert p.copies and "unpacked" in p.notes[-1]
+        assert p.copies and "two values a byte" in p.steps[0].reason
         assert ptr(got) % 64 == 0
 
 

@@ -19,6 +19,7 @@ from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
 from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from ..plans import Plan, Step
 from . import format as fmt
 from .keys import nest
 
@@ -38,7 +39,7 @@ class Checkpoint:
             f = builtins.open(self.path, "rb")
         except OSError as err:
             raise CheckpointError(f"{self.path}: cannot open it ({err.strerror})") from err
-        with f:
+        try:
             size = os.fstat(f.fileno()).st_size
             self.header = fmt.read(f, self.path, size)
             self._map: mmap.mmap | None = None
@@ -48,6 +49,12 @@ class Checkpoint:
                 except OSError as err:
                     raise CheckpointError(f"{self.path}: cannot map it ({err.strerror}); "
                                           "bb.load(path, copy=True) needs the map too: free memory") from err
+        except BaseException:
+            f.close()
+            raise
+        #: kept open until close(): a copy is read with os.preadv, not through the map (no page faults,
+        #: and no page of the map held for it)
+        self._file = f
         self._infos = {t.key: t for t in self.header.tensors}
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
@@ -110,33 +117,73 @@ class Checkpoint:
         return np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
 
     def plan(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
-        """What ``get(key, to, ...)`` will do, as ``bb.plan`` says it (route, copies and why). Reads no
-        data; for a packed (F4) tensor, the plan of its unpacked copy, with a note that says so."""
-        t = self.info(key)
-        if t.code not in fmt.NIBBLES:
-            return plan(self.array(key), to, copy=copy, fallback=fallback)
-        p = plan(aligned_empty(t.shape, fmt.numpy_dtype(t.dtype)), to, copy=copy, fallback=fallback)
-        return dataclasses.replace(p, copies=True, shares_memory=False, notes=p.notes + (
-            f"the file packs {t.code} two values a byte; ml_dtypes holds one: unpacked first (one copy)",))
+        """What ``get(key, to, ...)`` will do, as a ``bb.plan`` (route, copies and why). Reads no data."""
+        return self._route(key, self.info(key), to, copy, fallback)[0]
+
+    def _route(self, key: str, t: fmt.TensorInfo, to: str, copy, fallback):
+        """(the plan, the buffer to read the tensor into or None for the map's view)."""
+        try:
+            a = self._placeholder(t) if t.code in fmt.NIBBLES else self.array(key)
+            p = plan(a, to, copy=copy, fallback=fallback)
+        except Bf16BridgeError as err:
+            raise type(err)(f"{self.path}: key {key!r}: {err}") from err
+        if t.code in fmt.NIBBLES:  # read and unpacked into the placeholder: the route takes it from there
+            step = Step("copy", registry.HUB, "read and unpack (kernels.unpack_nibbles) into a 64-byte aligned "
+                        "array", t.dtype, True, f"the file packs {t.code} two values a byte; ml_dtypes holds one")
+            return _prefixed(p, step), a
+        if not a.size or copy is False or not (p.copies or copy):
+            return p, None
+        buf = self._placeholder(t)
+        q = plan(buf, to, copy=None, fallback=fallback)
+        if q.copies:  # the route copies even an aligned array of our own: let it copy from the map
+            return p, None
+        why = "; ".join(s.reason for s in p.steps if s.copies) or "copy=True"
+        step = Step("copy", registry.HUB, "os.preadv from the file into a 64-byte aligned array", t.dtype, True, why)
+        return _prefixed(q, step), buf
+
+    def _placeholder(self, t: fmt.TensorInfo) -> np.ndarray:
+        return aligned_empty(t.shape, fmt.numpy_dtype(t.dtype))
+
+    def _read(self, t: fmt.TensorInfo, buf: np.ndarray) -> np.ndarray:
+        """The tensor's bytes read into ``buf`` (unpacked first if packed)."""
+        if t.code in fmt.NIBBLES:
+            return kernels.unpack_nibbles(self.raw(t.key), t.dtype, out=buf.reshape(-1)).reshape(t.shape)
+        view = buf.reshape(-1).view(np.uint8).data
+        done = 0
+        while done < t.nbytes:
+            if not hasattr(os, "preadv"):  # pragma: no cover - not on Linux or macOS: through the map
+                view[done:] = self.raw(t.key).data[done:]
+                break
+            n = os.preadv(self._file.fileno(), [view[done:]], t.offset + done)
+            if n <= 0:
+                raise CheckpointError(f"{self.path}: key {t.key!r}: the file ended {t.nbytes - done} bytes early "
+                                      "while it was read (was it changed after it was opened?)")
+            done += n
+        return buf
 
     def get(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
         """One tensor in framework ``to``: a view of the map where the route allows (numpy, torch;
-        jax and tensorflow when 64-byte aligned), else one copy (``plan(key, to)`` says why).
-        ``copy=True`` detaches it from the file; ``copy=False`` refuses to copy. Two ``get`` of the
-        same key share memory where both are views: a write into one shows in the other.
-        ``fallback`` is ``convert``'s, for a target that cannot hold the dtype (jax's int64 without
-        x64: "auto" narrows when every value fits)."""
-        a = self.array(key)
+        jax and tensorflow when 64-byte aligned), else the tensor read from the file into a 64-byte
+        aligned array of its own that the route then takes without a copy (``plan(key, to)`` says
+        which, and why). ``copy=True`` reads every tensor so (the result holds nothing of the file);
+        ``copy=False`` refuses to copy. Two ``get`` of the same key share memory where both are views:
+        a write into one shows in the other. ``fallback`` is ``convert``'s, for a target that cannot
+        hold the dtype (jax's int64 without x64: "auto" narrows when every value fits)."""
+        t = self.info(key)
+        if self.closed:
+            raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
+        p, buf = self._route(key, t, to, copy, fallback)
+        a = self._read(t, buf) if buf is not None else self.array(key)
         try:
             if registry.resolve(to) == registry.HUB and copy in (None, True, False):
-                # the map's own array: every dtype ml_dtypes holds (fp8 too), nothing to route
-                out = a.copy() if copy else a
+                # the map's own array or ours: every dtype ml_dtypes holds (fp8 too), nothing to route
+                out = a.copy() if copy and buf is None else a
             else:
-                out = convert(a, to, copy=copy, fallback=fallback, on_alias="allow")
+                out = convert(a, to, copy=None if buf is not None else copy, fallback=fallback, on_alias="allow")
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
-        if self._map is not None and a.size:
-            if not self._infos[key].packed and _shares(a, out, to):
+        if buf is None and self._map is not None and a.size:
+            if _shares(a, out, to):
                 self._shared.add(key)
             else:
                 del a
@@ -158,8 +205,10 @@ class Checkpoint:
             self._map.madvise(advise, start, stop - start)
 
     def close(self) -> None:
-        """Drop this object's hold on the map; results that are views keep it alive."""
+        """Close the file and drop this object's hold on the map; results that are views keep the map
+        (and the descriptor it holds) alive."""
         self.closed = True
+        self._file.close()
         if self._map is not None:
             try:
                 self._map.close()
@@ -176,6 +225,12 @@ class Checkpoint:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<bf16bridge Checkpoint {self.path!r}, {len(self)} tensors, {state}>"
+
+
+def _prefixed(p: Plan, step: Step) -> Plan:
+    """``p`` with a first step that reads the tensor into an array of its own."""
+    return dataclasses.replace(p, steps=(step, *p.steps), copies=True, shares_memory=False, notes=(
+        "read from the file into its own 64-byte aligned array, which only the result holds",))
 
 
 def _shares(a: np.ndarray, out, to: str) -> bool:
