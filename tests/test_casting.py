@@ -4,6 +4,7 @@ modules; the cast model still runs; the report says what happened to every leaf.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -316,11 +317,15 @@ def test_keras_weights_are_named_by_their_paths():
     assert len(out) == len(model.weights) and dtype_name(out[0]) == "bfloat16"
 
 
+Pair = collections.namedtuple("Pair", "a b")
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_leaves_in_every_framework(framework):
     tree = {
         "block": {"ln_1": {"weight": make(framework, np.ones(4, np.float32))},
                   "proj": (make(framework, np.arange(6, dtype=np.float32).reshape(2, 3)),)},
+        "pair": Pair(make(framework, np.ones(2, np.float32)), make(framework, np.ones(2, np.float16))),
         "already": make(framework, np.ones(3, BF16)),
         "steps": make(framework, np.arange(3, dtype=np.int32)),
         "mask": make(framework, np.array([True, False])),
@@ -333,9 +338,10 @@ def test_leaves_in_every_framework(framework):
     for k in ("already", "steps", "mask"):
         assert out[k] is tree[k]  # no copy of what needs no cast
     assert out["label"] == "not a tensor" and out["lr"] == 0.1
+    assert type(out["pair"]) is Pair and dtype_name(out["pair"].b) == "bfloat16"
     assert {r.path: r.action for r in report.leaves} == {
-        "block.ln_1.weight": "kept", "block.proj.0": "cast", "already": "unchanged", "steps": "skipped",
-        "mask": "skipped"}
+        "block.ln_1.weight": "kept", "block.proj.0": "cast", "pair.0": "cast", "pair.1": "cast",
+        "already": "unchanged", "steps": "skipped", "mask": "skipped"}
     # the input is untouched
     assert dtype_name(tree["block"]["proj"][0]) == "float32"
 

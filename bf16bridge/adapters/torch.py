@@ -296,8 +296,9 @@ class _CastOutputs:
 def _remove_cast_hooks(m):
     # the hooks an earlier cast_module installed (found by their class: a handle would not
     # survive a deepcopy of the model)
-    for hooks, extras in ((m._forward_pre_hooks, (m._forward_pre_hooks_with_kwargs,)),
-                          (m._forward_hooks, (m._forward_hooks_with_kwargs, m._forward_hooks_always_called))):
+    for hooks, extras in ((m._forward_pre_hooks, (getattr(m, "_forward_pre_hooks_with_kwargs", {}),)),
+                          (m._forward_hooks, (getattr(m, "_forward_hooks_with_kwargs", {}),
+                                              getattr(m, "_forward_hooks_always_called", {})))):
         for k, v in list(hooks.items()):
             if isinstance(v, (_CastInputs, _CastOutputs)):
                 del hooks[k]
