@@ -209,8 +209,10 @@ def _size(n: int) -> str:
 
 # -- arguments -----------------------------------------------------------------------------------
 
-#: the dtypes a cast may target: the floating ones the bridge carries
-FLOATING = tuple(n for n in dtypes.ALL if n.startswith(("float", "bfloat")))
+#: the dtypes a cast may target, and the floating leaves it casts: bf16 and the standard floats.
+#: The narrow floats (fp8, fp6, fp4) are quantised formats whose values mean something only with
+#: their scales: a cast neither makes nor reads them (their leaves are skipped, saying so)
+FLOATING = ("bfloat16", "float16", "float32", "float64")
 
 
 def _target(dtype, what: str) -> str:
@@ -223,6 +225,11 @@ def _target(dtype, what: str) -> str:
             name = None
     if name in FLOATING:
         return name
+    if name is not None and _narrow_float(name):
+        raise InvalidArgumentError(
+            f"{what}: a cast to {name} needs scales (quantisation), which this cast does not compute; "
+            f"choose one of {', '.join(FLOATING)}"
+        )
     if name in dtypes.ALL:
         raise InvalidArgumentError(
             f"{what}: {name} is not a floating dtype; a cast changes the precision of floating weights "
@@ -275,6 +282,17 @@ def _nbytes(x, shape, name: str) -> int:
 
 def _is_floating(name: str) -> bool:
     return name in FLOATING
+
+
+def _narrow_float(name: str) -> bool:
+    """An fp8 / fp6 / fp4 row of the dtype table (a carried float that is no cast target)."""
+    return name in dtypes.ALL and name.startswith("float") and name not in FLOATING
+
+
+def _skip_why(name: str) -> str:
+    if _narrow_float(name):
+        return "a quantised float: its values need their scales; cast it with them"
+    return "not floating" if name in dtypes.ALL else "a dtype bf16bridge does not carry"
 
 
 def _label(path, wrapper_path: str | None) -> str:
@@ -395,7 +413,7 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
             n0 = _nbytes(x, shape, name)
             if not _is_floating(name):
                 rows.append(LeafCast(label, "skipped", name, name, n0, n0,
-                                     why="not floating" if name in dtypes.ALL else "a dtype bf16bridge does not carry"))
+                                     why=_skip_why(name)))
                 results.append(x)
                 continue
             why = ""
@@ -550,7 +568,7 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
         n0 = _nbytes(t, shape, name)
         if not _is_floating(name):
             rows.append(LeafCast(label, "skipped", name, name, n0, n0,
-                                 why="not floating" if name in dtypes.ALL else "a dtype bf16bridge does not carry"))
+                                 why=_skip_why(name)))
             continue
         why = rule.why if rule else ""
         if rule is None and id(t) in tied:
