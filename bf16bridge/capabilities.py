@@ -16,17 +16,52 @@ import threading
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Literal
 
-from . import registry, versions
+import numpy as np
+
+from . import dtypes, registry, versions
 from .machine import CPU, Reader, read_cpu
 
-__all__ = ["CPU", "Capabilities", "Decision", "Device", "FrameworkCaps", "NumpyCaps", "Reader", "probe"]
+__all__ = ["CPU", "Capabilities", "Decision", "Device", "DtypeSupport", "FrameworkCaps", "NarrowCompute", "NumpyCaps",
+           "Reader", "probe"]
 
 
 def _frozen(obj, name: str, kind) -> None:
     """Store a field of a frozen dataclass as a read-only mapping or a tuple, whatever it was given as."""
     value = getattr(obj, name)
     object.__setattr__(obj, name, types.MappingProxyType(dict(value)) if kind is dict else tuple(value))
+
+
+@dataclass(frozen=True)
+class DtypeSupport:
+    """What one framework does with one dtype here: holds it, and sends and takes it over DLPack.
+
+    ``holds`` is the adapter's answer (``cannot_hold``, found by trying where the adapter is
+    imported); export and import are tried on a tensor of that framework (its own export, then its
+    own import of that export). ``None``: not tried (it does not hold the dtype, or its own export
+    fails, so its import has nothing of its own to take); then the adapter's declaration is given
+    in the reason. Where trying and the adapter's declaration (what the planner follows) disagree,
+    the reason says so.
+    """
+
+    dtype: str
+    holds: bool
+    holds_why: str
+    dlpack_export: bool | None
+    export_why: str
+    dlpack_import: bool | None
+    import_why: str
+
+
+@dataclass(frozen=True)
+class NarrowCompute:
+    """A tiny matmul on fp8 inputs, tried on one device (the adapter's ``narrow_compute``)."""
+
+    dtype: str
+    device: str
+    how: str  # "native" | "emulated" | "no" | "unknown"
+    why: str
 
 
 @dataclass(frozen=True)
@@ -39,6 +74,11 @@ class NumpyCaps:
     bf16_dlpack_why: str
     dlpack_version: str
     tested: str = ""  # numpy's and ml_dtypes' versions against the tested ranges
+    #: {dtype: DtypeSupport} for the dtypes beyond NumPy's own (bf16 and the narrow ones); read-only
+    dtypes: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        _frozen(self, "dtypes", dict)
 
 
 @dataclass(frozen=True)
@@ -61,10 +101,16 @@ class FrameworkCaps:
     #: and where it is missing the way around it), then what the adapter's ``facts()`` adds
     facts: Mapping = field(default_factory=dict)  # stored read-only
     tested: str | None = None  # the version against the range CI tests (bf16bridge.versions)
+    #: {dtype: DtypeSupport} for the dtypes beyond NumPy's own; empty when not probed; read-only
+    dtypes: Mapping = field(default_factory=dict)
+    #: NarrowCompute for each fp8 dtype it holds and each device it computes on
+    narrow_compute: tuple = ()
 
     def __post_init__(self):
         _frozen(self, "devices", tuple)
         _frozen(self, "facts", dict)
+        _frozen(self, "dtypes", dict)
+        _frozen(self, "narrow_compute", tuple)
 
 
 @dataclass(frozen=True)
@@ -162,6 +208,9 @@ class Capabilities:
                 rows.append((f"{fw.name} {key}", f"{_yes(value)}: {why}"))
             for d in fw.devices:
                 rows.append((f"{fw.name} device", f"{d.name}: bf16 compute {_yes(d.bf16_compute)} ({d.why})"))
+        for fw in self.frameworks.values():
+            for c in fw.narrow_compute:
+                rows.append((f"{fw.name} {c.device} {c.dtype} matmul", f"{c.how}: {c.why}"))
         rows.append(("", ""))
         for target in (registry.HUB, *self.frameworks):
             if target != registry.HUB and not self.frameworks[target].probed:
@@ -169,7 +218,36 @@ class Capabilities:
             rows.append((f"decide({target!r})", str(self.decide(target))))
             rows.append(("  for_compute=True", str(self.decide(target, for_compute=True))))
         width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+        out = "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+        return out + ("\n\n" + self.dtype_table() if self.frameworks or self.numpy.dtypes else "")
+
+    def dtype_table(self, fmt: Literal["text", "markdown"] = "text") -> str:
+        """Which probed framework holds each dtype and speaks it over DLPack (out, in), then why not."""
+        from .tables import table
+
+        held = {registry.HUB: self.numpy.dtypes, **{n: fw.dtypes for n, fw in self.frameworks.items() if fw.probed}}
+        names = list(dict.fromkeys(d for m in held.values() for d in m))
+        if not names:
+            return ""
+        rows = [[d, *(_cell(m.get(d)) for m in held.values())] for d in names]
+        grouped: dict = {}  # (framework, what, why) -> dtypes, so that one reason is said once
+        for fw, m in held.items():
+            for d, sup in m.items():
+                if not sup.holds:
+                    grouped.setdefault((fw, "", sup.holds_why), []).append(d)
+                elif sup.export_why == sup.import_why and not sup.dlpack_export:
+                    grouped.setdefault((fw, " DLPack export and import", sup.export_why), []).append(d)
+                else:
+                    for way, ok, why in (("export", sup.dlpack_export, sup.export_why),
+                                         ("import", sup.dlpack_import, sup.import_why)):
+                        if not ok or "declares" in why:
+                            grouped.setdefault((fw, f" DLPack {way}", why), []).append(d)
+        out = table(["dtype (held; DLPack out/in)", *held], rows, fmt)
+        if not grouped:
+            return out
+        bullet, gap = ("- ", "\n\n") if fmt == "markdown" else ("  ", "\n")
+        notes = [f"{bullet}{fw} {', '.join(ds)}{what}: {why}".replace("\n", " ") for (fw, what, why), ds in grouped.items()]
+        return f"{out}\n\nwhy not:{gap}" + "\n".join(notes)
 
 
 def _plain(obj):
@@ -188,6 +266,122 @@ def _yes(v) -> str:
     return {True: "yes", False: "no", None: "unknown"}[v]
 
 
+def _cell(sup: DtypeSupport | None) -> str:
+    if sup is None:
+        return "-"
+    if not sup.holds:
+        return "no"
+    ways = "/".join(w for w, ok in (("out", sup.dlpack_export), ("in", sup.dlpack_import)) if ok)
+    return f"yes; DLPack {ways}" if ways else "yes; no DLPack"
+
+
+# -- dtypes ------------------------------------------------------------------------
+
+
+def probed_dtypes() -> tuple[str, ...]:
+    """The dtypes the probe lists: the table's rows beyond NumPy's own, in the table's order."""
+    return tuple(d for d in dtypes.NAMES if d not in dtypes.STANDARD)
+
+
+def _fp8(dtype: str) -> bool:
+    """An 8-bit float row beyond NumPy's own: the ones fp8 matmuls take."""
+    r = dtypes.ROWS[dtype]
+    return r.family != "standard" and r.kind == "float" and r.bits == 8
+
+
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    text = str(err).strip().splitlines()
+    line = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _sample(adapter, dtype: str):
+    """A small tensor of ``dtype`` in ``adapter``'s framework: numpy's values (of the row a packed
+    row unpacks to) converted there, else its bit carrier from numpy, viewed."""
+    from .adapters.numpy import aligned_empty
+    from .convert import convert
+
+    row = dtypes.ROWS[dtype]
+    carrier = aligned_empty((4,), np.dtype(row.carrier or dtype))
+    carrier[...] = 0
+    if adapter.name == registry.HUB:
+        return adapter.bitview(carrier, dtype) if row.carrier else carrier
+    try:
+        base = carrier.view(dtypes.numpy_dtype(dtypes.PACKED.get(dtype, dtype)))
+        x = convert(base, adapter.name, copy=True)
+        got = adapter.describe(x).dtype
+        if got != dtype:
+            raise TypeError(f"numpy's {base.dtype} arrives as {got}")
+        return x
+    except Exception as err:  # noqa: BLE001 - then its bit carrier, viewed
+        converted = _first_line(err)
+    try:
+        return adapter.bitview(adapter.from_dlpack(carrier), dtype)
+    except Exception as err:  # noqa: BLE001
+        raise TypeError(f"from numpy: {converted}; as a bit-view of {row.carrier}: {_first_line(err)}") from err
+
+
+def _declared(adapter, way: str, dtype: str) -> bool:
+    return dtype in getattr(adapter, f"dlpack_{way}")
+
+
+def _dtype_support(adapter, dtype: str, storage_why: str | None) -> DtypeSupport:
+    """``adapter``'s framework with ``dtype``, found by trying (see DtypeSupport)."""
+    held = storage_why or adapter.cannot_hold(dtype)
+    if held:
+        no = f"not tried: {adapter.name} does not hold {dtype}"
+        return DtypeSupport(dtype, False, held, None, no, None, no)
+    try:
+        sample = _sample(adapter, dtype)
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        why = f"not tried: no {dtype} tensor could be made ({_first_line(err)})"
+        return DtypeSupport(dtype, True, "holds it", None, why, None, why)
+    try:
+        _capsule(adapter.export(sample, False))
+        export, export_why = True, "exports it (tried)"
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        export, export_why = False, _first_line(err)
+    imported: bool | None = None
+    import_why = "not tried: its own export fails"
+    if export:
+        try:
+            got = adapter.describe(adapter.from_dlpack(adapter.export(sample, False))).dtype
+            imported, import_why = True, "imports its own export (tried)"
+        except Exception as err:  # noqa: BLE001 - what failed is the finding
+            got, imported, import_why = dtype, False, _first_line(err)
+        if got != dtype:  # torch's sub-byte ints leave as 8-bit ints
+            export, export_why = False, f"exports it as {got}: the type is lost (tried)"
+            imported, import_why = None, f"not tried: its own export arrives as {got}"
+    checked = []
+    for way, ok in (("export", export), ("import", imported)):
+        said = _declared(adapter, way, dtype)
+        checked.append("" if ok is None or said == ok else
+                       f" (the adapter declares {'yes' if said else 'no'}: the planner follows the declaration)")
+        if ok is None:
+            checked[-1] = f"; the adapter declares {'yes' if said else 'no'}"
+    return DtypeSupport(dtype, True, "holds it", export, export_why + checked[0], imported, import_why + checked[1])
+
+
+def _capsule(obj):
+    """Ask ``obj`` for its DLPack capsule (a capsule already is one: tensorflow's export)."""
+    return obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
+
+
+def _narrow_compute(adapter, supports: Mapping) -> tuple:
+    hook = getattr(adapter, "narrow_compute", None)
+    if hook is None:
+        return ()
+    out: list[NarrowCompute] = []
+    for dtype, sup in supports.items():
+        if sup.holds and _fp8(dtype):
+            try:
+                found = hook(dtype)
+            except Exception as err:  # noqa: BLE001
+                found = (("?", "unknown", f"the probe itself failed: {_first_line(err)}"),)
+            out.extend(NarrowCompute(dtype, *row) for row in found)
+    return tuple(out)
+
+
 # -- frameworks ------------------------------------------------------------------
 
 
@@ -203,8 +397,6 @@ def _framework(name: str, reader: Reader, asked: bool) -> FrameworkCaps:
         adapter = registry.get(name)
     except ImportError as err:
         return FrameworkCaps(name, version, False, str(err), tested=tested)
-    import numpy as np
-
     from .adapters import _dlpack
 
     try:
@@ -225,7 +417,9 @@ def _framework(name: str, reader: Reader, asked: bool) -> FrameworkCaps:
         ok, why = False, f"{type(err).__name__}: {err}"
     devices = tuple(Device(*d) for d in adapter.devices())
     facts.update(adapter.facts())  # the adapter's own account (of a missing entry point too) comes last
-    return FrameworkCaps(name, version, True, why, ok, dl_version, devices, facts, tested)
+    supports = {d: _dtype_support(adapter, d, None) for d in probed_dtypes()}
+    return FrameworkCaps(name, version, True, why, ok, dl_version, devices, facts, tested, supports,
+                         _narrow_compute(adapter, supports))
 
 
 def _tried(call, works: str) -> tuple[bool, str]:
@@ -234,6 +428,12 @@ def _tried(call, works: str) -> tuple[bool, str]:
         return True, works
     except Exception as err:  # noqa: BLE001 - what failed is the finding
         return False, f"{type(err).__name__}: {err}"
+
+
+def _hub_dtypes(storage_why: str | None) -> dict:
+    """numpy's row of the dtype table; every ml_dtypes type is missing when the reader says ml_dtypes is."""
+    hub = registry.get(registry.HUB)
+    return {d: _dtype_support(hub, d, storage_why) for d in probed_dtypes()}
 
 
 # -- the entry point ----------------------------------------------------------------
@@ -265,7 +465,8 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
         cpu=read_cpu(r),
         numpy=NumpyCaps(r.version("numpy"), r.version("ml_dtypes"), storage, storage_why, dl, dl_why,
                         r.numpy_dlpack_version(),
-                        "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes"))),
+                        "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes")),
+                        _hub_dtypes(None if storage else storage_why)),
         frameworks={n: _framework(n, r, n in asked) for n in names},
         python=platform.python_version(),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-StepKind = Literal["bitview", "dlpack", "handoff", "copy", "to_host", "widen", "narrow"]
+StepKind = Literal["bitview", "dlpack", "handoff", "copy", "to_host", "widen", "narrow", "pack", "unpack"]
 
 
 @dataclass(frozen=True)

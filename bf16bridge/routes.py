@@ -2,11 +2,12 @@
 
 Routes are a small graph. A node is a tensor in some framework with some
 dtype and memory layout; an edge is one step that an adapter declares as data
-(a DLPack hand-over, a bit-view between bf16 and uint16, a hand-off of its
-own, a copy, a widening). A step that copies costs one copy of the data; one
-that does not costs nothing. The planner runs a shortest-path search, so
-a new adapter or dtype joins by declaring its abilities, with no
-framework-by-framework branches here.
+(a DLPack hand-over, a bit-view between a dtype and the unsigned integer
+carrying its bits, a hand-off of its own, a copy, a widening, a packing). A
+step that copies costs one copy of the data; one that does not costs nothing.
+The planner runs a shortest-path search, so a new adapter or dtype joins by
+declaring its abilities (and a dtype by its row in ``dtypes.TABLE``: carrier,
+exact widenings, packing), with no framework or dtype named here.
 
 A route only passes through the source, the target and numpy (the core
 dependency), so planning never imports a third framework.
@@ -39,6 +40,9 @@ class State(NamedTuple):
     readonly: bool  # memory marked read-only: never handed to a framework that cannot mark it
     shared: bool  # still the input's memory
     host: bool
+    #: the row whose bits this unsigned integer carries after a bit-view (or a packing), None
+    #: for a plain tensor: a bit-view back goes to that row only
+    carries: str | None = None
 
 
 class Route(NamedTuple):
@@ -71,6 +75,20 @@ def _fresh(a: Adapter, dtype: str, host: bool) -> State:
     return State(a.name, dtype, CONTIGUOUS, a.copies_aligned, False, False, host)
 
 
+def _widenings(dtype: str) -> tuple[str, ...]:
+    """The exact widenings of a row (a packed row's are those of its values, one a byte)."""
+    row = dtypes.ROWS.get(dtype)
+    if row is None:
+        return ()
+    return row.widenings or (dtypes.ROWS[row.unpacked].widenings if row.unpacked else ())
+
+
+@lru_cache(maxsize=256)
+def _wider(goal: frozenset) -> frozenset:
+    """Rows whose widening reaches the goal: an unpacking may lead to them."""
+    return frozenset(d for d in dtypes.NAMES if goal & set(_widenings(d)))
+
+
 def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     """The state after moving into ``dst``; None if ``dst`` cannot take it that way."""
     if dst.host_only and not s.host:
@@ -99,20 +117,39 @@ def _via_dlpack(a: Adapter, b: Adapter, readonly: bool) -> Callable[[Any], Any]:
 def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
     """Yield (cost, Step, next State) for every step out of state ``s``."""
     a = adapters[s.framework]
-    # bit-views within a framework: bf16 <-> uint16
-    if a.bitview_free is not None:
-        views = [dtypes.BITS_OF[s.dtype]] if s.dtype in dtypes.BITS_OF else [
-            d for d, bits in dtypes.BITS_OF.items() if bits == s.dtype and a.holds(d)]
-        for d in views:
-            copies = not a.bitview_free
-            nxt = _fresh(a, d, s.host) if copies else s._replace(dtype=d)
-            yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
-                                    "the framework's bit-view copies" if copies else "", False,
-                                    run=a.bitview_to(d)), nxt
+    # bit-views within a framework: a row <-> the unsigned integer carrying its bits, and back
+    # to that row only (the state remembers which row a carrier carries)
+    view: tuple[str, str | None] | None = None
+    if s.carries is not None:
+        if a.views_bits(s.carries):
+            view = (s.carries, None)
+    elif s.dtype in dtypes.BITS_OF and a.views_bits(s.dtype):
+        view = (dtypes.BITS_OF[s.dtype], s.dtype)
+    if view is not None:
+        d, carries = view
+        copies = not a.bitview_free
+        nxt = (_fresh(a, d, s.host) if copies else s)._replace(dtype=d, carries=carries)
+        yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
+                                "the framework's bit-view copies" if copies else "", False,
+                                run=a.bitview_to(d)), nxt
+    # packing: one value a byte <-> two a byte (torch's float4_e2m1fn_x2), by an adapter's kernels
+    if a.packs and s.host and copy is not False:
+        packed = dtypes.UNPACKED.get(s.dtype) if s.carries is None else None
+        if packed is not None and packed in goal:
+            carrier = dtypes.BITS_OF[packed]
+            yield 1, Step("pack", a.name, a.label_pack.format(dtype=packed), carrier, True,
+                          f"{target} holds {s.dtype} packed {dtypes.ROWS[packed].packing} a byte ({packed})",
+                          run=partial(a.pack, dtype=packed)), _fresh(a, carrier, s.host)._replace(carries=packed)
+        carried = s.carries or ""
+        unpacked = dtypes.PACKED.get(carried)
+        if unpacked is not None and unpacked in goal | _wider(goal) and a.holds(unpacked):
+            yield 1, Step("unpack", a.name, a.label_unpack.format(dtype=unpacked), unpacked, True,
+                          f"{carried} holds {dtypes.ROWS[carried].packing} values a byte; {unpacked} holds one",
+                          run=partial(a.unpack, dtype=carried)), _fresh(a, unpacked, s.host)
     # no copy or widening by a framework whose kernels abort on this unaligned buffer (tensorflow)
     if copy is not False and (s.aligned or a.kernels_unaligned):
         # a copy within the framework: contiguous, aligned as the framework allocates, writable
-        if s.host or copy:
+        if (s.host or copy) and a.can_copy(s.dtype):
             # a device tensor is copied on its device; only a host-only target takes it to the host
             bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
             yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
@@ -125,10 +162,11 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             yield 2, Step("narrow", a.name, f"narrow to {narrow}, checked", narrow, True,
                           f"fallback='auto': every value fits in {narrow}",
                           run=partial(a.narrow, dtype=narrow)), _fresh(a, narrow, s.host)
-        if s.dtype == "bfloat16" and "float32" in goal and a.holds("float32"):
-            yield 2, Step("widen", a.name, "widen to float32 (exact)", "float32", True,
-                          "fallback: widen to float32",
-                          run=partial(a.astype, dtype="float32")), _fresh(a, "float32", s.host)
+        if s.carries is None and s.host:
+            for w in _widenings(s.dtype):
+                if w in goal and a.casts(s.dtype, w):
+                    yield 2, Step("widen", a.name, f"widen to {w} (exact)", w, True, f"fallback: widen to {w}",
+                                  run=partial(a.astype, dtype=w)), _fresh(a, w, s.host)
     for b in adapters.values():
         if b is a:
             continue
@@ -139,6 +177,8 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
                 continue
             reason = h.copies(s.layout, s.aligned)
             entered = _enter(s, a, b, reason is not None)
+            if entered is not None and reason and not h.copies_aligned:
+                entered = entered._replace(aligned=False)
             if entered is not None and not (reason and copy is False):
                 yield b.import_copy_cost if reason else 0, Step(
                     "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
@@ -201,7 +241,8 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
             return Route(prefix + steps, final, final.dtype, decision)
 
     # No route: say why, as precisely as we can.
-    with_copies = _search(start, adapters, target, attempts[0][0], None) if copy is False else None
+    with_copies = next((found for found in (_search(start, adapters, target, goal, None) for goal, _ in attempts)
+                        if found), None) if copy is False else None
     if with_copies:
         steps, _ = with_copies
         why = "; ".join(f"{s.label}: {s.reason}" for s in steps if s.copies)
@@ -216,20 +257,32 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
     held = adapters[target].cannot_hold(dtype)
     raise UnsupportedDtypeError(
         f"{target} cannot hold {dtype} from {source} bit for bit here"
-        + (f" ({held})" if held else "") + "; "
-        + ("pass fallback='float32' (exact widening) or fallback='bits' (raw uint16)" if dtype in dtypes.BITS_OF
-           else f"or pass fallback='auto' (narrows to {dtypes.NARROW[dtype]} when every value fits, checked)"
-           if dtype in dtypes.NARROW else "no fallback exists for this dtype")
-    )
+        + (f" ({held})" if held else "") + "; " + _way_out(dtype, target))
+
+
+def _way_out(dtype: str, target: str) -> str:
+    """The fallbacks the table offers for ``dtype``, as an error message ends."""
+    if dtype in dtypes.NARROW:
+        return f"or pass fallback='auto' (narrows to {dtypes.NARROW[dtype]} when every value fits, checked)"
+    ways = []
+    wide = _widenings(dtype)
+    if wide and dtypes.ROWS[dtype].family == "narrow":
+        ways.append(f"fallback='auto' (the narrowest of {', '.join(wide)} that {target} holds: exact)")
+    if "float32" in wide:
+        ways.append("fallback='float32' (exact widening)")
+    if dtype in dtypes.BITS_OF:
+        ways.append(f"fallback='bits' (raw {dtypes.BITS_OF[dtype]})")
+    return "pass " + " or ".join(ways) if ways else "no fallback exists for this dtype"
 
 
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
     """The goal dtypes to try in order, each with the decision to report."""
-    if dtype in dtypes.BITS_OF and fallback == "auto":
+    if dtype in dtypes.PROBED and fallback == "auto":
         from .capabilities import probe  # cached; it imports no framework
 
         d = probe().decide(target, for_compute=for_compute, device=device)
-        goal = {"bfloat16": dtype, "float32": "float32", "bits": dtypes.BITS_OF[dtype]}[d.dtype]
+        # the probe answers the row's own name, "float32" or "bits"
+        goal = {"float32": "float32", "bits": dtypes.BITS_OF[dtype]}.get(d.dtype, dtype)
         return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})"),)
     if dtype in dtypes.NARROW and fallback == "auto":
         narrow = dtypes.NARROW[dtype]
@@ -241,15 +294,25 @@ def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device:
 
 @lru_cache(maxsize=256)
 def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
-    if dtype not in dtypes.BITS_OF:
-        return ((frozenset([dtype]), None),)
-    bits = dtypes.BITS_OF[dtype]
-    why = f"{target} cannot hold {dtype} bit for bit here"
     out: tuple = ((frozenset([dtype]), None),)
-    if fallback == "float32" and dtype == "bfloat16":
+    row = dtypes.ROWS.get(dtype)
+    if row is None:
+        return out
+    why = f"{target} cannot hold {dtype} bit for bit here"
+    # the same values in the other layout (one a byte <-> packed): no fallback needed, the plan says so
+    twin = dtypes.PACKED.get(dtype) or dtypes.UNPACKED.get(dtype)
+    if twin is not None:
+        how = "unpacked, one value a byte" if dtype in dtypes.PACKED else \
+            f"packed {dtypes.ROWS[twin].packing} values a byte, low nibble first"
+        out += ((frozenset([twin]), f"{twin} ({why}; the same values {how})"),)
+    wide = _widenings(dtype)
+    if fallback == "auto" and row.family == "narrow":
+        out += tuple((frozenset([w]), f"{w} (fallback='auto': {why}; {w} holds every {dtype} value exactly)")
+                     for w in wide)
+    elif fallback == "float32" and "float32" in wide:
         out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly)"),)
-    elif fallback == "bits":
-        out += ((frozenset([bits]), f"{bits} (fallback='bits': {why}; raw bit patterns)"),)
+    elif fallback == "bits" and row.carrier is not None:
+        out += ((frozenset([row.carrier]), f"{row.carrier} (fallback='bits': {why}; raw bit patterns)"),)
     return out
 
 
@@ -297,6 +360,19 @@ def _check_copy_size(src: Source, source: str, target: str, steps: tuple) -> Non
         )
 
 
+def _check_packing(src: Source, source: str, target: str, steps: tuple) -> None:
+    """A packing step pairs values along the last dimension: refuse an odd one before running
+    (with ``fallback='error'``, or when no fallback reaches the target)."""
+    for step in steps:
+        if step.kind == "pack" and (not src.shape or src.shape[-1] % 2):
+            shape = "x".join(map(str, src.shape)) or "scalar"
+            raise UnsupportedDtypeError(
+                f"{target} holds {src.dtype} packed two values a byte along the last dimension ({step.label}), "
+                f"and this [{shape}] {source} input's last dimension is not even; pad it to an even length "
+                "(numpy: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 1)])) and keep the logical length yourself, "
+                f"or pass fallback='bits' (raw {dtypes.BITS_OF.get(src.dtype, 'bits')}) or fallback='auto'")
+
+
 def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
              fallback: str = "error", for_compute: bool = False) -> Plan:
     """The plan for an already-described input (``convert`` calls this; arguments already checked)."""
@@ -304,6 +380,15 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
     start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
     route = _route(source, target, start, src.must_copy, copy, attempts, registry.state(source, target))
+    if any(s.kind == "pack" for s in route.steps) and (not src.shape or src.shape[-1] % 2):
+        # packing pairs values along the last dimension: an odd one takes the next fallback asked
+        # for, if any, else is refused
+        later = tuple(a for a in attempts if not (a[0] & dtypes.PACKED.keys()))
+        try:
+            route = _route(source, target, start, src.must_copy, copy, later, registry.state(source, target))
+        except UnsupportedDtypeError:
+            _check_packing(src, source, target, route.steps)
+            raise
     copies, shares, writable, notes, alias = _outcome(
         route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation())
     if copies:

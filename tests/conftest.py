@@ -39,16 +39,21 @@ def aligned_copy(a: np.ndarray, offset_bytes: int = 0) -> np.ndarray:
     return out
 
 
+def _ml_dtype(a: np.ndarray) -> bool:
+    """An ml_dtypes array (bf16, fp8, fp6, fp4, int4, ...), which torch.from_numpy refuses."""
+    return a.dtype.type.__module__.split(".")[0] == "ml_dtypes"
+
+
 def make(framework: str, a: np.ndarray):
-    """A tensor of ``framework`` holding exactly the bits of numpy array ``a`` (any dtype, bf16 too)."""
+    """A tensor of ``framework`` holding exactly the bits of numpy array ``a`` (any dtype, bf16
+    and the other ml_dtypes types too; torch's by the dtype of the same name)."""
     a = aligned_copy(a)
-    bits_dtype = np.uint16 if a.dtype == BF16 else None
     if framework == "numpy":
         return a
     if framework == "torch":
         torch = fw("torch")
-        if bits_dtype is not None:
-            return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+        if _ml_dtype(a):
+            return torch.from_numpy(a.view(f"u{a.dtype.itemsize}")).view(getattr(torch, a.dtype.name))
         return torch.from_numpy(a)
     if framework == "jax":
         jax = fw("jax")
@@ -70,8 +75,8 @@ def bits(x) -> np.ndarray:
         t = x.detach().resolve_conj().resolve_neg().contiguous().cpu()
         if t.dtype == torch.bfloat16:
             return t.view(torch.uint16).numpy().copy()
-        if t.dtype == torch.bool:
-            return t.numpy().view(np.uint8).copy()
+        if t.element_size() == 1:  # fp8, fp4_x2 and the sub-byte ints have no .numpy(): their bytes
+            return t.view(torch.uint8).numpy().copy()
         a = t.numpy()
     elif mod in ("jax", "jaxlib"):
         a = np.array(x)

@@ -287,8 +287,9 @@ def test_unsupported_dtype_is_named():
         bb.convert(np.array(["2020-01-01"], dtype="datetime64[D]"), "torch")
     import torch
 
-    with pytest.raises(bb.UnsupportedDtypeError, match="float8_e5m2"):
-        bb.convert(torch.zeros(2, dtype=torch.float8_e5m2), "numpy")
+    # a torch dtype with no row in the table (fp8 has one now: tests/test_dtypes.py)
+    with pytest.raises(bb.UnsupportedDtypeError, match="uint3"):
+        bb.convert(torch.zeros(2, dtype=torch.uint8).view(torch.uint3), "numpy")
 
 
 @pytest.mark.parametrize("to", ["pytroch", "mlx", ""])

@@ -429,3 +429,94 @@ def test_run_over_every_input_value_reports_regions_and_recheck_keeps_them(tmp_p
     assert runner.recheck(path, rep.policy)[0].worst_regions == rep.worst_regions
     loose = runner.recheck(path, "ulp(100000)")[0].worst_regions
     assert loose and all(g.nonfinite == g.exceeding for g in loose), "no tolerance excuses NaN/inf"
+
+
+# -- results in every narrow dtype: ULPs in the result's own format ------------------------
+
+NARROW = [n for n in bb.kernels.NARROW if n != "bfloat16"]
+
+# (a bits, b bits, ULP distance in the dtype's own format; None: a NaN/inf disagreement)
+KNOWN_ULPS = {
+    "float8_e4m3fn": [(0x38, 0x39, 1), (0x01, 0x81, 2), (0x00, 0x80, 0), (0x7E, 0x7B, 3), (0xFE, 0x7E, 252),
+                      (0x7F, 0x7E, None)],
+    "float8_e5m2": [(0x3C, 0x3D, 1), (0x01, 0x81, 2), (0x00, 0x80, 0), (0x7B, 0x78, 3), (0xFB, 0x7B, 246),
+                    (0x7C, 0x7B, None)],
+    "float8_e4m3fnuz": [(0x40, 0x41, 1), (0x01, 0x81, 2), (0x7F, 0x7C, 3), (0xFF, 0x7F, 254), (0x80, 0x00, None)],
+    "float8_e5m2fnuz": [(0x40, 0x41, 1), (0x01, 0x81, 2), (0x7F, 0x7C, 3), (0xFF, 0x7F, 254), (0x80, 0x00, None)],
+    "float8_e8m0fnu": [(0x7F, 0x80, 1), (0x00, 0xFE, 254), (0xFF, 0x7F, None)],
+    "float8_e4m3": [(0x38, 0x39, 1), (0x01, 0x81, 2), (0x00, 0x80, 0), (0x77, 0x74, 3), (0xF7, 0x77, 238),
+                    (0x78, 0x77, None)],
+    "float8_e3m4": [(0x30, 0x31, 1), (0x01, 0x81, 2), (0x00, 0x80, 0), (0x6F, 0x6C, 3), (0xEF, 0x6F, 222),
+                    (0x70, 0x6F, None)],
+    "float8_e4m3b11fnuz": [(0x58, 0x59, 1), (0x01, 0x81, 2), (0x7F, 0x7C, 3), (0xFF, 0x7F, 254), (0x80, 0x00, None)],
+    "float6_e2m3fn": [(0x08, 0x09, 1), (0x01, 0x21, 2), (0x00, 0x20, 0), (0x1F, 0x1C, 3), (0x3F, 0x1F, 62)],
+    "float6_e3m2fn": [(0x0C, 0x0D, 1), (0x01, 0x21, 2), (0x00, 0x20, 0), (0x1F, 0x1C, 3), (0x3F, 0x1F, 62)],
+    "float4_e2m1fn": [(0x2, 0x3, 1), (0x1, 0x9, 2), (0x0, 0x8, 0), (0x7, 0x4, 3), (0xF, 0x7, 14)],
+    "int4": [(0x8, 0x7, 15), (0xF, 0x1, 2), (0x0, 0x0, 0), (0xE, 0xF, 1)],
+    "uint4": [(0x0, 0xF, 15), (0x7, 0x8, 1)],
+    "int2": [(0x2, 0x1, 3), (0x3, 0x0, 1)],
+    "uint2": [(0x0, 0x3, 3), (0x1, 0x2, 1)],
+}
+
+
+def _patterns(name, codes):
+    return np.array(codes, dtype=np.uint8).view(getattr(ml_dtypes, name))
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_ordered_mapping_steps_one_value_at_a_time_in_every_narrow_dtype(name):
+    """Over every pattern: sorted by key, values never decrease, equal keys are equal values
+    (+0 and -0 share 0), and neighbouring values are exactly one step apart."""
+    bits = bb.kernels.FORMATS[name].bits
+    a = _patterns(name, np.arange(1 << bits))
+    finite = metrics.classify(a)["finite"]
+    vals, keys = a[finite].astype(np.float64), metrics.ordered(a)[finite]
+    assert np.array_equal(np.isfinite(a.astype(np.float64)), finite)
+    order = np.argsort(keys, kind="stable")
+    assert np.all(np.diff(vals[order]) >= 0)
+    uk, first = np.unique(keys, return_index=True)
+    assert np.all(np.diff(uk) == 1), "neighbouring values are one ULP apart"
+    assert np.unique(vals).size == uk.size, "one key per value"
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_known_ulp_distances_in_each_narrow_dtype(name):
+    rows = KNOWN_ULPS[name]
+    a = _patterns(name, [r[0] for r in rows])
+    b = _patterns(name, [r[1] for r in rows])
+    finite = metrics.classify(a)["finite"] & metrics.classify(b)["finite"]
+    d = metrics.ulp_distance(a, b)
+    assert [int(x) if f else None for x, f in zip(d, finite)] == [r[2] for r in rows]
+    p = parity.compare({"a": a, "b": b}, policy="ulp(1000)").pairs[0]
+    want = [r[2] for r in rows]
+    assert p.max_ulp == max(w for w in want if w is not None)
+    assert p.nonfinite_mismatches == want.count(None) and p.dtype == name
+
+
+@pytest.mark.parametrize("name, negzero_pattern, is_nan", [
+    ("float8_e4m3fn", 0x80, False), ("float8_e4m3fnuz", 0x80, True), ("float8_e5m2fnuz", 0x80, True),
+    ("float4_e2m1fn", 0x8, False), ("float6_e3m2fn", 0x20, False),
+])
+def test_fnuz_nan_is_not_a_negative_zero(name, negzero_pattern, is_nan):
+    a, b = _patterns(name, [0]), _patterns(name, [negzero_pattern])
+    p = parity.compare(a, b, policy=parity.ulp(0, signed_zeros=True)).pairs[0]
+    assert (p.nan_mismatches, p.signed_zero_mismatches) == ((1, 0) if is_nan else (0, 1))
+    assert not parity.compare(a, b, policy=parity.ulp(0, signed_zeros=True)).passed
+
+
+def test_float32_against_fp8_is_rounded_to_fp8_and_measured_in_its_ulps():
+    f = np.array([1.0, 1.0, 448.0, -3.0], dtype=F32)
+    q = _patterns("float8_e4m3fn", [0x38, 0x3A, 0x7E, 0xC4])  # 1.0, 1.25, 448, -3.0 in e4m3fn
+    rep = parity.compare({"f32": f, "fp8": q}, policy="ulp(2)")
+    p = rep.pairs[0]
+    assert p.note == "float32 side rounded to float8_e4m3fn (nearest-even) to compare in float8_e4m3fn ULPs"
+    assert p.dtype == "float8_e4m3fn" and p.max_ulp == 2 and rep.passed
+    assert not parity.compare({"f32": f, "fp8": q}, policy="ulp(1)").passed
+
+
+def test_fp8_results_against_a_float64_reference():
+    x = np.array([1.0, 2.0, 500.0, 0.1], dtype=np.float64)  # 500 is past e4m3fn's 448: held as NaN
+    q = bb.kernels.to_dtype(x.astype(F32), "float8_e4m3fn")
+    rep = parity.compare({"a": q, "b": q.copy()}, reference=x, policy="reference(1.5)")
+    assert [r.nonfinite_mismatches for r in rep.references] == [0, 0]
+    assert rep.passed and rep.max_ulp == 0

@@ -3,6 +3,7 @@
 import dataclasses
 import importlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -365,3 +366,134 @@ def test_docs_state_the_tested_versions_of_the_table():
     for name, (oldest, newest) in versions.TESTED.items():
         assert f"| {oldest} | {newest} |" in routes, name
         assert f"{name} {versions.tested_range(name)}" in readme, name
+
+
+# -- dtypes: which each framework holds and speaks over DLPack, against its own calls ----------
+
+DTYPE_FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow")
+
+
+def _own_tensor(framework: str, name: str):
+    """A 4-element tensor of dtype ``name`` made by the framework's own calls (raises where it
+    has none): numpy and jax and tensorflow from an ml_dtypes array, torch by viewing bytes."""
+    import ml_dtypes
+
+    from bf16bridge import dtypes
+    from conftest import fw
+
+    if framework == "torch":
+        torch = fw("torch")
+        t = torch.zeros(4, dtype=torch.uint8).view(getattr(torch, name))
+        assert t.dtype == getattr(torch, name)
+        return t
+    if name in dtypes.PACKED:  # no ml_dtypes dtype: two values a byte is torch's alone
+        raise TypeError(f"ml_dtypes has no {name}")
+    a = np.zeros(4, dtype=getattr(ml_dtypes, name))
+    x = {"numpy": lambda: a, "jax": lambda: fw("jax").device_put(a),
+         "tensorflow": lambda: fw("tensorflow").constant(a)}[framework]()
+    assert np.dtype(x.dtype.as_numpy_dtype if framework == "tensorflow" else x.dtype) == a.dtype
+    if framework == "jax":
+        x.block_until_ready()
+    return x
+
+
+def _own_round_trip(framework: str, x) -> bool:
+    """The framework's own DLPack export of ``x`` taken back by its own import, the dtype kept."""
+    from conftest import fw
+
+    try:
+        if framework == "tensorflow":
+            dl = fw("tensorflow").experimental.dlpack
+            y = dl.from_dlpack(dl.to_dlpack(x))
+        else:
+            y = {"numpy": np.from_dlpack, "torch": lambda t: fw("torch").from_dlpack(t),
+                 "jax": lambda t: fw("jax").numpy.from_dlpack(t)}[framework](x)
+        return y.dtype == x.dtype
+    except Exception:  # noqa: BLE001 - any refusal is a no
+        return False
+
+
+def _supports(caps, framework):
+    return caps.numpy.dtypes if framework == "numpy" else caps.frameworks[framework].dtypes
+
+
+@pytest.mark.parametrize("framework", DTYPE_FRAMEWORKS)
+def test_probe_lists_the_dtypes_each_framework_holds_and_speaks_as_its_own_calls_do(framework):
+    from bf16bridge import dtypes
+
+    supports = _supports(bb.probe(frameworks="all"), framework)
+    assert list(supports) == [d for d in dtypes.NAMES if d not in dtypes.STANDARD]
+    for name, sup in supports.items():
+        try:
+            x, err = _own_tensor(framework, name), None
+        except Exception as e:  # noqa: BLE001 - the framework cannot make one
+            x, err = None, e
+        assert sup.holds is (x is not None), (framework, name, sup, err)
+        if x is None:
+            assert sup.holds_why and sup.dlpack_export is None and sup.dlpack_import is None, sup
+            continue
+        # out and back in over DLPack, the dtype kept: both ways tried by the probe, or neither
+        assert bool(sup.dlpack_export and sup.dlpack_import) is _own_round_trip(framework, x), (framework, sup)
+        for ok, why in ((sup.dlpack_export, sup.export_why), (sup.dlpack_import, sup.import_why)):
+            assert why and (ok or "tried" not in why or "not tried" in why or "type is lost" in why), sup
+
+
+@pytest.mark.parametrize("framework", DTYPE_FRAMEWORKS)
+def test_probe_finds_what_the_adapters_declare_to_the_planner(framework):
+    """Trying and the declarations the planner follows agree: a disagreement is said in the reason."""
+    for sup in _supports(bb.probe(frameworks="all"), framework).values():
+        assert "the planner follows the declaration" not in sup.export_why + sup.import_why, sup
+
+
+def test_probe_dtype_table_is_printed_frozen_and_in_json():
+    from bf16bridge import dtypes
+
+    caps = bb.probe(frameworks="all")
+    torch_caps = caps.frameworks["torch"]
+    with pytest.raises(TypeError):
+        torch_caps.dtypes["float8_e4m3fn"] = None
+    with pytest.raises((TypeError, AttributeError)):
+        caps.numpy.dtypes.clear()
+    with pytest.raises(AttributeError):
+        torch_caps.narrow_compute.append(None)
+    text = str(caps)
+    table = text[text.index("dtype (held; DLPack out/in)"):]
+    for name in torch_caps.dtypes:
+        row = next(line for line in table.splitlines() if line.split()[0] == name)
+        cells = [c for c in row[len(name):].split("  ") if c.strip()]
+        assert len(cells) == 4, row  # numpy, torch, jax, tensorflow
+    if any(not s.holds for s in torch_caps.dtypes.values()):
+        assert "why not:" in table
+    d = json.loads(caps.to_json())
+    assert set(d["frameworks"]["jax"]["dtypes"]) == {n for n in dtypes.NAMES if n not in dtypes.STANDARD}
+    assert d["numpy"]["dtypes"]["bfloat16"]["holds"] is True
+
+
+def test_probe_without_ml_dtypes_says_numpy_holds_none_of_its_dtypes():
+    caps = bb.probe(reader=FakeReader(ml_dtypes=(False, "ml_dtypes is unusable: No module")))
+    assert caps.numpy.dtypes and all(not s.holds and "No module" in s.holds_why for s in caps.numpy.dtypes.values())
+
+
+def test_probe_asks_the_adapters_narrow_compute_for_each_fp8_dtype_held(monkeypatch):
+    from bf16bridge import dtypes, registry
+
+    asked = []
+
+    def narrow_compute(self, dtype):
+        asked.append(dtype)
+        if dtype == "float8_e5m2":
+            raise RuntimeError("boom")
+        return (("cpu", "emulated", f"widened {dtype}"),)
+
+    adapter = registry.get("torch")
+    monkeypatch.setattr(type(adapter), "narrow_compute", narrow_compute, raising=False)
+    caps = bb.probe(frameworks=["torch"], refresh=True)
+    held = [d for d, s in caps.frameworks["torch"].dtypes.items() if s.holds]
+    fp8 = [d for d in held if dtypes.ROWS[d].kind == "float" and dtypes.ROWS[d].bits == 8]
+    assert asked == fp8 and "float8_e4m3fn" in fp8
+    got = {c.dtype: c for c in caps.frameworks["torch"].narrow_compute}
+    assert got["float8_e4m3fn"] == probe_mod.NarrowCompute("float8_e4m3fn", "cpu", "emulated",
+                                                           "widened float8_e4m3fn")
+    assert got["float8_e5m2"].how == "unknown" and "RuntimeError: boom" in got["float8_e5m2"].why
+    assert re.search(r"\ntorch cpu float8_e4m3fn matmul +emulated: widened float8_e4m3fn\n", str(caps))
+    bb.probe(frameworks=["torch"], refresh=True)  # the cache holds no answer of the stand-in hook

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
 
 from .. import dtypes
@@ -72,6 +73,8 @@ class Handoff(NamedTuple):
     verify: bool = False
     #: the least regular layout it takes (see CONTIGUOUS/STRIDED/NEGATIVE)
     layouts: int = NEGATIVE
+    #: a copy it makes is ALIGN-aligned (False: numpy.array's own allocation, which is not)
+    copies_aligned: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,8 @@ class Adapter:
     marks_readonly: ClassVar[bool] = False
     #: holds host (CPU) memory only
     host_only: ClassVar[bool] = False
-    #: dtypes it exports / imports over DLPack
+    #: dtypes it exports / imports over DLPack (bit for bit, with the table's DLPack code;
+    #: adapters add the narrow rows they were found to speak, by trying)
     dlpack_export: ClassVar[frozenset] = frozenset(dtypes.ALL)
     dlpack_import: ClassVar[frozenset] = frozenset(dtypes.ALL)
     #: the least regular layout its DLPack import takes (see CONTIGUOUS/STRIDED/NEGATIVE)
@@ -105,7 +109,8 @@ class Adapter:
     #: "copies" (copies it, silently: jax), "refuse" (takes it, but its kernels then
     #: abort the process: tensorflow; the planner copies first)
     dlpack_unaligned: ClassVar[str] = "ok"
-    #: a bit-view (bf16 <-> uint16) is free; False: it copies; None: impossible
+    #: a bit-view (a dtype <-> the unsigned int carrying its bits) is free; False: it copies;
+    #: None: impossible (``views_bits`` says for which dtypes)
     bitview_free: ClassVar[bool | None] = True
     #: its own copies are ALIGN-aligned
     copies_aligned: ClassVar[bool] = True
@@ -132,6 +137,22 @@ class Adapter:
     def cannot_hold(self, dtype: str) -> str | None:
         """Why this framework cannot hold ``dtype`` here (and the way out), or None."""
         return None if dtype in dtypes.ALL else f"{self.name} holds no {dtype}"
+
+    def views_bits(self, dtype: str) -> bool:
+        """Whether a bit-view turns ``dtype`` into its carrier (``dtypes.BITS_OF``) and back
+        within this framework (``bitview_free`` says whether that copies). Default: wherever
+        the framework has a bit-view and holds ``dtype``."""
+        return self.bitview_free is not None and dtype in dtypes.BITS_OF and self.holds(dtype)
+
+    def can_copy(self, dtype: str) -> bool:
+        """Whether ``copy`` works on a tensor of ``dtype`` (tensorflow has no copy kernel for its
+        storage-only dtypes). Default: wherever it holds ``dtype``."""
+        return self.holds(dtype)
+
+    def casts(self, src: str, dst: str) -> bool:
+        """Whether ``astype`` turns every ``src`` value into the same ``dst`` value, as ml_dtypes
+        does (the widenings the planner takes). Default: wherever it holds both."""
+        return self.holds(src) and self.holds(dst)
 
     def handoffs(self) -> list[Handoff]:
         """Extra edges into or out of this framework (default: none)."""
@@ -194,8 +215,23 @@ class Adapter:
         raise NotImplementedError
 
     def astype(self, x, dtype: str):  # pragma: no cover
-        """Convert values (used only for the float32 fallback: bf16 -> float32 is exact)."""
+        """Convert values (used only for the widening fallbacks, exact where ``casts`` says so)."""
         raise NotImplementedError
+
+    #: ``pack`` and ``unpack`` are offered: between a row of one value a byte and its packed row
+    #: (``dtypes.PACKED``: float4_e2m1fn <-> float4_e2m1fn_x2), as the packed row's carrier
+    packs: ClassVar[bool] = False
+    label_pack: ClassVar[str] = "pack into {dtype}"
+    label_unpack: ClassVar[str] = "unpack into {dtype}"
+
+    def pack(self, x, dtype: str):
+        """``x`` (a row of one value a byte) packed as row ``dtype``'s bytes, in its carrier:
+        element 2i in the low nibble; the last dimension halves (and must be even)."""
+        raise NotImplementedError(f"{self.name} does not pack")
+
+    def unpack(self, x, dtype: str):
+        """``x`` (the carrier of packed row ``dtype``) as its values one a byte: the last dimension doubles."""
+        raise NotImplementedError(f"{self.name} does not unpack")
 
     #: ``narrow`` is offered (a checked int64 -> int32 conversion for fallback="auto")
     narrows: ClassVar[bool] = False
@@ -311,3 +347,24 @@ class Adapter:
         dtype, output dtype): forward hooks that cast that module's floating inputs and outputs
         (replacing hooks an earlier call installed)."""
         raise NotImplementedError(f"{self.name} has no model objects to cast")
+
+
+def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
+    """Whether ``run`` (a framework's own conversion, given and returning numpy arrays) keeps
+    every ``src`` value exactly in ``dst``, as ml_dtypes reads both: NaN for NaN, zeros keeping
+    their sign. For the adapters' ``casts``, found by trying (at most 256 values; 65,536 for bf16)."""
+    import numpy as np
+
+    try:
+        # NaN patterns warn "invalid value encountered in cast" in some ml_dtypes casts
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            a = dtypes.all_patterns(src).view(dtypes.numpy_dtype(src))
+            want = a.astype(np.float64)
+            got = np.asarray(run(a)).astype(np.float64)
+    except Exception:  # noqa: BLE001 - any failure means it does not convert
+        return False
+    nan = np.isnan(want)
+    return bool(want.shape == got.shape and np.array_equal(nan, np.isnan(got))
+                and np.array_equal(want[~nan], got[~nan])
+                and np.array_equal(np.signbit(want[~nan]), np.signbit(got[~nan])))

@@ -13,11 +13,73 @@ import numpy as np
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import CONTIGUOUS, Adapter, Handoff, Source
+from ._base import CONTIGUOUS, Adapter, Handoff, Source, cast_matches
 
 versions.require("jax", jax.__version__)
 
 _WIDE = {"int64", "uint64", "float64", "complex128"}
+
+
+def _narrow_rows():
+    """What this jax does with each narrow row, found by trying once on a small aligned array:
+    (held, why not held, exported over DLPack, imported, bit-viewed, device_put copies,
+    numpy.asarray copies). XLA on CPU stores its sub-byte types packed, so its hand-offs
+    with numpy copy them, and its bit-casts refuse them."""
+    from . import _dlpack
+    from .numpy import aligned_empty
+
+    held, why, out, into, views, put_copies, asarray_copies = set(), {}, set(), set(), set(), set(), set()
+    for name in dtypes.NARROW_DTYPES:
+        if dtypes.numpy_missing(name) is not None:
+            why[name] = f"jax takes it from numpy, and {dtypes.numpy_missing(name)}"
+            continue
+        row = dtypes.ROWS[name]
+        a = aligned_empty((64,), name)
+        a.view(dtypes.BITS_OF[name])[...] = 0
+        try:
+            x = jax.device_put(a)
+            back = np.asarray(x)
+        except Exception as err:  # noqa: BLE001 - whatever it raised, jax cannot hold it
+            why[name] = f"jax {jax.__version__} cannot hold {name}: {type(err).__name__}: {str(err).splitlines()[0]}"
+            continue
+        held.add(name)
+        x.block_until_ready()
+        if x.unsafe_buffer_pointer() != a.ctypes.data:
+            put_copies.add(name)
+        if back.ctypes.data != x.unsafe_buffer_pointer():
+            asarray_copies.add(name)
+        try:
+            got = _dlpack._tensor(x.__dlpack__()).dtype
+            if (got.code, got.bits, got.lanes) == row.dlpack:
+                out.add(name)
+                if jnp.from_dlpack(x).dtype == x.dtype:
+                    into.add(name)
+        except Exception:  # noqa: BLE001 - no DLPack for it
+            pass
+        try:  # asked of the abstract shapes only: running a bit-cast compiles it (about 80 ms a dtype)
+            u = jax.eval_shape(lambda v: jax.lax.bitcast_convert_type(v, np.dtype(row.carrier)), x)
+            back = jax.eval_shape(lambda v: jax.lax.bitcast_convert_type(v, x.dtype), u)
+            if u.shape == x.shape and back.shape == x.shape:
+                views.add(name)
+        except Exception:  # noqa: BLE001 - no bit-cast for it
+            pass
+    return (frozenset(held), why, frozenset(out), frozenset(into), frozenset(views),
+            frozenset(put_copies), frozenset(asarray_copies))
+
+
+_HELD, _CANNOT, _DLPACK_OUT, _DLPACK_IN, _VIEWS, _PUT_COPIES, _ASARRAY_COPIES = _narrow_rows()
+#: dtypes whose hand-offs with numpy are zero-copy as for any other (aligned, contiguous)
+_SHARED = frozenset(dtypes.ALL) | (_HELD - _PUT_COPIES)
+
+
+@functools.lru_cache(maxsize=None)
+def _casts(src: str, dst: str) -> bool:
+    """Whether astype keeps every src value in dst (XLA on CPU may flush subnormals), tried once."""
+    return cast_matches(src, dst, lambda a: np.asarray(jax.device_put(a).astype(dtypes.numpy_dtype(dst))))
+
+
+def _packs_copy(layout, aligned):
+    return "jax stores sub-byte types packed: its hand-off with numpy converts (a copy)"
 
 
 def _device_put_copies(layout, aligned):
@@ -49,18 +111,40 @@ class JaxAdapter(Adapter):
     label_import = "jax.numpy.from_dlpack"
     label_copy = "jax.numpy.array(copy=True)"
 
+    dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
+    dlpack_import = frozenset(dtypes.ALL) | _DLPACK_IN
+
     def cannot_hold(self, dtype):
         if dtype in _WIDE and not jax.config.jax_enable_x64:
             return (f"jax narrows {dtype} unless 64-bit mode is on: "
                     "jax.config.update('jax_enable_x64', True)")
+        if dtype in _HELD:
+            return None
+        if dtype in _CANNOT:
+            return _CANNOT[dtype]
         return super().cannot_hold(dtype)
 
+    def views_bits(self, dtype):
+        return dtype in _VIEWS or dtype == "bfloat16"
+
+    def casts(self, src, dst):
+        return self.holds(src) and self.holds(dst) and _casts(src, dst)
+
     def handoffs(self):
-        return [
-            Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, verify=True),
+        out = [
+            Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, dtypes=_SHARED,
+                    verify=True),
             # zero-copy as a rule, but numpy decides (a jax array over foreign strides is copied)
-            Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None, verify=True),
+            Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None, dtypes=_SHARED,
+                    verify=True),
         ]
+        if _PUT_COPIES:
+            out += [Handoff("numpy", "jax", "jax.device_put (packs)", jax.device_put, _packs_copy,
+                            dtypes=_PUT_COPIES),
+                    # numpy.array: its own writable copy (numpy.asarray's would be read-only)
+                    Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
+                            dtypes=_PUT_COPIES | _ASARRAY_COPIES, copies_aligned=False)]
+        return out
 
     def state(self):
         return jax.config.jax_enable_x64
@@ -85,7 +169,8 @@ class JaxAdapter(Adapter):
         name = dtypes.name_of_numpy(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
-                f"jax array of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
+                f"jax array of dtype {x.dtype} is not moved by bf16bridge; supported: "
+                f"{', '.join(d for d in dtypes.NAMES if self.holds(d))}"
             )
         (dev,) = devices
         return Source(

@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import tensorflow as tf
 
 from .. import dtypes, versions
 from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
-from ._base import ALIGN, CONTIGUOUS, Adapter, Source
+from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches
 
 versions.require("tensorflow", tf.__version__)
 
@@ -89,6 +90,75 @@ def _tf_dtype(name: str):
     return tf.as_dtype(dtypes.numpy_dtype(name)) if name != "bfloat16" else tf.bfloat16
 
 
+def _narrow_rows():
+    """What this tensorflow does with each narrow row, found by trying once: (held, why not
+    held, exported over DLPack, bit-cast, copied by its copy kernel). tensorflow 2.21 stores
+    its fp8/fp4/int4 types but has no bitcast, DLPack or copy kernel for them."""
+    held, why, out, views = set(), {}, set(), set()
+    with tf.init_scope():  # eagerly, even when first loaded inside a tf.function's trace
+        for name in dtypes.NARROW_DTYPES:
+            missing = dtypes.numpy_missing(name)
+            if missing is not None:
+                why[name] = f"tensorflow takes it from numpy, and {missing}"
+                continue
+            row = dtypes.ROWS[name]
+            try:
+                dt = tf.as_dtype(dtypes.numpy_dtype(name))
+                x = tf.constant(np.zeros(2, dtypes.numpy_dtype(name)))
+                if x.dtype != dt or x.numpy().dtype != dtypes.numpy_dtype(name):
+                    raise TypeError(f"it came back as {x.dtype.name}")
+            except Exception as err:  # noqa: BLE001 - whatever it raised, tf cannot hold it
+                why[name] = (f"tensorflow {tf.__version__} cannot hold {name}: "
+                             f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
+                continue
+            held.add(name)
+            try:
+                got = _dlpack._tensor(_capsule(x)).dtype
+                if (got.code, got.bits, got.lanes) == row.dlpack:
+                    out.add(name)
+            except Exception:  # noqa: BLE001 - no DLPack for it
+                pass
+            try:
+                tf.bitcast(tf.bitcast(x, _tf_dtype(row.carrier)), dt)  # type: ignore[arg-type]
+                views.add(name)
+            except Exception:  # noqa: BLE001 - no bitcast kernel for it
+                pass
+    return frozenset(held), why, frozenset(out), frozenset(views)
+
+
+_HELD, _CANNOT, _DLPACK_OUT, _VIEWS = _narrow_rows()
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_kernel(name: str) -> bool:
+    """Whether tensorflow's copy kernel takes ``name``, tried when first asked (a missing kernel
+    logs a native warning line, so not at import)."""
+    try:
+        with tf.init_scope():
+            tf.raw_ops.DeepCopy(x=tf.constant(np.zeros(2, dtypes.numpy_dtype(name))))
+        return True
+    except Exception:  # noqa: BLE001 - no copy kernel for it
+        return False
+#: held rows with no bit-view and no DLPack: they cross from and to numpy by tensorflow's own copies
+_BY_NUMPY = _HELD - _VIEWS - _DLPACK_OUT
+#: tf's dtype enums of those: no DLPack capsule, so no data pointer to read
+_NO_POINTER = frozenset(_tf_dtype(n).as_datatype_enum for n in _BY_NUMPY)
+
+
+@functools.lru_cache(maxsize=None)
+def _casts(src: str, dst: str) -> bool:
+    """Whether tf.cast keeps every src value in dst, tried once."""
+    return cast_matches(src, dst, lambda a: tf.cast(tf.constant(a), _tf_dtype(dst)).numpy())
+
+
+def _numpy(x):
+    return x.numpy()
+
+
+def _copies(layout, aligned):
+    return "tensorflow has no bit-view or DLPack for this dtype: it copies from and to numpy"
+
+
 class TensorflowAdapter(Adapter):
     name = "tensorflow"
     immutable = True
@@ -103,6 +173,33 @@ class TensorflowAdapter(Adapter):
     # kernel, DeepCopy and Cast included: such tensors are copied in numpy
     kernels_unaligned = False
 
+    dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
+    dlpack_import = frozenset(dtypes.ALL) | _DLPACK_OUT
+
+    def cannot_hold(self, dtype):
+        if dtype in _HELD:
+            return None
+        if dtype in _CANNOT:
+            return _CANNOT[dtype]
+        return super().cannot_hold(dtype)
+
+    def views_bits(self, dtype):
+        return dtype == "bfloat16" or dtype in _VIEWS
+
+    def can_copy(self, dtype):
+        if dtype in _HELD:
+            return _copy_kernel(dtype)
+        return self.holds(dtype)
+
+    def casts(self, src, dst):
+        return self.holds(src) and self.holds(dst) and _casts(src, dst)
+
+    def handoffs(self):
+        if not _BY_NUMPY:
+            return []
+        return [Handoff("numpy", "tensorflow", "tf.constant", tf.constant, _copies, dtypes=_BY_NUMPY),
+                Handoff("tensorflow", "numpy", "Tensor.numpy", _numpy, _copies, dtypes=_BY_NUMPY)]
+
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
         if isinstance(x, tf.Variable):
@@ -115,7 +212,8 @@ class TensorflowAdapter(Adapter):
         name = _name(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
-                f"tf tensor of dtype {x.dtype.name} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
+                f"tf tensor of dtype {x.dtype.name} is not moved by bf16bridge; supported: "
+                f"{', '.join(d for d in dtypes.NAMES if self.holds(d))}"
             )
         shape = tuple(x.shape)
         nbytes = math.prod(shape) * x.dtype.size
@@ -123,7 +221,8 @@ class TensorflowAdapter(Adapter):
             value=x, dtype=name, shape=shape, nbytes=nbytes, layout=CONTIGUOUS,
             # tf allocates on 64-byte boundaries, but a tensor imported zero-copy keeps its
             # source's alignment; reading it costs a DLPack capsule, so only when it matters
-            aligned=not alignment or nbytes == 0 or self.data_ptr(x) % ALIGN == 0,
+            # (the storage-only types have no capsule; nothing imports them zero-copy: tf allocated them)
+            aligned=not alignment or nbytes == 0 or name in _BY_NUMPY or self.data_ptr(x) % ALIGN == 0,
             readonly=False, device=_device(x.device), notes=notes,
         )
 
@@ -133,7 +232,10 @@ class TensorflowAdapter(Adapter):
         shape = x._shape_tuple() if hasattr(x, "_shape_tuple") else tuple(x.shape)
         empty = 0 in shape
         # the dtype as tf's enum: an int, cheaper to read and hash than the DType object
-        return (x._datatype_enum(), x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
+        enum = x._datatype_enum()
+        if enum in _NO_POINTER:
+            return None  # no DLPack capsule to read a pointer from: the full path (these routes copy)
+        return (enum, x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
         return _dlpack.data_ptr(_capsule(x))

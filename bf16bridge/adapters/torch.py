@@ -3,18 +3,88 @@ free ``view(torch.uint16)``."""
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, layout_of
+from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, cast_matches, layout_of
 
 versions.require("torch", torch.__version__)
 
-_TO_TORCH = {name: getattr(torch, name) for name in dtypes.ALL if isinstance(getattr(torch, name, None), torch.dtype)}
+
+def _copies(dt) -> bool:
+    try:
+        torch.zeros(2, dtype=torch.uint8).view(dt).clone()
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _held() -> tuple[dict, dict]:
+    """The table's rows this torch holds, found by trying: its dtype of that name stores
+    elements of the row's width and views them as the row's carrier. Returns (held: name ->
+    torch dtype, not held: name -> why)."""
+    held, why = {}, {}
+    for name in dtypes.NAMES:
+        dt = getattr(torch, name, None)
+        if not isinstance(dt, torch.dtype):
+            packed = dtypes.UNPACKED.get(name)
+            why[name] = f"torch {torch.__version__} has no torch.{name}" + (
+                " (torch.uint16 needs torch >= 2.3)" if name == "uint16" else
+                f" (it holds these values packed two a byte, torch.{packed}: the route packs them)"
+                if isinstance(getattr(torch, packed or "-", None), torch.dtype) else "")
+            continue
+        row = dtypes.ROWS[name]
+        try:
+            size = torch.empty(2, dtype=dt).element_size()
+            if row.carrier is not None:
+                torch.zeros(2, dtype=getattr(torch, row.carrier)).view(dt)
+        except (RuntimeError, TypeError, AttributeError) as err:
+            why[name] = f"torch.{name} is unusable here: {type(err).__name__}: {err}"
+            continue
+        if size != row.itemsize:
+            why[name] = f"torch.{name} stores {size} bytes an element, the table {row.itemsize}"
+            continue
+        held[name] = dt
+    return held, why
+
+
+_TO_TORCH, _CANNOT = _held()
 _FROM_TORCH = {dt: name for name, dt in _TO_TORCH.items()}
+
+
+def _dlpack_dtypes() -> tuple[frozenset, frozenset]:
+    """The narrow rows torch exports over DLPack with the table's (code, bits, lanes), and
+    takes back, found by trying its own round trip. Older torch raises for fp8; torch
+    exports its sub-byte ints as 8-bit ints (the type is lost): those are not exported."""
+    from . import _dlpack
+
+    out, into = set(), set()
+    for name, dt in _TO_TORCH.items():
+        row = dtypes.ROWS[name]
+        if row.family != "narrow" or row.dlpack is None:
+            continue
+        try:
+            t = torch.zeros(2, dtype=getattr(torch, row.carrier)).view(dt)  # type: ignore[arg-type]
+            capsule = torch.utils.dlpack.to_dlpack(t)
+            got = _dlpack._tensor(capsule).dtype
+            if (got.code, got.bits, got.lanes) != row.dlpack:
+                continue
+            out.add(name)
+            if torch.from_dlpack(t).dtype == dt:
+                into.add(name)
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            continue
+    return frozenset(out), frozenset(into)
+
+
+_DLPACK_OUT, _DLPACK_IN = _dlpack_dtypes()
+#: the held rows torch has no copy kernel for (its shell sub-byte ints): copied as their carrier
+_NO_KERNELS = frozenset(name for name, dt in _TO_TORCH.items()
+                        if dtypes.ROWS[name].family == "narrow" and not _copies(dt))
 
 
 def _numpy_dtypes() -> tuple[frozenset, frozenset]:
@@ -39,6 +109,26 @@ def _numpy_dtypes() -> tuple[frozenset, frozenset]:
 
 
 _NUMPY_OUT, _NUMPY_IN = _numpy_dtypes()
+
+
+@functools.lru_cache(maxsize=None)
+def _casts(src: str, dst: str) -> bool:
+    """Whether Tensor.to turns every src value into the same dst value, found by trying once."""
+    if src not in _TO_TORCH or dst not in _TO_TORCH:
+        return False
+    if src in _NO_KERNELS or dtypes.ROWS[src].packing > 1:
+        return False
+    import numpy as np
+
+    def run(a):
+        carrier = dtypes.BITS_OF.get(src)
+        t = (torch.from_numpy(a.view(carrier)).view(_TO_TORCH[src]) if carrier
+             else torch.from_numpy(np.ascontiguousarray(a)))
+        out = t.to(_TO_TORCH[dst])
+        bits = dtypes.BITS_OF.get(dst)
+        return out.view(getattr(torch, bits)).numpy().view(dtypes.numpy_dtype(dst)) if bits else out.numpy()
+
+    return cast_matches(src, dst, run)
 
 
 def _no_copy(layout, aligned):
@@ -68,10 +158,16 @@ class TorchAdapter(Adapter):
                     layouts=STRIDED),  # it refuses negative strides
         ]
 
+    dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
+    dlpack_import = frozenset(dtypes.ALL) | _DLPACK_IN
+
     def cannot_hold(self, dtype):
         if dtype not in _TO_TORCH:
-            return f"torch {torch.__version__} has no {dtype} (torch.uint16 needs torch >= 2.3)"
+            return _CANNOT.get(dtype, f"{dtype!r} is not a dtype bf16bridge carries")
         return None
+
+    def casts(self, src, dst):
+        return _casts(src, dst)
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         if x.is_nested:
@@ -88,7 +184,7 @@ class TorchAdapter(Adapter):
         name = _FROM_TORCH.get(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
-                f"torch tensor of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(dtypes.ALL)}"
+                f"torch tensor of dtype {x.dtype} is not moved by bf16bridge; supported: {', '.join(_TO_TORCH)}"
             )
         notes: tuple[str, ...] = ()
         grad = x.requires_grad
@@ -137,6 +233,10 @@ class TorchAdapter(Adapter):
         return torch.from_dlpack
 
     def copy(self, x):
+        name = _FROM_TORCH.get(x.dtype)
+        if name is not None and name in _NO_KERNELS:  # a shell dtype (torch.int4): its carrier copies
+            carrier = getattr(torch, dtypes.BITS_OF[name])
+            return torch.empty(x.shape, dtype=carrier, device=x.device).copy_(x.view(carrier)).view(x.dtype)
         # copy_ resolves conj/neg bits; clone() would keep them
         return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 

@@ -247,7 +247,8 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     """Compare results of the same computation from several frameworks.
 
     ``compare(y_torch, y_jax)`` or ``compare({"torch": y1, "jax": y2, ...})``; any
-    framework's tensors (bf16, float16, float32, float64). ``reference``: a float64
+    framework's tensors (bf16, float16, float32, float64, and the narrow dtypes: the fp8 family,
+    fp6, fp4, int4/int2, whose ULPs are steps of their own format). ``reference``: a float64
     result of the same computation, against which each result's error is measured;
     ``condition``: the operation's condition scale per element (for a matmul,
     |A|.|B|), so that cancellation near zero does not look like a huge error.

@@ -1,7 +1,10 @@
 """Exact comparisons of two result arrays, element by element (numpy only).
 
-bf16 results are compared as their bits: the ULP distance is exact, through
-the monotonic mapping of bit patterns to integers (+0 and -0 both map to 0).
+Results are compared as their bits: the ULP distance is exact, through the
+monotonic mapping of bit patterns to integers (+0 and -0 both map to 0), in the
+result's own format: bf16, float16/32/64, and every narrow dtype the kernels
+know (the fp8 family, fp6, fp4: one step is one representable value, fnuz's
+NaN is not a zero, e8m0 has no sign; int4/int2: one step is one integer).
 NaN, infinity, signed-zero and subnormal disagreements are counted apart from
 the finite ones, since a ULP distance means nothing for them.
 """
@@ -9,6 +12,8 @@ the finite ones, since a ULP distance means nothing for them.
 from __future__ import annotations
 
 import numpy as np
+
+from .. import kernels
 
 
 #: ULP histogram bins: 0, 1, 2, 3, 4-7, 8-15, ... 64-127, >=128
@@ -26,18 +31,53 @@ _LAYOUT = {
 
 def kind_of(a: np.ndarray) -> str:
     name = a.dtype.name
-    if name not in _LAYOUT:
-        raise TypeError(f"parity compares floating results (bfloat16, float16, float32, float64); got {a.dtype}")
+    if name not in _LAYOUT and name not in kernels.FORMATS:
+        raise TypeError(f"parity compares floating results (bfloat16, float16, float32, float64) and the narrow "
+                        f"dtypes ({', '.join(kernels.FORMATS)}); got {a.dtype}")
     return name
 
 
 def bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(_LAYOUT[kind_of(a)][0])
+    kind = kind_of(a)
+    return np.ascontiguousarray(a).view(_LAYOUT[kind][0] if kind in _LAYOUT else np.uint8)
+
+
+_NARROW_TABLES: dict = {}
+
+
+def _narrow_tables(kind: str) -> dict:
+    """Per byte of a narrow dtype (its low ``bits`` bits): its place in value order and its
+    class masks, from the format's own decoding (kernels.decoded)."""
+    t = _NARROW_TABLES.get(kind)
+    if t is None:
+        fmt = kernels.FORMATS[kind]
+        code = np.arange(256) & fmt.mask
+        val = kernels.decoded(fmt)[code]
+        if fmt.integer:
+            order = val.astype(np.int64)
+        elif not fmt.signed:  # e8m0: the pattern is the exponent
+            order = code.astype(np.int64)
+        else:  # sign and magnitude: the magnitude's pattern grows with its value
+            top = 1 << (fmt.bits - 1)
+            mag = code & (top - 1)
+            order = np.where(code & top, -mag, mag).astype(np.int64)
+        exp_zero = (code & ((1 << (fmt.ebits + fmt.mbits)) - 1)) >> fmt.mbits == 0
+        zero = val == 0
+        t = _NARROW_TABLES[kind] = {
+            "ordered": order,
+            "nan": np.isnan(val), "inf": np.isinf(val), "zero": zero, "negzero": zero & np.signbit(val),
+            "subnormal": (not fmt.integer and fmt.nan != "ones") & exp_zero & ~zero & ~np.isnan(val),
+            "finite": np.isfinite(val),
+        }
+    return t
 
 
 def classify(a: np.ndarray) -> dict:
     """Boolean masks: nan, inf, zero, negzero, subnormal, finite."""
     kind = kind_of(a)
+    if kind not in _LAYOUT:
+        b = bits(a)
+        return {k: v[b] for k, v in _narrow_tables(kind).items() if k != "ordered"}
     udt, sign, exp, man = _LAYOUT[kind]
     b = bits(a)
     e, m, s = b & udt(exp), b & udt(man), (b & udt(sign)) != 0
@@ -56,6 +96,8 @@ def classify(a: np.ndarray) -> dict:
 def ordered(a: np.ndarray) -> np.ndarray:
     """Map bit patterns to integers in the order of their values (+0 and -0 both 0)."""
     kind = kind_of(a)
+    if kind not in _LAYOUT:
+        return _narrow_tables(kind)["ordered"][bits(a)]
     udt, sign, _, _ = _LAYOUT[kind]
     b = bits(a).astype(np.int64) if kind != "float64" else bits(a).view(np.int64)
     if kind == "float64":
@@ -83,10 +125,8 @@ def histogram(d: np.ndarray) -> dict:
 
 
 def to_float64(a: np.ndarray) -> np.ndarray:
-    if a.dtype.name == "bfloat16":
-        from ..kernels import to_float32
-
-        return to_float32(np.ascontiguousarray(a)).astype(np.float64)
+    if a.dtype.name in kernels.NARROW:  # exact
+        return kernels.to_float32(np.ascontiguousarray(a)).astype(np.float64)
     return a.astype(np.float64)
 
 
@@ -94,10 +134,8 @@ def round_to(ref64: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A float64 reference as ``dtype`` would hold it (so values beyond its range are
     infinite), back in float64. Used to count NaN/inf disagreements fairly."""
     with np.errstate(over="ignore", invalid="ignore"):
-        if dtype.name == "bfloat16":
-            from ..kernels import to_bf16
-
-            return to_float64(to_bf16(ref64.astype(np.float32)).view(dtype))
+        if dtype.name in kernels.NARROW:  # through float32, as ml_dtypes rounds float64
+            return to_float64(kernels.to_dtype(np.ascontiguousarray(ref64, dtype=np.float64), dtype.name))
         return ref64.astype(dtype).astype(np.float64)
 
 
@@ -132,10 +170,12 @@ def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, st
     if a.dtype == b.dtype:
         return a, b, None
     names = {a.dtype.name, b.dtype.name}
-    if names == {"bfloat16", "float32"}:
-        from ..kernels import to_bf16
-
-        fix = lambda x: x if x.dtype.name == "bfloat16" else to_bf16(np.ascontiguousarray(x))  # noqa: E731
-        return fix(a), fix(b), "float32 side rounded to bf16 (nearest-even) to compare in bf16 ULPs"
+    narrow = names & set(kernels.NARROW)
+    if len(narrow) == 1 and names - narrow == {"float32"}:
+        (name,) = narrow
+        label = "bf16" if name == "bfloat16" else name
+        fix = lambda x: x if x.dtype.name == name else kernels.to_dtype(np.ascontiguousarray(x), name)  # noqa: E731
+        return (fix(a), fix(b),
+                f"float32 side rounded to {label} (nearest-even) to compare in {label} ULPs")
     wide = np.dtype(np.float64) if "float64" in names else np.dtype(np.float32)
-    return a.astype(wide), b.astype(wide), f"compared as {wide.name}"
+    return to_float64(a).astype(wide), to_float64(b).astype(wide), f"compared as {wide.name}"

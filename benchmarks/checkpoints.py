@@ -1,0 +1,191 @@
+"""Checkpoint loading: bb.load into each framework against safetensors' own loaders.
+
+    python -m benchmarks.checkpoints            # a GPT-2-small-shaped bf16 file (about 250 MB)
+    python -m benchmarks.checkpoints --layers 2 # smaller, for a quick look
+
+Each loader runs in a fresh process (so one run's pages and allocator caches do not help the
+next) on a file already in the page cache (written just before: this measures the loaders, not
+the disk). Per loader: time to open the file and have its first tensor, time of the full load,
+time of the load plus a touch of every page of every result (a view that reads nothing at load
+time pays here), and the peak extra RSS over the process's RSS before the load, after the load
+and after the touch (VmHWM, reset through /proc/self/clear_refs; tracemalloc cannot see the
+frameworks' allocators; a touched page of a memory map counts, as the page cache's page it is). A loader that
+fails on the file says why, in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import ml_dtypes
+import numpy as np
+
+#: loader name -> (framework module imported before measuring, code that sets `out` from `path`, first-tensor code)
+LOADERS = {
+    "bb.load numpy": ("numpy", "out = bb.load(path)",
+                      "with bb.open(path) as f: first = f.get(f.keys()[0])"),
+    "bb.load torch": ("torch", "out = bb.load(path, to='torch')",
+                      "with bb.open(path) as f: first = f.get(f.keys()[0], 'torch')"),
+    "bb.load jax": ("jax", "out = bb.load(path, to='jax')",
+                    "with bb.open(path) as f: first = f.get(f.keys()[0], 'jax')"),
+    "bb.load tensorflow": ("tensorflow", "out = bb.load(path, to='tensorflow')",
+                           "with bb.open(path) as f: first = f.get(f.keys()[0], 'tensorflow')"),
+    "safetensors.numpy": ("numpy", "from safetensors.numpy import load_file; out = load_file(path)",
+                          "from safetensors import safe_open\n"
+                          "with safe_open(path, 'np') as f: first = f.get_tensor(next(iter(f.keys())))"),
+    "safetensors.torch": ("torch", "from safetensors.torch import load_file; out = load_file(path)",
+                          "from safetensors import safe_open\n"
+                          "with safe_open(path, 'pt') as f: first = f.get_tensor(next(iter(f.keys())))"),
+    "safetensors.flax": ("jax", "from safetensors.flax import load_file; out = load_file(path)",
+                         "from safetensors import safe_open\n"
+                         "with safe_open(path, 'flax') as f: first = f.get_tensor(next(iter(f.keys())))"),
+    "safetensors.tensorflow": ("tensorflow", "from safetensors.tensorflow import load_file; out = load_file(path)",
+                               "from safetensors import safe_open\n"
+                               "with safe_open(path, 'tf') as f: first = f.get_tensor(next(iter(f.keys())))"),
+    # what people do for numpy where safetensors.numpy has no bf16: torch, widened to float32
+    "safetensors.torch + .float().numpy()": (
+        "torch", "from safetensors.torch import load_file; out = {k: v.float().numpy() for k, v in load_file(path).items()}",
+        "from safetensors import safe_open\n"
+        "with safe_open(path, 'pt') as f: first = f.get_tensor(next(iter(f.keys()))).float().numpy()"),
+}
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np, ml_dtypes
+    import bf16bridge as bb
+    path, module, load, first_code = sys.argv[1:5]
+    import bf16bridge.checkpoints, safetensors.numpy  # imports are not what is measured
+    if module != "numpy":
+        __import__(module)
+        __import__({"jax": "safetensors.flax"}.get(module, f"safetensors.{module}"))
+    bb.convert(np.zeros(64, ml_dtypes.bfloat16), module)  # the adapter's import and first call
+    def status(field):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith(field)) * 1024
+    def touch(x):
+        a = bb.convert(x, "numpy", on_alias="allow")
+        u = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        return int(u[::4096].sum()) if u.size else 0  # one byte a page: every page read
+    import gc
+    gc.collect()  # a collection pending since the imports would land in whichever loader allocates first
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status("VmRSS")
+    try:
+        t0 = time.perf_counter()
+        exec(first_code)
+        first_s = time.perf_counter() - t0
+        del first
+        t0 = time.perf_counter()
+        exec(load)
+        for v in out.values():
+            getattr(v, "block_until_ready", lambda: None)()
+        load_s = time.perf_counter() - t0
+        peak_load = status("VmHWM") - base
+        for v in out.values():
+            touch(v)
+        touch_s = time.perf_counter() - t0
+        print(json.dumps({"first_s": first_s, "load_s": load_s, "touch_s": touch_s,
+                          "peak_load": peak_load, "peak_extra": status("VmHWM") - base,
+                          "tensors": len(out)}))
+    except Exception as err:
+        print(json.dumps({"error": f"{type(err).__name__}: {str(err)[:120]}"}))
+""")
+
+
+def gpt2_shapes(layers: int = 12, d: int = 768, vocab: int = 50257, ctx: int = 1024) -> dict:
+    """The parameter shapes of GPT-2 small (124M), HF naming."""
+    shapes = {"wte.weight": (vocab, d), "wpe.weight": (ctx, d), "ln_f.weight": (d,), "ln_f.bias": (d,)}
+    for i in range(layers):
+        h = f"h.{i}."
+        shapes.update({h + "ln_1.weight": (d,), h + "ln_1.bias": (d,), h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
+                       h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
+                       h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
+                       h + "mlp.c_fc.weight": (d, 4 * d), h + "mlp.c_fc.bias": (4 * d,),
+                       h + "mlp.c_proj.weight": (4 * d, d), h + "mlp.c_proj.bias": (d,)})
+    return shapes
+
+
+def write(path: str, layers: int, ours: bool = False) -> int:
+    """A bf16 checkpoint of GPT-2-small shapes, written by safetensors itself (its layout: the data
+    starts 8-byte aligned) or by bb.save (``ours``: the data starts 64-byte aligned)."""
+    from safetensors import TensorSpec, serialize_file
+
+    rng = np.random.default_rng(0)
+    tensors = {k: rng.standard_normal(s, dtype=np.float32).astype(ml_dtypes.bfloat16)
+               for k, s in gpt2_shapes(layers).items()}
+    if ours:
+        import bf16bridge as bb
+
+        bb.save(tensors, path)
+        return sum(a.nbytes for a in tensors.values())
+    specs = {k: TensorSpec(dtype="bfloat16", shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for k, a in tensors.items()}
+    serialize_file(specs, path)
+    return sum(a.nbytes for a in tensors.values())
+
+
+def run(path: str, repeat: int = 3) -> dict:
+    """Each loader's best time of ``repeat`` fresh processes, and its largest peak."""
+    results = {}
+    for name, (module, load, first) in LOADERS.items():
+        best: dict | None = None
+        for _ in range(repeat):
+            proc = subprocess.run([sys.executable, "-c", _CHILD, path, module, load, first],
+                                  capture_output=True, text=True, timeout=600)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            r = json.loads(lines[-1]) if lines else {"error": f"exit {proc.returncode}: {proc.stderr[-200:]}"}
+            if "error" in r:
+                best = r
+                break
+            if best is None:
+                best = r
+            else:
+                best = {k: (max(best[k], r[k]) if k.startswith("peak") else min(best[k], r[k])) for k in r}
+        results[name] = best
+    return results
+
+
+def table(results: dict, nbytes: int, writer: str = "safetensors") -> str:
+    mb = nbytes / 2**20
+    lines = [f"File: {mb:.0f} MiB of bf16 (GPT-2-small shapes), written by {writer}; page cache warm.", "",
+             "| loader | open + first tensor | load | load + touch every page | peak extra RSS: load "
+             "| peak extra RSS: load + touch |",
+             "|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | fails: {r['error']} | | | | |")
+            continue
+        lines.append(f"| {name} | {r['first_s'] * 1e3:.1f} ms | {r['load_s'] * 1e3:.1f} ms | "
+                     f"{r['touch_s'] * 1e3:.1f} ms | {r['peak_load'] / 2**20:.0f} MiB ({r['peak_load'] / nbytes:.0%}) | "
+                     f"{r['peak_extra'] / 2**20:.0f} MiB ({r['peak_extra'] / nbytes:.0%}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=12, help="transformer blocks (12: GPT-2 small)")
+    parser.add_argument("--repeat", type=int, default=3, help="fresh processes a loader (best time, largest peak)")
+    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--writer", choices=("safetensors", "bb"), default="safetensors",
+                        help="who writes the file (bb.save aligns the data for jax and tensorflow)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "gpt2.safetensors")
+        nbytes = write(path, args.layers, ours=args.writer == "bb")
+        results = run(path, args.repeat)
+    print(table(results, nbytes, args.writer))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"nbytes": nbytes, "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

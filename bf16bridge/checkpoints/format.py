@@ -1,0 +1,255 @@
+"""The safetensors format: its dtype codes, reading and checking a header, laying one out.
+
+A file is 8 bytes (the header's length ``n``, little-endian), ``n`` bytes of UTF-8 JSON, then
+the data. The JSON is an object: each tensor's key maps to ``{"dtype": code, "shape": [...],
+"data_offsets": [begin, end]}``, and the optional ``"__metadata__"`` to an object of strings.
+Offsets count from the data's start, and the tensors cover the data exactly: sorted by offset,
+the first begins at 0, each begins where the last ended, the last ends at the end of the file.
+safetensors' own reader (its Rust crate, ``Metadata::validate``) refuses holes and overlaps, so
+a writer cannot pad between tensors; it can pad the header with spaces (JSON whitespace, which
+every reader skips), and it chooses the tensors' order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import CheckpointError, UnsupportedDtypeError
+
+#: the largest header read, as safetensors' own cap (MAX_HEADER_SIZE): a length past it is refused
+MAX_HEADER = 100_000_000
+#: bytes of the length prefix
+PREFIX = 8
+#: the alignment jax and tensorflow need to take a buffer without copying it
+ALIGN = 64
+METADATA_KEY = "__metadata__"
+
+#: safetensors' dtype codes (its Rust crate's ``Dtype``, 0.8) -> (our dtype name, bits a value)
+CODES: Mapping[str, tuple[str, int]] = types.MappingProxyType({
+    "BOOL": ("bool", 8), "U8": ("uint8", 8), "I8": ("int8", 8),
+    "I16": ("int16", 16), "U16": ("uint16", 16), "I32": ("int32", 32), "U32": ("uint32", 32),
+    "I64": ("int64", 64), "U64": ("uint64", 64),
+    "F16": ("float16", 16), "BF16": ("bfloat16", 16), "F32": ("float32", 32), "F64": ("float64", 64),
+    "C64": ("complex64", 64),
+    "F8_E4M3": ("float8_e4m3fn", 8), "F8_E5M2": ("float8_e5m2", 8), "F8_E8M0": ("float8_e8m0fnu", 8),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 8), "F8_E5M2FNUZ": ("float8_e5m2fnuz", 8),
+    # packed: two (F4) or four-in-three-bytes (F6) values a byte run; ml_dtypes holds one a byte
+    "F4": ("float4_e2m1fn", 4), "F6_E2M3": ("float6_e2m3fn", 6), "F6_E3M2": ("float6_e3m2fn", 6),
+})
+#: packed two values a byte, element 2i in the low nibble (the order torch's float4_e2m1fn_x2 has,
+#: which safetensors' torch loader hands the file's bytes to): unpacked on reading, packed on writing
+NIBBLES = frozenset({"F4"})
+#: packed four values in three bytes, in an order no reader here defines: listed, checked, raw() only
+UNPACKED = frozenset({"F6_E2M3", "F6_E3M2"})
+#: our dtype name -> safetensors' code
+NAMES: Mapping[str, str] = types.MappingProxyType({name: code for code, (name, _) in CODES.items()})
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype that holds a file dtype (ml_dtypes for bf16 and the fp8 family)."""
+    if name in dtypes.ALL:
+        return dtypes.numpy_dtype(name)
+    found = getattr(dtypes._ml_dtypes, name, None)
+    if found is None:
+        raise UnsupportedDtypeError(
+            f"{name} is not held by this ml_dtypes ({getattr(dtypes._ml_dtypes, '__version__', 'missing')}); "
+            "upgrade ml_dtypes (0.5 or newer has the fp8, fp6 and fp4 types)")
+    return np.dtype(found)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's entry, checked: what ``Checkpoint.info(key)`` returns (reads no data)."""
+
+    key: str
+    dtype: str  # our name: "bfloat16", "float8_e4m3fn", ...
+    code: str  # the file's code: "BF16", "F8_E4M3", ...
+    shape: tuple[int, ...]
+    offset: int  # where its bytes begin in the file (absolute)
+    nbytes: int
+
+    @property
+    def aligned(self) -> bool:
+        """Whether its bytes begin on a 64-byte boundary of the file (and so of a memory map)."""
+        return self.offset % ALIGN == 0
+
+    @property
+    def packed(self) -> bool:
+        """More than one value a byte (F4, F6): not one numpy element a value in the file."""
+        return CODES[self.code][1] < 8
+
+
+@dataclass(frozen=True)
+class Header:
+    """A checked header: the tensors in file order, the metadata, where the data begins."""
+
+    path: str
+    length: int  # n, the JSON's bytes
+    tensors: tuple[TensorInfo, ...]
+    metadata: Mapping[str, str]  # read-only
+
+    @property
+    def data_start(self) -> int:
+        return PREFIX + self.length
+
+    @property
+    def file_size(self) -> int:
+        return self.data_start + sum(t.nbytes for t in self.tensors)
+
+
+def _bad(path: str, what: str, key: str | None = None) -> CheckpointError:
+    where = f" (key {key!r})" if key is not None else ""
+    return CheckpointError(f"{path}: {what}{where}; the file is damaged or not a safetensors file: "
+                           "save it again, or check that it was copied whole")
+
+
+def header_length(prefix: bytes, path: str, file_size: int) -> int:
+    """The header's length from the file's first 8 bytes, checked against the cap and the file's size."""
+    if len(prefix) < PREFIX or file_size < PREFIX:
+        raise _bad(path, f"the file has {file_size} bytes, fewer than the 8 of a header's length")
+    n = int.from_bytes(prefix[:PREFIX], "little")
+    if n > MAX_HEADER:
+        raise _bad(path, f"the header's length is {n} bytes, past the cap of {MAX_HEADER}")
+    if PREFIX + n > file_size:
+        raise _bad(path, f"the header's length ({n} bytes) runs past the end of the file ({file_size} bytes)")
+    return n
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _Duplicate(k)
+        seen[k] = v
+    return seen
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def parse_header(raw: bytes, path: str, file_size: int) -> Header:
+    """Check a header's JSON (``raw``: the n bytes after the prefix) against a file of ``file_size``
+    bytes. Anything a reader could trip on raises CheckpointError naming the file and the key."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _bad(path, f"the header is not UTF-8 ({err.reason} at byte {err.start})") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_pairs)
+    except _Duplicate as dup:
+        raise _bad(path, "the header's JSON names a key twice", str(dup)) from None
+    except RecursionError:
+        raise _bad(path, "the header's JSON nests too deep") from None
+    except ValueError as err:
+        raise _bad(path, f"the header is not JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise _bad(path, f"the header is a JSON {type(obj).__name__}, not an object")
+    metadata = obj.pop(METADATA_KEY, None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _bad(path, "__metadata__ is not an object of strings", METADATA_KEY)
+    infos = []
+    length = len(raw)
+    for key, entry in obj.items():
+        infos.append(_entry(path, key, entry, PREFIX + length))
+    infos.sort(key=lambda t: (t.offset, t.offset + t.nbytes))
+    at = PREFIX + length
+    for t in infos:
+        if t.offset != at:
+            what = "overlaps the tensor before it" if t.offset < at else "leaves a hole before it"
+            if at == PREFIX + length:
+                what = "does not start at offset 0 (the first tensor must)"
+            raise _bad(path, f"its data_offsets {what}", t.key)
+        at = t.offset + t.nbytes
+    if at != file_size:
+        last = infos[-1].key if infos else None
+        what = "ends before the end of the file (bytes left over)" if at < file_size else \
+            f"runs past the end of the file ({file_size} bytes)"
+        raise _bad(path, f"the data {what}", last)
+    return Header(path, length, tuple(infos), types.MappingProxyType(metadata))
+
+
+def _int(v) -> bool:
+    return type(v) is int  # not bool, not float: JSON 2.0 is no size
+
+
+def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise _bad(path, f"its entry is a JSON {type(entry).__name__}, not an object", key)
+    code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(code, str) or code not in CODES:
+        raise _bad(path, f"unknown dtype {code!r} (known: {', '.join(CODES)})", key)
+    if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
+        raise _bad(path, f"its shape {shape!r} is not a list of whole numbers >= 0", key)
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise _bad(path, f"its data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end", key)
+    name, bits = CODES[code]
+    nbits = math.prod(shape) * bits
+    if nbits % 8:
+        raise _bad(path, f"its shape {shape} of {code} ends inside a byte", key)
+    nbytes = offsets[1] - offsets[0]
+    if nbytes != nbits // 8:
+        raise _bad(path, f"its shape {shape} of {code} needs {nbits // 8} bytes; data_offsets give {nbytes}", key)
+    return TensorInfo(key, name, code, tuple(shape), data_start + offsets[0], nbytes)
+
+
+def read(f, path: str, file_size: int) -> Header:
+    """Read and check the header of an open binary file of ``file_size`` bytes (reads n + 8 bytes)."""
+    n = header_length(f.read(PREFIX), path, file_size)
+    raw = f.read(n)
+    if len(raw) != n:
+        raise _bad(path, f"the header ends early ({len(raw)} of {n} bytes read)")
+    return parse_header(raw, path, file_size)
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A tensor to write: its key, file code, shape, bytes (known before its data is read)."""
+
+    key: str
+    code: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def order(entries: list[Entry]) -> list[Entry]:
+    """The order to write tensors in so that as many as can begin on a 64-byte boundary.
+
+    The data begins on one (the header is padded to it). Tensors whose size is a multiple of
+    64 go first, in the caller's order: each of them begins aligned. The rest follow by
+    descending value size (as safetensors orders), so each still begins on a multiple of its
+    own value size; the first of them is aligned too. Packed (sub-byte) types go last.
+    """
+    whole = [e for e in entries if e.nbytes % ALIGN == 0]
+    rest = [e for e in entries if e.nbytes % ALIGN]
+    rest.sort(key=lambda e: -CODES[e.code][1])  # stable: the caller's order within a size
+    return whole + rest
+
+
+def header_bytes(entries: list[Entry], metadata: Mapping[str, str] | None) -> bytes:
+    """The 8-byte length and the JSON header for ``entries`` written in this order, padded
+    with spaces so that the data begins on a 64-byte boundary of the file."""
+    obj: dict = {}
+    if metadata:
+        obj[METADATA_KEY] = dict(metadata)
+    at = 0
+    for e in entries:
+        obj[e.key] = {"dtype": e.code, "shape": list(e.shape), "data_offsets": [at, at + e.nbytes]}
+        at += e.nbytes
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    n = len(text) + (-(PREFIX + len(text))) % ALIGN
+    return n.to_bytes(PREFIX, "little") + text + b" " * (n - len(text))

@@ -1,0 +1,90 @@
+"""Checkpoint keys: a tree's tensor leaves flattened to dotted keys, and nested back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import trees
+from ..errors import CheckpointError, InvalidArgumentError
+from . import format as fmt
+
+SEP = "."
+
+
+def _key(path: tuple) -> str:
+    parts = []
+    for p in path:
+        if isinstance(p, bool) or not isinstance(p, (str, int)):
+            raise InvalidArgumentError(
+                f"at {trees.where(path)}: a checkpoint key is made of strings and list positions; "
+                f"{p!r} ({type(p).__name__}) is neither: use string keys")
+        parts.append(str(p))
+    return SEP.join(parts)
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _refuse_values(node, path: tuple) -> None:
+    """Refuse what the walk kept as it was (numbers, strings, None): a file holds tensors only."""
+    if node is trees.SLOT:
+        return
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _refuse_values(v, path + (k,))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _refuse_values(v, path + (i,))
+    elif isinstance(node, _PLAIN):
+        raise InvalidArgumentError(
+            f"at {trees.where(path)}: {type(node).__name__} {node!r:.40} is not a tensor; a checkpoint holds "
+            "tensors only: put strings in metadata={...}, make numbers arrays, or leave them out")
+
+
+def leaves(tree) -> list[tuple[str, Any]]:
+    """``(key, tensor)`` for every tensor of ``tree``, keys joined with "."; colliding keys refused."""
+    found: list[tuple[tuple, Any]] = []
+
+    def take(x, path):
+        found.append((path, x))
+        return trees.SLOT
+
+    skeleton = trees.map_leaves(take, tree, unwrap_values=True)
+    _refuse_values(skeleton, ())
+    if found and found[0][0] == () and len(found) == 1 and skeleton is trees.SLOT:
+        raise InvalidArgumentError("a bare tensor has no key: pass a dict, {'weight': x}")
+    out: dict[str, tuple] = {}
+    for path, x in found:
+        key = _key(path)
+        if key in out:
+            raise InvalidArgumentError(
+                f"key {key!r}: {trees.where(out[key][0])} and {trees.where(path)} both flatten to it; "
+                "rename one (keys join their parts with '.')")
+        if key == fmt.METADATA_KEY:
+            raise InvalidArgumentError(f"key {key!r} is the format's own (it holds the metadata): rename it")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidArgumentError(f"key {key!r} cannot be written as UTF-8 ({err.reason})") from None
+        out[key] = (path, x)
+    return [(k, x) for k, (_, x) in out.items()]
+
+
+def nest(flat: Mapping[str, Any], path: str) -> dict:
+    """``{"a.b": x}`` -> ``{"a": {"b": x}}``; a key that is also another's prefix is refused."""
+    out: dict = {}
+    for key, value in flat.items():
+        parts = key.split(SEP)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise CheckpointError(f"{path}: key {key!r} nests under {SEP.join(parts[:i + 1])!r}, which is a "
+                                      "tensor; load with nested=False")
+            node = child
+        if parts[-1] in node:
+            raise CheckpointError(f"{path}: key {key!r} is a tensor and a prefix of other keys; "
+                                  "load with nested=False")
+        node[parts[-1]] = value
+    return out

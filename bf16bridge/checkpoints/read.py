@@ -1,0 +1,203 @@
+"""Reading a checkpoint: the file mapped once, privately (``mmap.ACCESS_COPY``).
+
+numpy and torch results are views of the map, so nothing is read until touched, and a write into
+a result changes this process's copy of that page, never the file; jax and tensorflow get views of
+64-byte aligned tensors and one aligned copy of the others (the route's own).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import mmap
+import os
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from .. import kernels, registry
+from ..adapters.numpy import aligned_empty
+from ..convert import Fallback, convert, plan
+from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from . import format as fmt
+from .keys import nest
+
+class Checkpoint:
+    """An open safetensors file: ``bb.open(path)``'s answer, best used in a ``with`` block.
+
+    Opening reads and checks the header, maps the file privately and closes the file object
+    (the map keeps its own descriptor until it is unmapped). ``keys()``, ``metadata``,
+    ``info(key)`` read no tensor data; ``get(key, to=...)`` makes one tensor. Results of numpy and
+    torch (and of jax and tensorflow where the bytes are 64-byte aligned) are views of the map:
+    they keep it alive after ``close()``, which only drops this object's hold on it.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        try:
+            f = builtins.open(self.path, "rb")
+        except OSError as err:
+            raise CheckpointError(f"{self.path}: cannot open it ({err.strerror})") from err
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            self.header = fmt.read(f, self.path, size)
+            self._map: mmap.mmap | None = None
+            if size > self.header.data_start:  # a file of no tensor data has nothing to map
+                try:
+                    self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+                except OSError as err:
+                    raise CheckpointError(f"{self.path}: cannot map it ({err.strerror}); "
+                                          "bb.load(path, copy=True) needs the map too: free memory") from err
+        self._infos = {t.key: t for t in self.header.tensors}
+        #: keys handed out as views: their pages are never dropped (see _release)
+        self._shared: set[str] = set()
+        self.closed = False
+
+    # the mapping of keys, read from the header only
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        """The file's ``__metadata__`` (read-only)."""
+        return self.header.metadata
+
+    def keys(self) -> list[str]:
+        """The tensors' keys, in file order."""
+        return list(self._infos)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._infos
+
+    def info(self, key: str) -> fmt.TensorInfo:
+        """Key, dtype, shape, nbytes, file offset and alignment of one tensor (reads no data)."""
+        try:
+            return self._infos[key]
+        except KeyError:
+            raise KeyError(f"{self.path} has no tensor {key!r} ({len(self._infos)} keys; "
+                           "keys() lists them)") from None
+
+    def array(self, key: str) -> np.ndarray:
+        """The tensor as a numpy view of the private map (nothing read until touched)."""
+        t = self.info(key)
+        if self.closed:
+            raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
+        if t.code in fmt.UNPACKED:
+            raise UnsupportedDtypeError(
+                f"{self.path}: key {key!r} is {t.code}, four values in three bytes, in an order bf16bridge "
+                "does not unpack; raw(key) gives its bytes")
+        try:
+            dtype = fmt.numpy_dtype(t.dtype)
+        except UnsupportedDtypeError as err:
+            raise UnsupportedDtypeError(f"{self.path}: key {key!r}: {err}") from err
+        if t.nbytes == 0 or self._map is None:
+            return np.zeros(t.shape, dtype)
+        if t.code in fmt.NIBBLES:  # ml_dtypes holds one value a byte: unpacked, one aligned copy
+            out = aligned_empty(t.nbytes * 2, dtype)
+            return kernels.unpack_nibbles(self.raw(key), t.dtype, out=out).reshape(t.shape)
+        return np.frombuffer(self._map, dtype, t.nbytes // dtype.itemsize, t.offset).reshape(t.shape)
+
+    def raw(self, key: str) -> np.ndarray:
+        """The tensor's bytes as a uint8 view of the private map (any dtype, packed ones too)."""
+        t = self.info(key)
+        if self.closed:
+            raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
+        if t.nbytes == 0 or self._map is None:
+            return np.zeros(0, np.uint8)
+        return np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
+
+    def plan(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
+        """What ``get(key, to, ...)`` will do, as ``bb.plan`` says it (route, copies and why). Reads no
+        data; for a packed (F4) tensor, the plan of its unpacked copy, with a note that says so."""
+        t = self.info(key)
+        if t.code not in fmt.NIBBLES:
+            return plan(self.array(key), to, copy=copy, fallback=fallback)
+        p = plan(aligned_empty(t.shape, fmt.numpy_dtype(t.dtype)), to, copy=copy, fallback=fallback)
+        return dataclasses.replace(p, copies=True, shares_memory=False, notes=p.notes + (
+            f"the file packs {t.code} two values a byte; ml_dtypes holds one: unpacked first (one copy)",))
+
+    def get(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
+        """One tensor in framework ``to``: a view of the map where the route allows (numpy, torch;
+        jax and tensorflow when 64-byte aligned), else one copy (``plan(key, to)`` says why).
+        ``copy=True`` detaches it from the file; ``copy=False`` refuses to copy. Two ``get`` of the
+        same key share memory where both are views: a write into one shows in the other.
+        ``fallback`` is ``convert``'s, for a target that cannot hold the dtype (jax's int64 without
+        x64: "auto" narrows when every value fits)."""
+        a = self.array(key)
+        try:
+            if registry.resolve(to) == registry.HUB and copy in (None, True, False):
+                # the map's own array: every dtype ml_dtypes holds (fp8 too), nothing to route
+                out = a.copy() if copy else a
+            else:
+                out = convert(a, to, copy=copy, fallback=fallback, on_alias="allow")
+        except Bf16BridgeError as err:
+            raise type(err)(f"{self.path}: key {key!r}: {err}") from err
+        if self._map is not None and a.size:
+            if not self._infos[key].packed and _shares(a, out, to):
+                self._shared.add(key)
+            else:
+                del a
+                self._release(key)
+        return out
+
+    def _release(self, key: str) -> None:
+        """Drop the pages of a tensor that was copied out (its private pages are no longer
+        needed: a later touch reads the file again), so a copying load holds about one tensor
+        of the file at a time. Only whole pages inside the tensor, never one shared with a
+        neighbour, and never a key handed out as a view (its writes live in those pages)."""
+        advise = getattr(mmap, "MADV_DONTNEED", None)
+        if advise is None or self._map is None or key in self._shared:
+            return
+        t = self._infos[key]
+        start = -(-t.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = (t.offset + t.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if stop > start:
+            self._map.madvise(advise, start, stop - start)
+
+    def close(self) -> None:
+        """Drop this object's hold on the map; results that are views keep it alive."""
+        self.closed = True
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # views are alive: they hold the map; it is unmapped when the last one goes
+            self._map = None
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<bf16bridge Checkpoint {self.path!r}, {len(self)} tensors, {state}>"
+
+
+def _shares(a: np.ndarray, out, to: str) -> bool:
+    adapter = registry.get(registry.resolve(to))
+    try:
+        return adapter.data_ptr(out) == a.ctypes.data
+    except Exception:  # noqa: BLE001 - a framework that cannot say: keep the pages, to be safe
+        return True
+
+
+def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - bb.open, as the issue asks
+    """Open a safetensors file lazily: ``with bb.open(path) as f: f.get(key, to="torch")``."""
+    return Checkpoint(path)
+
+
+def load(path: str | os.PathLike, to: str = "numpy", *, nested: bool = False, copy: bool | None = None,
+         fallback: Fallback = "error") -> dict:
+    """Every tensor of a safetensors file, in framework ``to``, as ``{key: tensor}`` in file order
+    (``nested=True``: split on "." into nested dicts). Views of a private memory map where the
+    route allows, one copy a tensor otherwise; ``copy`` and ``fallback`` as ``Checkpoint.get``."""
+    if nested not in (True, False):
+        raise InvalidArgumentError(f"nested must be True or False; got {nested!r}")
+    with Checkpoint(path) as f:
+        out = {key: f.get(key, to, copy=copy, fallback=fallback) for key in f.keys()}
+    return nest(out, os.fspath(path)) if nested else out

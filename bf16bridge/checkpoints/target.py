@@ -1,0 +1,193 @@
+"""load_for_target: a checkpoint loaded in the dtype its target should compute in, with the reasons."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kernels, registry
+from ..adapters.numpy import aligned_empty
+from ..convert import convert
+from ..errors import Bf16BridgeError, InvalidArgumentError
+from ..plans import size
+from . import format as fmt
+from .keys import nest
+from .read import Checkpoint
+
+#: the dtypes ``dtype=`` may name (floating ones; integer and bool tensors are never cast)
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+#: the 8-bit floats (the fp8 family): "auto" widens them for compute
+FP8 = frozenset(name for name, bits in fmt.CODES.values() if name.startswith("float8"))
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """What ``load_for_target`` did with one tensor, and why."""
+
+    key: str
+    dtype_in: str
+    dtype_out: str
+    reason: str
+    exact: bool  # every value of dtype_in arrives unchanged (a widening, or no change)
+    copied: bool  # the result is a new buffer, not a view of the file
+    nbytes_in: int
+    nbytes_out: int
+
+    def __str__(self) -> str:
+        change = self.dtype_in if self.dtype_in == self.dtype_out else f"{self.dtype_in} -> {self.dtype_out}"
+        how = "copied" if self.copied else "view of the file"
+        return f"{self.key}: {change} ({how}; {self.reason})"
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """``load_for_target``'s account: one KeyReport a tensor, in file order."""
+
+    path: str
+    target: str
+    dtype: str  # what was asked: "auto" or a dtype name
+    for_compute: bool
+    keys: tuple[KeyReport, ...]
+
+    def __getitem__(self, key: str) -> KeyReport:
+        for k in self.keys:
+            if k.key == key:
+                return k
+        raise KeyError(f"{key!r} is not in this report ({len(self.keys)} keys)")
+
+    @property
+    def changed(self) -> tuple[KeyReport, ...]:
+        """The tensors whose dtype changed."""
+        return tuple(k for k in self.keys if k.dtype_in != k.dtype_out)
+
+    @property
+    def nbytes_in(self) -> int:
+        return sum(k.nbytes_in for k in self.keys)
+
+    @property
+    def nbytes_out(self) -> int:
+        return sum(k.nbytes_out for k in self.keys)
+
+    def __str__(self) -> str:
+        lines = [f"{self.path} -> {self.target} (dtype={self.dtype!r}, for_compute={self.for_compute}): "
+                 f"{len(self.keys)} tensors, {len(self.changed)} changed dtype, "
+                 f"{size(self.nbytes_in)} in the file -> {size(self.nbytes_out)} loaded"]
+        reasons: dict[str, list[str]] = {}
+        for k in self.keys:
+            reasons.setdefault(f"{k.dtype_in} -> {k.dtype_out}: {k.reason}", []).append(k.key)
+        for why, keys in reasons.items():
+            lines.append(f"  {len(keys)} x {why}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "target": self.target, "dtype": self.dtype, "for_compute": self.for_compute,
+                "keys": [{"key": k.key, "dtype_in": k.dtype_in, "dtype_out": k.dtype_out, "reason": k.reason,
+                          "exact": k.exact, "copied": k.copied, "nbytes_in": k.nbytes_in,
+                          "nbytes_out": k.nbytes_out} for k in self.keys]}
+
+
+def _floating(name: str) -> bool:
+    return name in ("bfloat16", "float16", "float32", "float64") or name in FP8
+
+
+@functools.lru_cache(maxsize=None)
+def exact(dtype_in: str, dtype_out: str) -> bool:
+    """Whether every value of ``dtype_in`` (NaN as NaN) survives a cast to ``dtype_out`` and back:
+    tried on every bit pattern for 8- and 16-bit types, by width for wider ones."""
+    if dtype_in == dtype_out:
+        return True
+    a, b = fmt.numpy_dtype(dtype_in), fmt.numpy_dtype(dtype_out)
+    if a.itemsize > 2:
+        return b.itemsize > a.itemsize  # float32 -> float64 only
+    bits = np.arange(1 << (8 * a.itemsize), dtype=np.uint8 if a.itemsize == 1 else np.uint16)
+    values = bits.view(a)
+    with np.errstate(all="ignore"):
+        back = values.astype(b).astype(a)
+    same = back.view(bits.dtype) == bits
+    nan = np.isnan(values.astype(np.float32))
+    return bool(np.all(same | (nan & np.isnan(back.astype(np.float32)))))
+
+
+def _choose(info: fmt.TensorInfo, target: str, dtype: str, for_compute: bool, device: str) -> tuple[str, str]:
+    """(dtype to load as, why) for one tensor."""
+    name = info.dtype
+    if not _floating(name):
+        return name, "not a floating type: loaded as it is"
+    if dtype != "auto":
+        if dtype == name:
+            return name, f"{dtype} asked for, and the file holds it"
+        how = "exact" if exact(name, dtype) else "rounded to nearest even"
+        return dtype, f"{dtype} asked for ({how})"
+    if name == "bfloat16":
+        from ..capabilities import probe
+
+        d = probe().decide(target, for_compute=for_compute, device=device)
+        return d.dtype, d.reason
+    if name in FP8:
+        held = None if target == registry.HUB else registry.get(target).cannot_hold(name)  # ml_dtypes holds it
+        if held is not None:
+            return "float32", f"{target} cannot hold {name} here ({held}); float32 holds every value exactly"
+        if for_compute:
+            return "float32", (f"for compute: no {target} arithmetic in {name} is probed on {device}; "
+                               "float32 holds every value exactly")
+        return name, f"{target} holds {name} (for storage: for_compute=False)"
+    return name, f"dtype='auto' changes only bf16 and fp8 tensors; {name} is loaded as it is"
+
+
+def _cast(a: np.ndarray, dtype_out: str) -> np.ndarray:
+    """``a`` cast to ``dtype_out`` into a new 64-byte aligned array (jax and tensorflow take it as it is)."""
+    out = aligned_empty(a.shape, fmt.numpy_dtype(dtype_out))
+    if a.dtype.name == "bfloat16" and dtype_out == "float32":
+        return kernels.to_float32(a, out=out, progress=False)  # exact, chunked, bit-identical to ml_dtypes
+    if a.dtype.name == "float32" and dtype_out == "bfloat16":
+        return kernels.to_bf16(a, out=out, progress=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # out of range: inf, as a cast gives; NaN stays NaN
+        np.copyto(out, a, casting="unsafe")
+    return out
+
+
+def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = "auto", for_compute: bool = True,
+                    device: str = "cpu", nested: bool = False) -> tuple[dict, LoadReport]:
+    """Every tensor of a safetensors file in framework ``to``, in the dtype it should be used in there.
+
+    ``dtype="auto"``: bf16 tensors stay bf16 where ``to`` holds bf16 and (``for_compute=True``)
+    the hardware computes in it, and become float32 (exact) otherwise, as the capability probe
+    decides (``bb.probe().decide(to, for_compute=..., device=...)``); fp8 tensors become float32
+    for compute (no fp8 arithmetic is probed) and stay fp8 for storage where ``to`` holds them.
+    An explicit dtype ("bfloat16", "float16", "float32", "float64") casts every floating tensor to
+    it (rounding to nearest even where it narrows; float64 -> bfloat16 rounds through float32, as
+    ml_dtypes does). Integer and bool tensors are never cast. Returns ``(tensors, report)``: the
+    report says, per key, the dtype in and out, why, whether it was exact, and whether copied.
+    """
+    if dtype not in DTYPES:
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(map(repr, DTYPES))}; got {dtype!r}")
+    if for_compute not in (True, False):
+        raise InvalidArgumentError(f"for_compute must be True or False; got {for_compute!r}")
+    target = registry.resolve(to)
+    out: dict = {}
+    reports: list[KeyReport] = []
+    with Checkpoint(path) as f:
+        for key in f.keys():
+            info = f.info(key)
+            dtype_out, reason = _choose(info, target, dtype, for_compute, device)
+            if dtype_out == info.dtype:
+                value = f.get(key, target)
+                copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
+            else:
+                cast = _cast(f.array(key), dtype_out)
+                f._release(key)
+                try:
+                    value = convert(cast, target, on_alias="allow")
+                except Bf16BridgeError as err:
+                    raise type(err)(f"{f.path}: key {key!r}: {err}") from err
+                copied = True
+            out[key] = value
+            nbytes_out = info.nbytes // max(fmt.numpy_dtype(info.dtype).itemsize, 1) * fmt.numpy_dtype(
+                dtype_out).itemsize
+            reports.append(KeyReport(key, info.dtype, dtype_out, reason, exact(info.dtype, dtype_out)
+                                     if _floating(info.dtype) else True, copied, info.nbytes, nbytes_out))
+    report = LoadReport(f.path, target, dtype, for_compute, tuple(reports))
+    return (nest(out, f.path) if nested else out), report

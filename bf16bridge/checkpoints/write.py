@@ -1,0 +1,141 @@
+"""Writing a checkpoint: streamed one tensor at a time into a temporary file, fsynced and
+renamed into place, so an interrupted save never leaves a half-written file under the target name."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import tempfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from .. import kernels, registry
+from ..convert import convert, plan
+from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from . import format as fmt
+from .keys import leaves
+
+def _describe(key: str, x) -> fmt.Entry:
+    if registry.framework_of(x) == registry.HUB:
+        shape, name = np.shape(x), np.asarray(x).dtype.name
+    else:
+        try:
+            p = plan(x, registry.HUB)
+        except Bf16BridgeError as err:
+            raise type(err)(f"key {key!r}: {err}") from err
+        shape, name = p.shape, p.dtype_out
+    code = fmt.NAMES.get(name)
+    if code is None or code in fmt.UNPACKED:
+        raise UnsupportedDtypeError(
+            f"key {key!r}: {name} has no safetensors code that bf16bridge writes "
+            f"(the format has: {', '.join(fmt.CODES)}); cast it first (complex128 to complex64; "
+            "float6 is packed in files, in an order bf16bridge does not write)")
+    n = 1
+    for d in shape:
+        n *= int(d)
+    nbits = n * fmt.CODES[code][1]
+    if nbits % 8:
+        raise UnsupportedDtypeError(f"key {key!r}: {n} values of {name} end inside a byte, which the format "
+                                    "cannot hold (F4 packs two a byte): pad it to an even count")
+    return fmt.Entry(key, code, tuple(int(d) for d in shape), nbits // 8)
+
+
+def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
+    """The tensor's bits as a C-contiguous little-endian numpy array (a view where it can be)."""
+    try:
+        if registry.framework_of(x) == registry.HUB:
+            a = np.asarray(x)
+        else:
+            a = convert(x, registry.HUB, on_alias="allow", on_grad="drop")
+    except Bf16BridgeError as err:
+        raise type(err)(f"key {key!r}: {err}") from err
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    a = np.ascontiguousarray(a)
+    if fmt.NAMES.get(a.dtype.name) != entry.code or a.shape != entry.shape:
+        raise CheckpointError(
+            f"key {key!r}: the tensor changed while it was saved ({entry.code} {list(entry.shape)} planned, "
+            f"{a.dtype.name} {list(a.shape)} read); save it again once nothing else writes to it")
+    if entry.code in fmt.NIBBLES:  # two values a byte, element 2i in the low nibble (torch's x2 order)
+        return kernels.pack_nibbles(a.reshape(-1))
+    return a
+
+
+def _umask() -> int:
+    try:
+        with builtins.open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tree``'s tensors (any framework's, nested) to a safetensors file at ``path``.
+
+    Keys are the leaves' paths joined with "." (``{"h": [{"w": x}]}`` -> ``"h.0.w"``); two leaves
+    whose keys collide, a leaf that is not a tensor, and ``metadata`` that is not str -> str are
+    refused (InvalidArgumentError, naming the key). Tensors are written one at a time, each moved
+    to numpy by ``convert`` (zero-copy where the route allows) and written from its buffer, into a
+    temporary file in the same directory that is fsynced and renamed over ``path``: an
+    interrupted save leaves ``path`` as it was. The header is padded so that the data begins on
+    a 64-byte boundary, and tensors whose size is a multiple of 64 bytes come first (each of
+    them then begins aligned, which lets jax and tensorflow load it without a copy).
+    """
+    path = os.fspath(path)
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):
+            raise InvalidArgumentError(f"metadata must be a dict of str -> str; got {type(metadata).__name__}")
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidArgumentError(
+                    f"metadata key {k!r}: keys and values must be strings (got {type(k).__name__} -> "
+                    f"{type(v).__name__}); write numbers as str(...) or json.dumps(...)")
+    pairs = leaves(tree)
+    entries = fmt.order([_describe(k, x) for k, x in pairs])
+    tensors = dict(pairs)
+    head = fmt.header_bytes(entries, metadata)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot write a file beside it ({err.strerror}); check that "
+                              f"{directory} exists and is writable") from err
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with builtins.open(fd, "wb", closefd=True) as f:
+            f.write(head)
+            for e in entries:
+                a = _numpy(e.key, tensors[e.key], e)
+                if a.size:
+                    f.write(a.reshape(-1).view(np.uint8).data)
+                del a  # one tensor's bytes alive at a time
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(err, OSError):  # a full disk, a directory in the way: ours, naming the file
+            raise CheckpointError(f"{path}: cannot write it ({err.strerror or err}); {path} is left as "
+                                  "it was") from err
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:  # the rename itself survives a crash only once the directory is synced
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

@@ -1,0 +1,355 @@
+"""Every narrow dtype as a table row, moved bit for bit (issue 10).
+
+Per dtype and ordered pair of frameworks holding it: every bit pattern arrives unchanged
+(read back by each framework's own calls), the data pointer is kept where the plan says
+zero-copy, and a copy has its reason. Fallbacks per dtype and target that cannot hold it,
+values checked against ml_dtypes; errors naming the dtype, the target and the way out.
+Packing (torch's float4_e2m1fn_x2) is checked against torch's own unpacking.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from bf16bridge import dtypes, registry
+from conftest import FRAMEWORKS, bits, dtype_name, fw, make, ptr, type_framework
+
+#: the rows beyond numpy's own dtypes and bf16 (tests/test_bits.py has bf16's 65,536 patterns)
+NARROW = [d for d in dtypes.NARROW_DTYPES if d not in dtypes.PACKED]
+
+
+def _holds(framework: str, dtype: str) -> bool:
+    return registry.get(framework).holds(dtype)
+
+
+def _patterns(dtype: str) -> np.ndarray:
+    """Every bit pattern of ``dtype`` as an array of it (low bits of a byte for the padded types)."""
+    return dtypes.all_patterns(dtype).view(dtypes.numpy_dtype(dtype))
+
+
+# -- the table ----------------------------------------------------------------------
+
+
+def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same values as ml_dtypes reads them: NaN where NaN, zeros with their sign."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        x, y = a.astype(np.float64), b.astype(np.float64)
+    nan = np.isnan(x)
+    return bool(np.array_equal(nan, np.isnan(y)) and np.array_equal(x[~nan], y[~nan])
+                and np.array_equal(np.signbit(x[~nan]), np.signbit(y[~nan])))
+
+
+FLOAT_CANDIDATES = ("bfloat16", "float16", "float32")
+INT_CANDIDATES = ("int8", "uint8", "int16", "uint16", "int32", "uint32")
+
+
+@pytest.mark.parametrize("dtype", [d for d in dtypes.NAMES if dtypes.ROWS[d].family != "standard"
+                                   and d not in dtypes.PACKED])
+def test_widenings_are_exact_and_complete(dtype):
+    """A row's widenings keep every value (ml_dtypes' astype), and none that would is left out."""
+    row = dtypes.ROWS[dtype]
+    a = _patterns(dtype)
+    candidates = FLOAT_CANDIDATES if row.kind == "float" else INT_CANDIDATES
+    exact = [w for w in candidates if w != dtype and _same_values(a, a.astype(dtypes.numpy_dtype(w)))]
+    if row.kind != "float":  # the narrowest exact integer of each signedness, and wider of the same kind
+        exact = [w for w in exact if w.startswith("u") == (row.kind == "uint")]
+    assert list(row.widenings) == exact
+
+
+@pytest.mark.parametrize("dtype", dtypes.NAMES)
+def test_rows_agree_with_numpy(dtype):
+    row = dtypes.ROWS[dtype]
+    assert row.bits * row.packing <= 8 * row.itemsize
+    if row.packing > 1:
+        assert dtypes.numpy_missing(dtype) is not None and row.unpacked in dtypes.ROWS
+        with pytest.raises(bb.UnsupportedDtypeError, match="packed"):
+            dtypes.numpy_dtype(dtype)
+        return
+    nd = dtypes.numpy_dtype(dtype)
+    assert nd.itemsize == row.itemsize == dtypes.itemsize(dtype)
+    assert dtypes.name_of_numpy(nd) == dtype
+    if row.carrier is not None:
+        assert np.dtype(row.carrier).itemsize == row.itemsize
+        assert np.dtype(row.carrier).kind == "u"
+
+
+def test_dlpack_codes_match_what_the_frameworks_export():
+    """The table's DLPack (code, bits, lanes) is what torch and jax put in their capsules."""
+    from bf16bridge.adapters import _dlpack
+
+    torch, jax = fw("torch"), fw("jax")
+    seen = 0
+    for dtype in dtypes.NAMES:
+        row = dtypes.ROWS[dtype]
+        if dtype in ("bool",) or row.dlpack is None:
+            continue
+        if _holds("jax", dtype) and dtype in registry.get("jax").dlpack_export and row.family != "standard":
+            dt = _dlpack._tensor(jax.device_put(np.zeros(2, dtypes.numpy_dtype(dtype))).__dlpack__()).dtype
+            assert (dt.code, dt.bits, dt.lanes) == row.dlpack, dtype
+            seen += 1
+        if isinstance(getattr(torch, dtype, None), torch.dtype) and row.family != "standard":
+            t = torch.zeros(2, dtype=torch.uint8).view(getattr(torch, dtype))
+            try:
+                dt = _dlpack._tensor(torch.utils.dlpack.to_dlpack(t)).dtype
+            except (BufferError, RuntimeError):
+                assert dtype not in registry.get("torch").dlpack_export
+                continue
+            assert ((dt.code, dt.bits, dt.lanes) == row.dlpack) == (dtype in registry.get("torch").dlpack_export)
+            seen += 1
+    assert seen >= 10
+
+
+# -- what each framework holds, found by trying ------------------------------------
+
+#: the issue's findings for torch 2.13, jax 0.10, tf 2.21 with ml_dtypes 0.6 (checked here by trying)
+HELD = {
+    "numpy": set(NARROW),
+    "torch": {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+              "int4", "uint4", "int2", "uint2", "float4_e2m1fn_x2"},
+    "jax": set(NARROW) - {"float6_e2m3fn", "float6_e3m2fn"},
+    "tensorflow": {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+                   "float4_e2m1fn", "int4", "uint4", "int2", "uint2"},
+}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_what_each_framework_holds(framework):
+    a = registry.get(framework)
+    held = {d for d in dtypes.NARROW_DTYPES if a.holds(d)}
+    assert held == HELD[framework]
+    for d in set(dtypes.NARROW_DTYPES) - held:
+        why = a.cannot_hold(d)
+        assert why and d in why, (framework, d, why)
+
+
+# -- every bit pattern, every pair ----------------------------------------------------
+
+PAIR_CASES = [(d, s, t) for d in NARROW for s in FRAMEWORKS for t in FRAMEWORKS
+              if s != t and d in HELD[s] and d in HELD[t]]
+
+
+def _bytes(x) -> np.ndarray:
+    """A tensor's bytes as uint8, read by its own framework (conftest.bits)."""
+    return bits(x).view(np.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("dtype,source,target", PAIR_CASES)
+def test_every_pattern_crosses_unchanged(dtype, source, target):
+    a = _patterns(dtype)
+    x = make(source, a)
+    p = bb.plan(x, target)
+    y = bb.convert(x, target, on_alias="allow")
+    assert type_framework(y) == target
+    assert dtype_name(y) == dtype and p.dtype_out == dtype and p.decision is None
+    np.testing.assert_array_equal(_bytes(y), a.view(np.uint8))
+    if p.copies:
+        assert all(s.reason for s in p.steps if s.copies), p
+    else:
+        assert ptr(y) == ptr(x), p
+
+
+@pytest.mark.parametrize("dtype,source,target", PAIR_CASES)
+def test_copy_true_copies_and_keeps_the_bits(dtype, source, target):
+    a = _patterns(dtype)
+    x = make(source, a)
+    p = bb.plan(x, target, copy=True)
+    assert p.copies and not p.shares_memory
+    y = bb.convert(x, target, copy=True)
+    np.testing.assert_array_equal(_bytes(y), a.view(np.uint8))
+    if "tensorflow" not in (source, target):  # (tf has no pointer to read for these: always copies)
+        assert ptr(y) != ptr(x)
+
+
+@pytest.mark.parametrize("dtype", ["int4", "uint2", "float4_e2m1fn"])
+def test_jax_sub_byte_types_copy_because_xla_packs_them(dtype):
+    a = _patterns(dtype)
+    for x, target in ((make("numpy", a), "jax"), (make("jax", a), "numpy")):
+        p = bb.plan(x, target)
+        assert p.copies and any("packed" in s.reason for s in p.steps if s.copies), p
+        y = bb.convert(x, target)
+        np.testing.assert_array_equal(_bytes(y), a.view(np.uint8))
+
+
+#: zero-copy where a DLPack code both sides speak, or a free uint8 bit-view on both sides, exists
+ZERO_COPY = [("float8_e4m3fn", "numpy", "torch"), ("float8_e4m3fn", "torch", "numpy"),
+             ("float8_e5m2", "torch", "jax"), ("float8_e8m0fnu", "jax", "torch"),
+             ("float8_e4m3", "numpy", "jax"), ("float8_e4m3b11fnuz", "jax", "numpy"),
+             ("int4", "numpy", "torch"), ("uint2", "torch", "numpy")]
+
+
+@pytest.mark.parametrize("dtype,source,target", ZERO_COPY)
+def test_zero_copy_routes(dtype, source, target):
+    x = make(source, _patterns(dtype))
+    p = bb.plan(x, target, copy=False)
+    assert not p.copies and p.shares_memory
+    assert ptr(bb.convert(x, target, copy=False, on_alias="allow")) == ptr(x)
+
+
+@pytest.mark.parametrize("dtype,source", [("float8_e4m3fn", "numpy"), ("int4", "torch"), ("float4_e2m1fn", "jax")])
+def test_tensorflow_copies_say_why(dtype, source):
+    """tf 2.21 stores these but has no bitcast or DLPack for them: one copy, with its reason."""
+    p = bb.plan(make(source, _patterns(dtype)), "tensorflow")
+    assert p.copies
+    assert any("tensorflow has no bit-view or DLPack" in s.reason for s in p.steps if s.copies)
+    with pytest.raises(bb.CopyRequiredError):
+        bb.plan(make(source, _patterns(dtype)), "tensorflow", copy=False)
+
+
+# -- fallbacks --------------------------------------------------------------------------
+
+FALLBACK_CASES = [(d, s, t) for d in NARROW for s in FRAMEWORKS for t in FRAMEWORKS
+                  if s != t and d in HELD[s] and d not in HELD[t] and dtypes.UNPACKED.get(d) not in HELD[t]]
+
+
+def _values(y) -> np.ndarray:
+    """A result's values as numpy, by the framework's own calls."""
+    mod = type_framework(y)
+    if mod == "torch":
+        import torch
+
+        return y.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if y.dtype == torch.bfloat16 else y.numpy()
+    if mod == "tensorflow":
+        import tensorflow as tf
+
+        return tf.bitcast(y, tf.uint16).numpy().view(ml_dtypes.bfloat16) if y.dtype == tf.bfloat16 else y.numpy()
+    return np.asarray(y)
+
+
+@pytest.mark.parametrize("dtype,source,target", FALLBACK_CASES)
+def test_fallback_error_names_the_dtype_the_target_and_the_way_out(dtype, source, target):
+    x = make(source, _patterns(dtype))
+    with pytest.raises(bb.UnsupportedDtypeError) as err:
+        bb.convert(x, target)
+    msg = str(err.value)
+    assert dtype in msg and target in msg and "fallback='auto'" in msg and "fallback='bits'" in msg
+
+
+@pytest.mark.parametrize("dtype,source,target", FALLBACK_CASES)
+def test_fallback_auto_widens_to_the_narrowest_exact_dtype_the_target_holds(dtype, source, target):
+    a = _patterns(dtype)
+    x = make(source, a)
+    want = next(w for w in dtypes.ROWS[dtype].widenings if _holds(target, w))
+    p = bb.plan(x, target, fallback="auto")
+    assert p.dtype_out == want and "fallback='auto'" in p.decision and dtype in p.decision
+    y = bb.convert(x, target, fallback="auto", on_alias="allow")
+    got = _values(y)
+    assert got.dtype == dtypes.numpy_dtype(want)
+    assert _same_values(a, got)  # the widening is exact
+    ref = a.astype(dtypes.numpy_dtype(want))  # ml_dtypes' astype: same bits except NaN payloads
+    nan = np.isnan(ref.astype(np.float64)) if dtypes.ROWS[dtype].kind == "float" else np.zeros(a.shape, bool)
+    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}")[~nan], ref.view(f"u{ref.dtype.itemsize}")[~nan])
+
+
+@pytest.mark.parametrize("dtype,source,target", [c for c in FALLBACK_CASES if dtypes.ROWS[c[0]].kind == "float"])
+def test_fallback_float32(dtype, source, target):
+    a = _patterns(dtype)
+    y = bb.convert(make(source, a), target, fallback="float32", on_alias="allow")
+    got = _values(y)
+    assert got.dtype == np.float32 and _same_values(a, got)
+
+
+@pytest.mark.parametrize("dtype,source,target", FALLBACK_CASES)
+def test_fallback_bits(dtype, source, target):
+    a = _patterns(dtype)
+    x = make(source, a)
+    p = bb.plan(x, target, fallback="bits")
+    assert p.dtype_out == "uint8" and "raw bit patterns" in p.decision
+    y = bb.convert(x, target, fallback="bits", on_alias="allow")
+    np.testing.assert_array_equal(_values(y), a.view(np.uint8))
+
+
+# -- packed layouts: torch's float4_e2m1fn_x2 <-> one value a byte ----------------------
+
+
+def _torch_unpacked(t) -> np.ndarray:
+    """torch's own reading of a float4_e2m1fn_x2 tensor: its ONNX exporter's unpacking (element 2i
+    in the low nibble), one fp4 code a byte, in the logical shape."""
+    from torch.onnx._internal.exporter._type_casting import unpack_float4x2_as_uint8
+
+    return unpack_float4x2_as_uint8(t)
+
+
+def _packed_torch(shape):
+    torch = fw("torch")
+    n = int(np.prod(shape))
+    return torch.from_numpy(np.arange(n, dtype=np.uint8) * np.uint8(37)).reshape(shape).view(torch.float4_e2m1fn_x2)
+
+
+@pytest.mark.parametrize("target", ["numpy", "jax", "tensorflow"])
+@pytest.mark.parametrize("shape", [(256,), (4, 64), (2, 3, 1)])
+def test_torch_packed_fp4_unpacks_as_torch_reads_it(target, shape):
+    t = _packed_torch(shape)
+    p = bb.plan(t, target)
+    assert p.dtype_out == "float4_e2m1fn" and p.copies and "unpacked" in p.decision
+    assert [s.kind for s in p.steps if s.copies][0] == "unpack"
+    y = bb.convert(t, target)
+    assert dtype_name(y) == "float4_e2m1fn"
+    want = _torch_unpacked(t)
+    assert tuple(y.shape) == (*shape[:-1], shape[-1] * 2) == want.shape
+    np.testing.assert_array_equal(bits(y).reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("source", ["numpy", "jax", "tensorflow"])
+def test_fp4_packs_for_torch_and_back(source):
+    torch = fw("torch")
+    codes = np.arange(64, dtype=np.uint8).reshape(2, 32) % 16  # every fp4 code, in both nibbles
+    x = make(source, codes.view(ml_dtypes.float4_e2m1fn))
+    p = bb.plan(x, "torch")
+    assert p.dtype_out == "float4_e2m1fn_x2" and "packed" in p.decision
+    assert any(s.kind == "pack" and s.copies and "float4_e2m1fn_x2" in s.reason for s in p.steps)
+    t = bb.convert(x, "torch")
+    assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (2, 16)
+    np.testing.assert_array_equal(_torch_unpacked(t), codes)  # torch reads the values we sent
+    # the bytes torch's own packing helper makes of the same codes (element 2i low, 2i + 1 high:
+    # torch.testing._internal.common_quantized.pack_uint4, `data[1::2] << 4 | data[::2]`)
+    np.testing.assert_array_equal(t.view(torch.uint8).numpy(), codes[:, 1::2] << 4 | codes[:, ::2])
+    back = bb.convert(t, source)
+    np.testing.assert_array_equal(bits(back).reshape(codes.shape), codes)
+
+
+#: float4_e2m1fn's 16 codes (OCP MX spec: sign, 2 exponent bits, 1 mantissa bit)
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def test_packed_fp4_values():
+    """Each byte of torch's float4_e2m1fn_x2 becomes two values, low nibble first."""
+    torch = fw("torch")
+    t = torch.from_numpy(np.array([0x21, 0xF7, 0x8C], np.uint8)).view(torch.float4_e2m1fn_x2)
+    y = bb.convert(t, "numpy")
+    want = [FP4_VALUES[c] for c in (0x1, 0x2, 0x7, 0xF, 0xC, 0x8)]
+    np.testing.assert_array_equal(y.astype(np.float32), np.array(want, np.float32))
+    np.testing.assert_array_equal(np.signbit(y.astype(np.float32)), np.signbit(want))
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 5), ()])
+def test_an_odd_last_dimension_is_refused_for_packing(shape):
+    x = make("numpy", np.zeros(shape, np.uint8).view(ml_dtypes.float4_e2m1fn))
+    with pytest.raises(bb.UnsupportedDtypeError) as err:
+        bb.plan(x, "torch")
+    msg = str(err.value)
+    assert "float4_e2m1fn" in msg and "even" in msg and "np.pad" in msg and "fallback='bits'" in msg
+    y = bb.convert(x, "torch", fallback="bits")  # the way out it names works
+    assert str(y.dtype) == "torch.uint8" and tuple(y.shape) == shape
+
+
+def test_packing_is_refused_with_copy_false():
+    x = make("numpy", np.zeros(4, np.uint8).view(ml_dtypes.float4_e2m1fn))
+    with pytest.raises(bb.CopyRequiredError):
+        bb.convert(x, "torch", copy=False)
+
+
+def test_the_planner_names_no_narrow_dtype():
+    """A new dtype is a table row plus what each adapter holds: routes.py names none of them."""
+    import inspect
+
+    from bf16bridge import routes
+
+    source = inspect.getsource(routes)
+    named = [d for d in dtypes.NAMES if dtypes.ROWS[d].family != "standard" and f'"{d}"' in source]
+    assert named == []

@@ -1,0 +1,432 @@
+"""kernels.to_dtype / to_float32 for every narrow dtype, and the nibble packing kernels:
+bit-identical to ml_dtypes' astype, and packing in torch's own nibble order."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from bf16bridge import errors as bb_errors
+from bf16bridge import kernels
+
+NARROW = [n for n in kernels.NARROW if n != "bfloat16"]
+FLOATS = [n for n in NARROW if not kernels.FORMATS[n].integer]
+INTS = [n for n in NARROW if kernels.FORMATS[n].integer]
+BACKENDS = ["numpy", "ml_dtypes"]
+
+
+def _dt(name):
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def _astype(x, name):
+    """ml_dtypes' own cast, as bits (the reference)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return x.astype(_dt(name)).view(np.uint8 if _dt(name).itemsize == 1 else np.uint16)
+
+
+def _every_pattern(name):
+    bits = kernels.FORMATS[name].bits if name in kernels.FORMATS else 16
+    return np.arange(1 << bits, dtype=np.uint8 if bits <= 8 else np.uint16).view(_dt(name))
+
+
+def _f32(u):
+    return np.asarray(u, dtype=np.uint32).view(np.float32)
+
+
+def _near(points: np.ndarray, ulps: int) -> np.ndarray:
+    """float32 bit patterns of ``points`` and their neighbours up to ``ulps`` float32 ulps away."""
+    with np.errstate(over="ignore"):  # e8m0's threshold past 2**127 is inf in float32: its neighbours count too
+        u = points.astype(np.float32).view(np.uint32).astype(np.int64)
+    steps = np.arange(-ulps, ulps + 1)
+    return (u[:, None] + steps[None, :]).reshape(-1).clip(0, 0xFFFFFFFF).astype(np.uint32)
+
+
+def _inputs(name) -> np.ndarray:
+    """float32 inputs for one narrow dtype: every top 16 bits with the low 16 at 0, 1, 0x7FFF,
+    0x8000, 0x8001, 0xFFFF and two random (so every entry of the numpy backend's table, the
+    rounding bit and the sticky bits both ways); each value of the dtype and each midpoint
+    between neighbours (where ties are decided, and the overflow threshold past the largest)
+    with 3 float32 ulps either side, both signs; the specials, float32 subnormals; 2**20 random."""
+    rng = np.random.default_rng(10)
+    lows = np.concatenate([[0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], rng.integers(0, 1 << 16, 2)]).astype(np.uint32)
+    grid = ((np.arange(1 << 16, dtype=np.uint32) << 16)[:, None] | lows[None, :]).reshape(-1)
+    with np.errstate(invalid="ignore"):  # bf16's signalling NaNs
+        val = _every_pattern(name).astype(np.float64)
+    fin = np.unique(np.abs(val[np.isfinite(val)]))
+    step = fin[-1] - fin[-2] if fin.size > 1 else fin[-1]
+    mids = np.concatenate([(fin[1:] + fin[:-1]) / 2, [fin[-1] + step / 2, fin[-1] + step, 2 * fin[-1]]])
+    points = np.concatenate([fin, mids, [2.0 ** -126, 2.0 ** -127, 2.0 ** -149]])
+    near = _near(np.concatenate([points, -points]), 3)
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001,
+                         0xFF800001, 0x7FBFFFFF, 0x7FFFFFFF, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF],
+                        dtype=np.uint32)
+    subnormals = np.concatenate([np.arange(0, 1 << 16, dtype=np.uint32), rng.integers(0, 1 << 23, 1 << 14)])
+    rand = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    u = np.concatenate([grid, near, specials, subnormals.astype(np.uint32), subnormals.astype(np.uint32) | 1 << 31,
+                        rand])
+    return u.view(np.float32)
+
+
+def test_the_kernels_take_every_narrow_row_of_the_dtype_table():
+    """kernels.FORMATS (the fields a rounding needs) covers the dtype table's narrow rows, one
+    value a byte, with the same bits; the packed rows go through pack_nibbles."""
+    from bf16bridge import dtypes
+
+    rows = {r.name: r for r in dtypes.TABLE if r.family == "narrow"}
+    assert {n for n, r in rows.items() if r.packing == 1} == set(kernels.FORMATS)
+    assert all(rows[n].bits == f.bits for n, f in kernels.FORMATS.items())
+    assert {r.unpacked for r in rows.values() if r.packing == 2} <= set(kernels.NIBBLE_DTYPES)
+
+
+@pytest.mark.parametrize("name", FLOATS + INTS)
+def test_the_formats_decode_as_ml_dtypes_does(name):
+    """decoded(): every pattern's value from the format's own fields equals ml_dtypes' value."""
+    ours = kernels.decoded(kernels.FORMATS[name])
+    theirs = _every_pattern(name).astype(np.float64)
+    assert np.array_equal(ours, theirs, equal_nan=True)
+    same_sign = np.signbit(ours) == np.signbit(theirs)
+    assert same_sign[~np.isnan(ours)].all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", FLOATS)
+def test_to_dtype_is_bit_identical_to_ml_dtypes(name, backend):
+    x = _inputs(name)
+    ref = _astype(x, name)
+    y = kernels.to_dtype(x, name, backend=backend)
+    assert y.dtype == _dt(name) and y.shape == x.shape
+    bad = np.flatnonzero(y.view(np.uint8) != ref)
+    assert bad.size == 0, [(hex(x.view(np.uint32)[i]), hex(ref[i]), hex(y.view(np.uint8)[i])) for i in bad[:5]]
+
+
+@pytest.mark.parametrize("name", FLOATS + INTS)
+def test_the_reference_rule_is_ml_dtypes(name):
+    x = _inputs(name)[::7]  # the table kernel above covers every input; this is the plain-arithmetic rule
+    if kernels.FORMATS[name].integer:
+        x = x[np.abs(x) < 2.0 ** 31]  # where C++ defines ml_dtypes' result
+    np.testing.assert_array_equal(kernels.round_reference(x, name), _astype(x, name))
+
+
+@pytest.mark.parametrize("name", FLOATS + INTS + ["bfloat16"])
+def test_float64_rounds_through_float32_as_ml_dtypes_does(name):
+    """ml_dtypes rounds float64 to float32 first for the floats (two roundings: a float64 just past
+    a midpoint lands on it and ties to even) and converts integers from float64 directly."""
+    with np.errstate(invalid="ignore"):  # bf16's signalling NaNs
+        val = _every_pattern(name).astype(np.float64)
+    fin = np.unique(val[np.isfinite(val)])
+    mids = (fin[1:] + fin[:-1]) / 2
+    x = np.concatenate([mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf), fin, [1e300, -1e300, np.nan],
+                        np.random.default_rng(3).standard_normal(10_000) * fin[-1]])
+    if name in INTS:
+        # wrapped past the range, up to 2**30 (near 2**31 ml_dtypes' float64 path gives 0 for 2**31 - 0.75
+        # but 15 for 2**31 - 1: past the range its result is the C++ cast's, not a rule)
+        x = np.concatenate([x, [2.0 ** 30 - 1, -(2.0 ** 30) + 1, 2.0 ** 29 - 0.5, 1e9 + 7.5]])
+        x = x[np.abs(x) < 2.0 ** 30]
+    for backend in ("numpy", "ml_dtypes"):
+        y = kernels.to_dtype(x, name, backend=backend)
+        np.testing.assert_array_equal(y.view(np.uint8 if y.itemsize == 1 else np.uint16), _astype(x, name))
+    if name in ("float8_e4m3fn", "bfloat16"):  # the double rounding shows: not the nearest float64 value
+        direct = np.nextafter(mids, np.inf)
+        lower = kernels.to_float32(kernels.to_dtype(direct, name)).astype(np.float64)
+        assert np.count_nonzero(lower < direct) > 0
+
+
+@pytest.mark.parametrize("name", FLOATS + ["bfloat16"])
+def test_saturate_clamps_overflow_to_the_largest_finite(name):
+    """saturate=True: inf and every value past the largest finite become +-largest (e8m0 has
+    no negatives: those stay NaN); everything else as without it; NaN stays NaN (fp6/fp4: no
+    NaN, the same zero as without)."""
+    x = _inputs(name)
+    plain = kernels.to_dtype(x, name)
+    sat = kernels.to_dtype(x, name, saturate=True)
+    bits = np.uint16 if name == "bfloat16" else np.uint8
+    pb, sb = plain.view(bits), sat.view(bits)
+    big = kernels._largest(name)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        over = np.abs(x.astype(np.float64)) > big
+    np.testing.assert_array_equal(sb[~over], pb[~over])
+    val = kernels.to_float32(sat).astype(np.float64)
+    if name == "float8_e8m0fnu":
+        over &= x > 0
+    want = np.where(np.signbit(x[over]), -big, big)
+    np.testing.assert_array_equal(val[over], want)
+    assert np.isnan(val[np.isnan(x)]).all() or name in ("float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
+
+
+# what overflow gives without saturate=True, per dtype: the table in docs/kernels.md
+OVERFLOW = {
+    "float8_e4m3fn": (0x7F, 0xFF, 0x7F),  # +overflow, -overflow, +inf: NaN (fn: no inf)
+    "float8_e5m2": (0x7C, 0xFC, 0x7C),  # inf
+    "float8_e4m3fnuz": (0x80, 0x80, 0x80),  # the one NaN
+    "float8_e5m2fnuz": (0x80, 0x80, 0x80),
+    "float8_e8m0fnu": (0xFF, 0xFF, 0xFF),  # NaN
+    "float8_e4m3": (0x78, 0xF8, 0x78),  # inf
+    "float8_e3m4": (0x70, 0xF0, 0x70),  # inf
+    "float8_e4m3b11fnuz": (0x80, 0x80, 0x80),
+    "float6_e2m3fn": (0x1F, 0x3F, 0x1F),  # no inf, no NaN: saturates anyway
+    "float6_e3m2fn": (0x1F, 0x3F, 0x1F),
+    "float4_e2m1fn": (0x7, 0xF, 0x7),
+}
+
+
+@pytest.mark.parametrize("name", FLOATS)
+def test_overflow_without_saturate(name):
+    big = kernels._largest(name)
+    x = np.array([big * 1.75, -big * 1.75, np.inf], dtype=np.float32)
+    assert tuple(int(v) for v in kernels.to_dtype(x, name).view(np.uint8)) == OVERFLOW[name]
+
+
+INT_CASES = {  # x -> (int4, uint4 bits... as values), saturate False / True
+    "int4": ([2.5, -2.5, 7.9, -8.9, 8.0, 9.0, 100.0, -100.0, np.nan, np.inf, 2.0 ** 31, -0.5],
+             [2, -2, 7, -8, -8, -7, 4, -4, 0, 0, 0, 0], [2, -2, 7, -8, 7, 7, 7, -8, 0, 7, 7, 0]),
+    "uint4": ([2.5, 15.9, 16.0, 17.0, -1.0, -0.5, np.nan, -np.inf, 1e9],
+              [2, 15, 0, 1, 15, 0, 0, 0, 0], [2, 15, 15, 15, 0, 0, 0, 0, 15]),
+    "int2": ([1.9, -2.9, 2.0, 3.0, -3.0, np.nan], [1, -2, -2, -1, 1, 0], [1, -2, 1, 1, -2, 0]),
+    "uint2": ([3.9, 4.0, 5.0, -1.0, np.inf], [3, 0, 1, 3, 0], [3, 3, 3, 0, 3]),
+}
+
+
+@pytest.mark.parametrize("name", INTS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integers_truncate_and_wrap_or_saturate(name, backend):
+    x, wrapped, clamped = INT_CASES[name]
+    x = np.array(x, dtype=np.float32)
+    got = kernels.to_dtype(x, name, backend=backend).astype(np.int64).tolist()
+    if backend == "numpy":  # ml_dtypes leaves NaN, inf and |x| >= 2**31 to the C++ cast
+        assert got == wrapped
+    else:
+        ok = np.abs(x) < 2.0 ** 31
+        assert [g for g, k in zip(got, ok) if k] == [w for w, k in zip(wrapped, ok) if k]
+    assert kernels.to_dtype(x, name, saturate=True, backend=backend).astype(np.int64).tolist() == clamped
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NARROW)
+def test_to_float32_is_exact_on_every_pattern(name, backend):
+    p = _every_pattern(name)
+    ref = p.astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(kernels.to_float32(p, backend=backend).view(np.uint32), ref)
+    bits = kernels.to_float32(p.view(np.uint8), dtype=name, backend=backend)  # its bits, named
+    np.testing.assert_array_equal(bits.view(np.uint32), ref)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float4_e2m1fn", "int4", "float8_e8m0fnu"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunks_and_threads_do_not_change_results(name, backend):
+    x = np.random.default_rng(4).standard_normal((37, 1001)).astype(np.float32) * 8
+    whole = kernels.to_dtype(x, name, backend=backend, threads=1)
+    pieces = kernels.to_dtype(x, name, backend=backend, chunk=997, threads=3)
+    np.testing.assert_array_equal(whole.view(np.uint8), pieces.view(np.uint8))
+    np.testing.assert_array_equal(whole.view(np.uint8), _astype(x, name).reshape(x.shape))
+    wide = kernels.to_float32(pieces, chunk=333, threads=4, backend=backend)
+    np.testing.assert_array_equal(wide, pieces.astype(np.float32))
+
+
+def test_out_may_be_a_memory_map(tmp_path):
+    x = np.linspace(-500, 500, 100_003, dtype=np.float32)
+    out = np.lib.format.open_memmap(tmp_path / "y.npy", mode="w+", dtype=_dt("float8_e4m3fn"), shape=x.shape)
+    kernels.to_dtype(x, "float8_e4m3fn", out=out, chunk=4096)
+    out.flush()
+    del out
+    back = np.load(tmp_path / "y.npy", allow_pickle=False)
+    np.testing.assert_array_equal(back.view(np.uint8), _astype(x, "float8_e4m3fn"))
+
+
+_PEAK_SCRIPT = r"""
+import json, sys
+import numpy as np, ml_dtypes
+from bf16bridge import kernels
+
+n, chunk, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+def peak_extra(fn):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS")
+    fn()
+    return status("VmHWM") - before
+
+x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+out = np.full(n, 7, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+wide = np.full(n, 7, dtype=np.float32)
+for _ in range(2):  # warm up: the thread pool, the tables
+    kernels.to_float32(kernels.to_dtype(x[:4 * chunk], "float8_e4m3fn", chunk=chunk, threads=threads),
+                       chunk=chunk, threads=threads)
+res = {"to_dtype": peak_extra(lambda: kernels.to_dtype(x, "float8_e4m3fn", out=out, chunk=chunk, threads=threads)),
+       "to_float32": peak_extra(lambda: kernels.to_float32(out, out=wide, chunk=chunk, threads=threads)),
+       "meter": peak_extra(lambda: np.ones(n, dtype=np.float32))}
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc/self/clear_refs")
+def test_extra_memory_is_bounded_by_a_chunk():
+    n, chunk, threads = 1 << 23, 1 << 16, 2
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(n), str(chunk), str(threads)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["meter"] >= n * 4 * 0.9, res
+    limit = threads * chunk * 32  # 4 MiB; the input is 32 MiB
+    assert res["to_dtype"] < limit and res["to_float32"] < limit, res
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: kernels.to_dtype(np.zeros(3, np.float16), "float8_e4m3fn"), bb_errors.UnsupportedDtypeError,
+     "float32 or float64"),
+    (lambda: kernels.to_dtype(np.zeros(3, np.float32), "float7"), bb_errors.UnsupportedDtypeError,
+     "float8_e4m3fn, float8_e5m2"),
+    (lambda: kernels.to_dtype(np.zeros((4, 4), np.float32).T, "int4"), bb_errors.CopyRequiredError,
+     "np.ascontiguousarray"),
+    (lambda: kernels.to_dtype(np.zeros(3, np.float32), "float8_e5m2", backend="torch"),
+     bb_errors.InvalidArgumentError, "backend for float8_e5m2 must be one of auto, ml_dtypes, numpy"),
+    (lambda: kernels.to_dtype(np.zeros(3, np.float32), "float8_e5m2", saturate="yes"),
+     bb_errors.InvalidArgumentError, "saturate must be True or False"),
+    (lambda: kernels.to_dtype(np.zeros(3, np.float32), "int4", out=np.zeros(3, np.uint8)),
+     bb_errors.InvalidArgumentError, "out must be a writable C-contiguous int4 array of shape"),
+    (lambda: kernels.to_float32(np.zeros(3, np.uint8)), bb_errors.UnsupportedDtypeError, "bfloat16"),
+    (lambda: kernels.to_float32(np.zeros(3, _dt("int4")), dtype="uint4"), bb_errors.UnsupportedDtypeError,
+     r"to_float32\(dtype='uint4'\) takes a uint4 array or its uint8 bits"),
+    (lambda: kernels.pack_nibbles(np.zeros((2, 3), _dt("float4_e2m1fn"))), bb_errors.InvalidArgumentError,
+     r"last dimension, which must be even; got shape \(2, 3\) \(pad it"),
+    (lambda: kernels.pack_nibbles(np.array([1, 16], np.uint8)), bb_errors.InvalidArgumentError,
+     "must hold 0..15; this one holds 16"),
+    (lambda: kernels.pack_nibbles(np.zeros(2, _dt("float8_e4m3fn"))), bb_errors.UnsupportedDtypeError,
+     "4-bit dtype"),
+    (lambda: kernels.unpack_nibbles(np.zeros(2, np.int8), "int4"), bb_errors.UnsupportedDtypeError,
+     "packed bytes"),
+    (lambda: kernels.unpack_nibbles(np.zeros(2, np.uint8), "int2"), bb_errors.UnsupportedDtypeError,
+     "4-bit dtype"),
+])
+def test_bad_inputs_get_our_errors(call, error, match):
+    with pytest.raises(error, match=match) as err:
+        call()
+    assert isinstance(err.value, bb_errors.Bf16BridgeError)
+
+
+# -- packing, against torch's own code --------------------------------------------------
+
+
+def _torch_helpers():
+    """torch's own fp4 pack and unpack, run from torch's installed files. common_quantized
+    imports expecttest (not installed here), so its packing functions and constants are taken
+    from its source and run as they are; the unpacking is torch.onnx's exporter's."""
+    import torch
+    import torch.testing._internal as internal
+    from torch.onnx._internal.exporter._type_casting import unpack_float4x2_as_uint8
+
+    path = os.path.join(os.path.dirname(internal.__file__), "common_quantized.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    wanted = {"_n_ones", "_f32_to_floatx_unpacked", "down_size", "pack_uint4", "_bfloat16_to_float4_e2m1fn_x2"}
+    nodes = [n for n in tree.body
+             if (isinstance(n, ast.FunctionDef) and n.name in wanted)
+             or (isinstance(n, ast.Assign) and all(isinstance(t, (ast.Name, ast.Tuple)) for t in n.targets)
+                 and all(e.id.isupper() for t in n.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])))]
+    ns = {"torch": torch, "Tensor": torch.Tensor}
+    exec(compile(ast.Module(nodes, []), path, "exec"), ns)  # noqa: S102 - torch's own source
+    assert wanted <= set(ns)
+    return torch, ns, unpack_float4x2_as_uint8
+
+
+def _all_pairs(name):
+    """Every pair of 4-bit patterns, as a (16, 32) array of that dtype: row i holds (i, 0..15)."""
+    p = np.arange(16, dtype=np.uint8)
+    return np.stack([np.repeat(p, 16), np.tile(p, 16)], axis=1).reshape(16, 32).view(_dt(name))
+
+
+def test_fp4_packing_is_torchs():
+    torch, ns, unpack = _torch_helpers()
+    values = _all_pairs("float4_e2m1fn").astype(np.float32)
+    packed_by_torch = ns["_bfloat16_to_float4_e2m1fn_x2"](torch.from_numpy(values).to(torch.bfloat16))
+    assert packed_by_torch.dtype == torch.float4_e2m1fn_x2 and tuple(packed_by_torch.shape) == (16, 16)
+    ours = kernels.pack_nibbles(kernels.to_dtype(values, "float4_e2m1fn"))
+    assert ours.shape == (16, 16)
+    np.testing.assert_array_equal(ours, packed_by_torch.view(torch.uint8).numpy())
+    # and torch's unpacking of its own bytes gives what ours gives
+    np.testing.assert_array_equal(unpack(packed_by_torch), kernels.unpack_nibbles(ours, "uint8"))
+    back = kernels.unpack_nibbles(packed_by_torch.view(torch.uint8).numpy(), "float4_e2m1fn")
+    np.testing.assert_array_equal(back.view(np.uint8), _all_pairs("float4_e2m1fn").view(np.uint8))
+    # rounding: torch's packer rounds to nearest even and clamps, as saturate=True does
+    x = np.random.default_rng(5).uniform(-8, 8, (64, 256)).astype(np.float32)
+    x = torch.from_numpy(x).to(torch.bfloat16)
+    np.testing.assert_array_equal(
+        kernels.pack_nibbles(kernels.to_dtype(x.float().numpy(), "float4_e2m1fn", saturate=True)),
+        ns["_bfloat16_to_float4_e2m1fn_x2"](x).view(torch.uint8).numpy())
+
+
+@pytest.mark.parametrize("name", ["int4", "uint4"])
+def test_int4_packing_is_torchs_pack_uint4(name):
+    torch, ns, _ = _torch_helpers()
+    a = _all_pairs(name)
+    theirs = ns["pack_uint4"](torch.from_numpy(np.ascontiguousarray(a.view(np.uint8))))
+    np.testing.assert_array_equal(kernels.pack_nibbles(a), theirs.numpy())
+
+
+@pytest.mark.parametrize("name", kernels.NIBBLE_DTYPES + ("uint8",))
+def test_unpack_inverts_pack(name):
+    a = _all_pairs("uint4").view(np.uint8)
+    a = a if name == "uint8" else a.view(_dt(name))
+    a = np.broadcast_to(a, (3, 16, 32))[:, ::2]  # not contiguous: packed through a copy
+    packed = kernels.pack_nibbles(a)
+    assert packed.shape == (3, 8, 16) and packed.dtype == np.uint8
+    back = kernels.unpack_nibbles(packed, name)
+    assert back.shape == a.shape and back.dtype == a.dtype
+    np.testing.assert_array_equal(back.view(np.uint8), a.view(np.uint8))
+    out = np.empty((3, 8, 16), np.uint8)
+    assert kernels.pack_nibbles(a, out=out) is out
+
+
+def _doc_row(name: str) -> str:
+    """docs/kernels.md's row for a float dtype, from what the kernels do."""
+    f = kernels.FORMATS[name]
+    big = kernels._largest(name)
+    x = np.array([big * 1.75, -big * 1.75, np.inf, -np.inf, np.nan, -np.nan, -0.0, -1e-30], dtype=np.float32)
+    p = kernels.to_dtype(x, name).view(np.uint8)
+    s = kernels.to_dtype(x, name, saturate=True).view(np.uint8)
+
+    def h(*v):
+        return " / ".join(f"0x{int(b):02X}" for b in v)
+
+    return (f"| {name} | {f.ebits}/{f.mbits}/{f.bias} | {big:g} | {h(p[0], p[1])} | {h(p[2], p[3])} | "
+            f"{h(p[4], p[5])} | {h(p[6])} | {h(p[7])} | {h(s[0], s[1])} | {h(s[2], s[3])} | {h(s[4], s[5])} |")
+
+
+def test_the_docs_table_is_what_the_kernels_do():
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "kernels.md"), encoding="utf-8") as f:
+        doc = f.read()
+    missing = [_doc_row(n) for n in FLOATS if _doc_row(n) not in doc]
+    assert not missing, "docs/kernels.md's table differs; the rows now:\n" + "\n".join(missing)
+
+
+def test_how_torchs_own_fp8_casts_relate_to_ours():
+    """docs/kernels.md, "torch differs": torch's CPU .to(float8_e4m3fn) saturates (our
+    saturate=True); e5m2 is ours but for the NaN pattern; the fnuz types are ours."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    u = np.concatenate([rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32),
+                        np.arange(0, 1 << 32, 1 << 14, dtype=np.uint64).astype(np.uint32)])
+    x = u.view(np.float32)
+    nan = np.isnan(x)
+
+    def theirs(name):
+        return torch.from_numpy(x).to(getattr(torch, name)).view(torch.uint8).numpy()
+
+    np.testing.assert_array_equal(theirs("float8_e4m3fn"), kernels.to_dtype(x, "float8_e4m3fn", saturate=True)
+                                  .view(np.uint8))
+    e5m2 = theirs("float8_e5m2")
+    np.testing.assert_array_equal(e5m2[~nan], kernels.to_dtype(x[~nan], "float8_e5m2").view(np.uint8))
+    assert set(e5m2[nan].tolist()) == {0x7F, 0xFF}
+    for name in ("float8_e4m3fnuz", "float8_e5m2fnuz"):
+        np.testing.assert_array_equal(theirs(name), kernels.to_dtype(x, name).view(np.uint8))
