@@ -230,7 +230,7 @@ def _target(dtype, what: str) -> str:
             f"{what}: a cast to {name} needs scales (quantisation), which this cast does not compute; "
             f"choose one of {', '.join(FLOATING)}"
         )
-    if name in dtypes.ALL:
+    if name in dtypes.ROWS:
         raise InvalidArgumentError(
             f"{what}: {name} is not a floating dtype; a cast changes the precision of floating weights "
             f"(integer and bool leaves stay as they are); choose one of {', '.join(FLOATING)}"
@@ -274,7 +274,7 @@ def _describe(x) -> tuple[Any, str, tuple]:
 
 
 def _nbytes(x, shape, name: str) -> int:
-    if name in dtypes.ALL:
+    if name in dtypes.ROWS:
         return math.prod(shape) * dtypes.itemsize(name)
     n = getattr(x, "nbytes", None)  # a dtype the bridge does not carry: as the framework says
     return int(n) if isinstance(n, int) else 0
@@ -286,13 +286,14 @@ def _is_floating(name: str) -> bool:
 
 def _narrow_float(name: str) -> bool:
     """An fp8 / fp6 / fp4 row of the dtype table (a carried float that is no cast target)."""
-    return name in dtypes.ALL and name.startswith("float") and name not in FLOATING
+    row = dtypes.ROWS.get(name)
+    return row is not None and row.kind == "float" and name not in FLOATING
 
 
 def _skip_why(name: str) -> str:
     if _narrow_float(name):
         return "a quantised float: its values need their scales; cast it with them"
-    return "not floating" if name in dtypes.ALL else "a dtype bf16bridge does not carry"
+    return "not floating" if name in dtypes.ROWS else "a dtype bf16bridge does not carry"
 
 
 def _label(path, wrapper_path: str | None) -> str:

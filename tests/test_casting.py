@@ -428,7 +428,9 @@ def test_report_str_stays_short_for_a_large_model():
     ("bool", "bool is not a floating dtype"),
     (np.int32, "int32 is not a floating dtype"),
     (object(), "is not a dtype name bf16bridge knows"),
-    ("float8_e4m3fn", "float8_e4m3fn"),  # fp8 needs scales (or, where the table has no fp8, is unknown)
+    ("float8_e4m3fn", "a cast to float8_e4m3fn needs scales (quantisation)"),
+    (ml_dtypes.float8_e5m2, "a cast to float8_e5m2 needs scales"),
+    ("int4", "int4 is not a floating dtype"),
 ])
 def test_bad_target_dtype(dtype, says):
     for call in (bb.cast_tree, bb.cast_module):
@@ -442,6 +444,7 @@ def test_quantised_float_leaves_are_skipped():
     w8 = torch.ones(4).to(torch.float8_e4m3fn)
     out, report = bb.cast_tree({"w8": w8, "scale": torch.ones(1)}, "bfloat16")
     assert out["w8"] is w8 and [r.action for r in report.leaves] == ["skipped", "cast"]
+    assert report.leaves[0].why.startswith("a quantised float") and report.leaves[0].nbytes_before == 4
 
 
 def test_numpy_dtype_objects_are_taken():
