@@ -664,3 +664,27 @@ def test_cast_module_copy_hooks_keep_types_and_grads():
     other = _block_model()
     bb.cast_module(other, "float16", keep_types=[torch.nn.Embedding])
     assert other.wte.weight.dtype == torch.float32 and other.ln_f.weight.dtype == torch.float16
+
+
+def test_hooks_cast_keyword_inputs_and_nested_outputs():
+    torch = fw("torch")
+    nn = torch.nn
+    seen = []
+
+    class ResidualLayerNorm(nn.Module):  # kept by its class name; takes a keyword, returns a dict
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(4)
+
+        def forward(self, x, *, residual=None, scale=2):
+            seen.append((x.dtype, residual.dtype, scale))
+            y = self.norm(x + residual)
+            return {"out": y, "stats": (y.mean(-1), torch.ones(1, dtype=torch.int64)), "scale": scale}
+
+    model = ResidualLayerNorm()
+    bb.cast_module(model, "bfloat16")
+    x = torch.randn(2, 4).bfloat16()
+    out = model(x, residual=x, scale=3)
+    assert seen == [(torch.float32, torch.float32, 3)]
+    assert out["out"].dtype == torch.bfloat16 and out["stats"][0].dtype == torch.bfloat16
+    assert out["stats"][1].dtype == torch.int64 and out["scale"] == 3

@@ -362,15 +362,24 @@ class TorchAdapter(Adapter):
             m.register_forward_hook(_CastOutputs(_TO_TORCH[output]))
 
 
+def _cast_one(x, dtype):
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        return x.to(dtype)
+    return x
+
+
 def _cast_floating(tree, dtype):
+    # runs on every forward of a kept module: the usual shapes (a tensor, a tuple of them, no
+    # keywords) without the tree walk
+    if isinstance(tree, torch.Tensor):
+        return _cast_one(tree, dtype)
+    if not tree:
+        return tree
+    if type(tree) is tuple and all(isinstance(x, torch.Tensor) for x in tree):
+        return tuple(_cast_one(x, dtype) for x in tree)
     from .. import trees
 
-    def one(x, path):
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-            return x.to(dtype)
-        return x
-
-    return trees.map_leaves(one, tree)
+    return trees.map_leaves(lambda x, path: _cast_one(x, dtype), tree)
 
 
 class _CastInputs:
