@@ -29,17 +29,18 @@ from .errors import (
 from .registry import framework_of, register_adapter
 
 if TYPE_CHECKING:
-    from . import capabilities, functions, kernels, parity, plans, routes
+    from . import capabilities, casting, functions, kernels, parity, plans, routes
     from .capabilities import Capabilities, Decision, probe
+    from .casting import cast_module, cast_tree
     from .functions import BridgedFunction, bridge
     from .plans import Plan, Step, TreePlan
 
 #: submodules loaded on first use (they import more, or are rarely needed)
-_SUBMODULES = ("adapters", "capabilities", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
+_SUBMODULES = ("adapters", "capabilities", "casting", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
                "plans", "registry", "routes", "trees", "workarounds")
 #: names that live in a lazily loaded submodule
 _LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
-         "Plan": "plans", "Step": "plans", "TreePlan": "plans"}
+         "Plan": "plans", "Step": "plans", "TreePlan": "plans", "cast_module": "casting", "cast_tree": "casting"}
 
 
 def __getattr__(name: str) -> Any:
@@ -65,6 +66,6 @@ __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CopyRequiredError", "CopyTooLargeError",
     "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
-    "BridgedFunction", "aligned_empty", "bridge", "convert", "convert_tree", "framework_of", "plan", "plan_tree", "probe", "register_adapter", "to_jax",
+    "BridgedFunction", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_tree", "framework_of", "plan", "plan_tree", "probe", "register_adapter", "to_jax",
     "to_numpy", "to_tensorflow", "to_torch",
 ]

@@ -7,6 +7,7 @@ framework at the top: it is imported only when first used.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
@@ -74,6 +75,18 @@ class Handoff(NamedTuple):
     layouts: int = NEGATIVE
     #: a copy it makes is ALIGN-aligned (False: numpy.array's own allocation, which is not)
     copies_aligned: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Submodule:
+    """One module of a model, for ``bf16bridge.casting.cast_module``: its dotted name ("" for
+    the model itself), the names of its class and bases, those classes, and its own tensors
+    (parameters and buffers, not its children's) as (name, tensor) pairs."""
+
+    name: str
+    type_names: tuple[str, ...]
+    classes: tuple[type, ...]
+    leaves: tuple[tuple[str, Any], ...]
 
 
 class Adapter:
@@ -315,6 +328,25 @@ class Adapter:
         autodiff; returns (outputs, pullback) where ``pullback(cotangents)`` (one per output,
         None for none) gives one gradient per input leaf, None where ``diff`` is False."""
         raise NotImplementedError(f"{self.name} has no autodiff")
+
+    # -- casting models, for bf16bridge.casting (bb.cast_module) ----------------------------------
+    def submodules(self, model) -> list[Submodule] | None:
+        """Every module of a model object of this framework (torch: an ``nn.Module``), each once,
+        parents before children, in the model's own order; None for anything else."""
+        return None
+
+    def same_data(self, x) -> object:
+        """A hashable key equal for two tensors that are the same data (the same memory, shape,
+        strides and dtype), so a cast of a tree keeps tied weights tied. Default: ``id(x)``
+        (override where distinct objects view the same memory: a torch state dict's tied weights)."""
+        return id(x)
+
+    def cast_module(self, model, plan: dict, hooks: list) -> None:
+        """Cast, in place, the tensors of ``model`` whose ``id()`` is in ``plan`` to the dtype
+        named there (their gradients too); leave the others. ``hooks``: (module name, input
+        dtype, output dtype): forward hooks that cast that module's floating inputs and outputs
+        (replacing hooks an earlier call installed)."""
+        raise NotImplementedError(f"{self.name} has no model objects to cast")
 
 
 def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:

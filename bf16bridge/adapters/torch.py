@@ -10,7 +10,7 @@ import torch
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, cast_matches, layout_of
+from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, cast_matches, layout_of
 
 versions.require("torch", torch.__version__)
 
@@ -321,6 +321,98 @@ class TorchAdapter(Adapter):
             return [next(grads) if d else None for d in diff]
 
         return outs, pullback
+
+    # -- casting models --------------------------------------------------------------------
+    def submodules(self, model):
+        if not isinstance(model, torch.nn.Module):
+            return None
+        out = []
+        for name, m in model.named_modules():
+            leaves = tuple((n, t) for n, t in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)))
+            classes = type(m).__mro__
+            out.append(Submodule(name, tuple(c.__name__ for c in classes), classes, leaves))
+        return out
+
+    def same_data(self, x):
+        # state_dict() hands tied weights as two tensors over one storage
+        if x.layout is not torch.strided or x.is_nested or x.device.type == "meta":
+            return id(x)
+        return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
+
+    def cast_module(self, model, plan, hooks):
+        to = {}
+        for m in model.modules():
+            for p in m.parameters(recurse=False):
+                if id(p) in plan and p.grad is not None:
+                    to[id(p.grad)] = _TO_TORCH[plan[id(p)]]  # a gradient follows its parameter
+        to.update({k: _TO_TORCH[v] for k, v in plan.items()})
+
+        def fn(t):
+            dt = to.get(id(t))
+            return t if dt is None else t.to(dt)
+
+        # Module._apply is what Module.to runs: parameters keep their identity (optimizers
+        # still hold them), and modules that keep derived state (RNN's flat weights) redo it
+        model._apply(fn)
+        for m in model.modules():
+            _remove_cast_hooks(m)
+        for name, compute, output in hooks:
+            m = model.get_submodule(name)
+            m.register_forward_pre_hook(_CastInputs(_TO_TORCH[compute]), with_kwargs=True)
+            m.register_forward_hook(_CastOutputs(_TO_TORCH[output]))
+
+
+def _cast_one(x, dtype):
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        return x.to(dtype)
+    return x
+
+
+def _cast_floating(tree, dtype):
+    # runs on every forward of a kept module: the usual shapes (a tensor, a tuple of them, no
+    # keywords) without the tree walk
+    if isinstance(tree, torch.Tensor):
+        return _cast_one(tree, dtype)
+    if not tree:
+        return tree
+    if type(tree) is tuple and all(isinstance(x, torch.Tensor) for x in tree):
+        return tuple(_cast_one(x, dtype) for x in tree)
+    from .. import trees
+
+    return trees.map_leaves(lambda x, path: _cast_one(x, dtype), tree)
+
+
+class _CastInputs:
+    """Forward pre-hook of a module cast_module kept: its floating inputs to its own dtype."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, module, args, kwargs):
+        return _cast_floating(args, self.dtype), _cast_floating(kwargs, self.dtype)
+
+
+class _CastOutputs:
+    """Forward hook of a module cast_module kept: its floating outputs to the model's dtype."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, module, args, output):
+        return _cast_floating(output, self.dtype)
+
+
+def _remove_cast_hooks(m):
+    # the hooks an earlier cast_module installed (found by their class: a handle would not
+    # survive a deepcopy of the model)
+    for hooks, extras in ((m._forward_pre_hooks, (getattr(m, "_forward_pre_hooks_with_kwargs", {}),)),
+                          (m._forward_hooks, (getattr(m, "_forward_hooks_with_kwargs", {}),
+                                              getattr(m, "_forward_hooks_always_called", {})))):
+        for k, v in list(hooks.items()):
+            if isinstance(v, (_CastInputs, _CastOutputs)):
+                del hooks[k]
+                for extra in extras:
+                    extra.pop(k, None)
 
 
 class _Foreign(torch.autograd.Function):

@@ -1,0 +1,690 @@
+"""cast_tree and cast_module: floating weights to a lower precision in their own framework,
+normalisation layers (and, asked, the head) kept in float32, by name for trees and by type for
+modules; the cast model still runs; the report says what happened to every leaf."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import bf16bridge as bb
+import strategies  # noqa: F401 - loads the derandomized hypothesis profile
+from bf16bridge.casting import DEFAULT_POLICY, Rule
+from conftest import BF16, FRAMEWORKS, bits, dtype_name, fw, make
+
+# -- rounding, in each framework ----------------------------------------------------------------
+
+#: float32 bit patterns with a known bf16 rounding: ties to even (down and up), above a tie,
+#: subnormals, the largest finite (rounds to inf), inf, -0
+ROUNDING = [
+    (0x3F808000, 0x3F80),  # 1 + 2^-8: a tie, the even neighbour is 1.0
+    (0x3F818000, 0x3F82),  # a tie whose even neighbour is above
+    (0x3F808001, 0x3F81),  # just above a tie
+    (0xBF808001, 0xBF81),
+    (0x00000001, 0x0000),  # the smallest subnormal rounds to zero
+    (0x00400000, 0x0040),  # a subnormal kept (no flush to zero)
+    (0x80400000, 0x8040),
+    (0x007FFFFF, 0x0080),  # the largest subnormal rounds up to the smallest normal
+    (0x7F7FFFFF, 0x7F80),  # the largest finite float32 overflows to inf
+    (0x7F800000, 0x7F80),
+    (0xFF800000, 0xFF80),
+    (0x80000000, 0x8000),
+]
+
+#: what a NaN becomes, by framework and length (2 values, 1024 values: a vectorised loop), for
+#: +NaN and -NaN, as measured here (docs/casting.md): ml_dtypes (numpy) and XLA keep the sign;
+#: torch writes 0xFFFF (FACTS.md saw 0x7FC0 from its scalar code); tensorflow keeps the sign on
+#: a short tensor and drops it in its vectorised loop
+NAN_BITS = {
+    "numpy": {2: {(0x7FC0, 0xFFC0)}, 1024: {(0x7FC0, 0xFFC0)}},
+    "jax": {2: {(0x7FC0, 0xFFC0)}, 1024: {(0x7FC0, 0xFFC0)}},
+    "torch": {2: {(0xFFFF, 0xFFFF), (0x7FC0, 0x7FC0)}, 1024: {(0xFFFF, 0xFFFF)}},
+    "tensorflow": {2: {(0x7FC0, 0xFFC0)}, 1024: {(0x7FC0, 0x7FC0)}},
+}
+
+
+def _f32(u32) -> np.ndarray:
+    return np.asarray(u32, dtype=np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_float32_rounds_to_nearest_even_in_each_framework(framework):
+    src = _f32([u for u, _ in ROUNDING])
+    out, report = bb.cast_tree({"w": make(framework, src)}, "bfloat16")
+    assert bb.framework_of(out["w"]) == framework and dtype_name(out["w"]) == "bfloat16"
+    np.testing.assert_array_equal(bits(out["w"]), np.array([b for _, b in ROUNDING], np.uint16))
+    assert [r.action for r in report.leaves] == ["cast"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("n", [2, 1024])
+def test_nan_stays_nan_with_each_framework_s_bits(framework, n):
+    src = _f32([0x7FC00000, 0xFFC00000] * (n // 2))
+    out, _ = bb.cast_tree([make(framework, src)], "bfloat16")
+    got = bits(out[0])
+    pair = (int(got[0]), int(got[1]))
+    assert pair in NAN_BITS[framework][n], [hex(b) for b in pair]
+    assert (got[0::2] == pair[0]).all() and (got[1::2] == pair[1]).all()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@given(raw=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=64))
+def test_rounding_matches_ml_dtypes_bit_for_bit(framework, raw):
+    src = _f32(raw)
+    with np.errstate(invalid="ignore"):
+        want = src.astype(ml_dtypes.bfloat16).view(np.uint16)
+    out, _ = bb.cast_tree((make(framework, src),), "bfloat16")
+    got = bits(out[0])
+    nan = np.isnan(src)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert ((got[nan] & 0x7F80) == 0x7F80).all() and (got[nan] & 0x7F).all()  # still NaN
+
+
+@pytest.fixture
+def x64():
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_float64_rounds_twice_like_ml_dtypes_in_every_framework(framework, x64):
+    # 1 + 2^-8 + 2^-30 lies above the bf16 tie 1 + 2^-8: rounded once it is 1 + 2^-7 (0x3F81); every
+    # framework here goes through float32 first (1 + 2^-8 exactly), then ties to even: 1.0 (0x3F80)
+    src = np.array([1 + 2**-8 + 2**-30, -(1 + 2**-8 + 2**-30), 0.1, 1e300], np.float64)
+    with np.errstate(over="ignore"):
+        want = src.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert want[0] == 0x3F80 and want[3] == 0x7F80
+    out, report = bb.cast_tree({"w": make(framework, src)}, "bfloat16")
+    np.testing.assert_array_equal(bits(out["w"]), want)
+    assert report.leaves[0].before == "float64" and report.bytes_before == 32 and report.bytes_after == 8
+
+
+# -- the default policy against real names ---------------------------------------------------------
+
+#: (label, the rule that keeps it; None: cast). Names from the models' own state dicts and
+#: parameter trees: GPT-2, BERT, Llama, ViT (HF and timm), torchvision ResNet, CLIP, T5, flax, Keras.
+REAL_NAMES = [
+    ("transformer.h.0.ln_1.weight", "norm-abbreviation"),
+    ("transformer.h.0.ln_2.bias", "norm-abbreviation"),
+    ("transformer.ln_f.weight", "norm-abbreviation"),
+    ("transformer.h.0.attn.c_attn.weight", None),
+    ("transformer.h.0.mlp.c_fc.weight", None),
+    ("transformer.wte.weight", None),
+    ("lm_head.weight", None),
+    ("bert.embeddings.LayerNorm.weight", "norm"),
+    ("bert.encoder.layer.0.attention.output.LayerNorm.bias", "norm"),
+    ("bert.encoder.layer.0.attention.self.query.weight", None),
+    ("cls.predictions.transform.LayerNorm.gamma", "norm"),
+    ("model.layers.0.input_layernorm.weight", "norm"),
+    ("model.layers.0.post_attention_layernorm.weight", "norm"),
+    ("model.layers.0.self_attn.q_norm.weight", "norm"),
+    ("model.layers.0.self_attn.rotary_emb.inv_freq", "rotary"),
+    ("model.layers.0.mlp.gate_proj.weight", None),
+    ("model.norm.weight", "norm"),
+    ("vit.encoder.layer.0.layernorm_before.weight", "norm"),
+    ("vit.layernorm.bias", "norm"),
+    ("blocks.0.norm1.weight", "norm"),
+    ("fc_norm.weight", "norm"),
+    ("blocks.0.mlp.fc1.weight", None),
+    ("bn1.weight", "norm-abbreviation"),
+    ("layer1.0.bn2.running_mean", "norm-abbreviation"),
+    ("layer1.0.downsample.0.weight", None),
+    ("layer1.0.downsample.1.weight", "batch-norm-layer"),
+    ("layer1.0.downsample.1.running_var", "batch-statistics"),
+    ("layer1.0.conv1.weight", None),
+    ("fc.weight", None),
+    ("visual.ln_pre.weight", "norm-abbreviation"),
+    ("encoder.block.0.layer.0.layer_norm.weight", "norm"),
+    ("params.LayerNorm_0.scale", "norm"),
+    ("params.BatchNorm_0.bias", "norm"),
+    ("batch_stats.BatchNorm_0.var", "norm"),
+    ("params.Dense_0.kernel", None),
+    ("sequential.batch_normalization.moving_variance", "norm"),
+    ("params.kernel_init_scale", None),  # "ln" inside a word is no layer name
+]
+
+
+def test_default_policy_on_real_names():
+    tree = {label: np.zeros(2, np.float32) for label, _ in REAL_NAMES}
+    _, report = bb.cast_tree(tree, "bfloat16")
+    got = {r.path: (r.rule or None) for r in report.leaves}
+    assert got == dict(REAL_NAMES)
+    assert {r.path for r in report.cast} == {label for label, rule in REAL_NAMES if rule is None}
+
+
+#: keep_head=True on real names: (labels, the ones kept as the head, the rule)
+HEADS = [
+    (["transformer.h.0.attn.c_attn.weight", "lm_head.weight"], {"lm_head.weight"}, "head"),
+    (["bert.pooler.dense.weight", "classifier.weight", "classifier.bias"], {"classifier.weight", "classifier.bias"},
+     "head"),
+    (["vit.encoder.layer.0.output.dense.weight", "heads.head.weight"], {"heads.head.weight"}, "head"),
+    (["layer4.1.conv2.weight", "fc.weight", "fc.bias"], {"fc.weight", "fc.bias"}, "head-top-level"),
+    (["layers.0.feed_forward.w1.weight", "output.weight"], {"output.weight"}, "head-top-level"),
+    (["params.Dense_0.kernel", "params.Dense_1.kernel", "params.Dense_1.bias"],
+     {"params.Dense_1.kernel", "params.Dense_1.bias"}, "head (last layer)"),
+    # flax linen: batch_stats come after params; the last layer is the last one the policy does not keep
+    (["params.Dense_0.kernel", "params.BatchNorm_0.scale", "params.Dense_1.kernel", "batch_stats.BatchNorm_0.var"],
+     {"params.Dense_1.kernel", "params.BatchNorm_0.scale", "batch_stats.BatchNorm_0.var"}, None),
+]
+
+
+@pytest.mark.parametrize("labels, head, rule", HEADS)
+def test_keep_head_finds_the_head_by_name_or_as_the_last_layer(labels, head, rule):
+    tree = {label: np.ones(2, np.float32) for label in labels}
+    out, report = bb.cast_tree(tree, "bfloat16", keep_head=True)
+    assert {r.path for r in report.kept} == head
+    if rule is not None:
+        assert {r.rule for r in report.kept} == {rule}
+    else:
+        assert {r.path for r in report.kept if r.rule == "head (last layer)"} == {"params.Dense_1.kernel"}
+    assert all(out[k].dtype == (np.float32 if k in head else BF16) for k in labels)
+    _, plain = bb.cast_tree(tree, "bfloat16")
+    assert not {r.path for r in plain.kept if r.rule.startswith("head")}  # without keep_head, no head
+
+
+# -- trees the frameworks give ------------------------------------------------------------------
+
+def _gpt2_state_dict(n_layer=2, d=8, vocab=11, n_ctx=4):
+    """A GPT-2 shaped torch state dict with the real keys, the causal-mask buffer and the head
+    tied to the token embedding (as Hugging Face's GPT2LMHeadModel.state_dict() gives them)."""
+    torch = fw("torch")
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g)
+
+    sd = {"transformer.wte.weight": w(vocab, d), "transformer.wpe.weight": w(n_ctx, d)}
+    for i in range(n_layer):
+        p = f"transformer.h.{i}."
+        sd.update({
+            p + "ln_1.weight": w(d), p + "ln_1.bias": w(d),
+            p + "attn.bias": torch.tril(torch.ones(n_ctx, n_ctx, dtype=torch.bool)).view(1, 1, n_ctx, n_ctx),
+            p + "attn.c_attn.weight": w(d, 3 * d), p + "attn.c_attn.bias": w(3 * d),
+            p + "attn.c_proj.weight": w(d, d), p + "attn.c_proj.bias": w(d),
+            p + "ln_2.weight": w(d), p + "ln_2.bias": w(d),
+            p + "mlp.c_fc.weight": w(d, 4 * d), p + "mlp.c_fc.bias": w(4 * d),
+            p + "mlp.c_proj.weight": w(4 * d, d), p + "mlp.c_proj.bias": w(d),
+        })
+    sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = w(d), w(d)
+    # state_dict() hands a tied weight as a second tensor over the same storage
+    sd["lm_head.weight"] = sd["transformer.wte.weight"].view(vocab, d)
+    return sd
+
+
+def test_gpt2_state_dict():
+    torch = fw("torch")
+    sd = _gpt2_state_dict()
+    out, report = bb.cast_tree(sd, "bfloat16")
+    assert list(out) == list(sd)
+    kept = {k for k in sd if ".ln_" in k}
+    assert {r.path for r in report.kept} == kept and len(kept) == 10
+    assert {r.path for r in report.skipped} == {"transformer.h.0.attn.bias", "transformer.h.1.attn.bias"}
+    for k, v in out.items():
+        want = sd[k].dtype if k in {r.path for r in report.skipped} else (
+            torch.float32 if k in kept else torch.bfloat16)
+        assert v.dtype == want, k
+        if k in kept or v.dtype == torch.bool:
+            assert v is sd[k]  # kept at float32 / skipped: the same tensor, no copy
+    np.testing.assert_array_equal(bits(out["transformer.h.0.attn.c_attn.weight"]),
+                                  sd["transformer.h.0.attn.c_attn.weight"].numpy().astype(BF16).view(np.uint16))
+    # the tied head stays tied: one cast tensor under both keys
+    assert out["lm_head.weight"] is out["transformer.wte.weight"]
+    # keep_head: the head is kept, and the embedding tied to it with it
+    out, report = bb.cast_tree(sd, "bfloat16", keep_head=True)
+    rows = {r.path: r for r in report.kept}
+    assert rows["lm_head.weight"].rule == "head"
+    assert rows["transformer.wte.weight"].rule == "head" and "same tensor as lm_head.weight" in rows[
+        "transformer.wte.weight"].why
+    assert out["transformer.wte.weight"].dtype == torch.float32
+
+
+def test_flax_linen_variables():
+    import jax
+    import jax.numpy as jnp
+    from flax import linen
+
+    class Net(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            x = linen.Dense(4)(x)
+            x = linen.LayerNorm()(x)
+            x = linen.BatchNorm(use_running_average=True)(x)
+            return linen.Dense(2, name="head")(x)
+
+    variables = Net().init(jax.random.key(0), jnp.ones((1, 3)))
+    out, report = bb.cast_tree(variables, "bfloat16")
+    dts = jax.tree_util.tree_map(lambda a: np.dtype(a.dtype).name, out)
+    assert dts == {
+        "params": {"Dense_0": {"kernel": "bfloat16", "bias": "bfloat16"},
+                   "LayerNorm_0": {"scale": "float32", "bias": "float32"},
+                   "BatchNorm_0": {"scale": "float32", "bias": "float32"},
+                   "head": {"kernel": "bfloat16", "bias": "bfloat16"}},
+        "batch_stats": {"BatchNorm_0": {"mean": "float32", "var": "float32"}},
+    }
+    assert type(out) is type(variables)
+    out, report = bb.cast_tree(variables, "bfloat16", keep_head=True)
+    assert out["params"]["head"]["kernel"].dtype == jnp.float32
+    y = Net().apply(out, jnp.ones((1, 3), jnp.bfloat16))  # the cast parameters still run
+    assert y.shape == (1, 2)
+
+
+def test_flax_nnx_state_keeps_its_variables():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(3, 4, rngs=rngs)
+            self.norm = nnx.LayerNorm(4, rngs=rngs)
+            self.rms = nnx.RMSNorm(4, rngs=rngs)
+
+    state = nnx.state(Net(nnx.Rngs(0)))
+    out, report = bb.cast_tree(state, "bfloat16")
+    assert type(out) is type(state) and isinstance(out["lin"]["kernel"], nnx.Param)
+    assert np.dtype(out["lin"]["kernel"].value.dtype) == BF16
+    assert np.dtype(out["norm"]["scale"].value.dtype) == np.float32
+    assert {r.path for r in report.kept} == {"norm.scale.value", "norm.bias.value", "rms.scale.value"}
+
+
+def test_keras_weights_are_named_by_their_paths():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.LayerNormalization(),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2, name="predictions")])
+    out, report = bb.cast_tree(model.weights, "bfloat16", keep_head=True)
+    rules = {r.path.rpartition(".")[2] + "@" + r.path.split(".")[1]: r.rule for r in report.leaves}
+    assert rules == {
+        "kernel@dense": "", "bias@dense": "",
+        "gamma@layer_normalization": "norm", "beta@layer_normalization": "norm",
+        "gamma@batch_normalization": "norm", "beta@batch_normalization": "norm",
+        "moving_mean@batch_normalization": "norm", "moving_variance@batch_normalization": "norm",
+        "kernel@predictions": "head", "bias@predictions": "head",
+    }
+    assert len(out) == len(model.weights) and dtype_name(out[0]) == "bfloat16"
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_leaves_in_every_framework(framework):
+    tree = {
+        "block": {"ln_1": {"weight": make(framework, np.ones(4, np.float32))},
+                  "proj": (make(framework, np.arange(6, dtype=np.float32).reshape(2, 3)),)},
+        "pair": Pair(make(framework, np.ones(2, np.float32)), make(framework, np.ones(2, np.float16))),
+        "already": make(framework, np.ones(3, BF16)),
+        "steps": make(framework, np.arange(3, dtype=np.int32)),
+        "mask": make(framework, np.array([True, False])),
+        "label": "not a tensor", "lr": 0.1,
+    }
+    out, report = bb.cast_tree(tree, "bfloat16")
+    assert dtype_name(out["block"]["ln_1"]["weight"]) == "float32"
+    assert dtype_name(out["block"]["proj"][0]) == "bfloat16" and type(out["block"]["proj"]) is tuple
+    assert bb.framework_of(out["block"]["proj"][0]) == framework
+    for k in ("already", "steps", "mask"):
+        assert out[k] is tree[k]  # no copy of what needs no cast
+    assert out["label"] == "not a tensor" and out["lr"] == 0.1
+    assert type(out["pair"]) is Pair and dtype_name(out["pair"].b) == "bfloat16"
+    assert {r.path: r.action for r in report.leaves} == {
+        "block.ln_1.weight": "kept", "block.proj.0": "cast", "pair.0": "cast", "pair.1": "cast",
+        "already": "unchanged", "steps": "skipped", "mask": "skipped"}
+    # the input is untouched
+    assert dtype_name(tree["block"]["proj"][0]) == "float32"
+
+
+@pytest.mark.parametrize("target", ["float16", "float32"])
+def test_other_targets_and_kept_leaves_widen_to_float32(target):
+    tree = {"norm": {"scale": np.ones(2, BF16)}, "dense": {"kernel": np.ones((2, 2), BF16)}}
+    out, report = bb.cast_tree(tree, target)
+    assert out["norm"]["scale"].dtype == np.float32  # a bf16 norm is widened (exactly) to float32
+    assert out["dense"]["kernel"].dtype == np.dtype(target)
+    out, report = bb.cast_tree(tree, target, keep_dtype=None)
+    assert out["norm"]["scale"] is tree["norm"]["scale"]  # keep_dtype=None: kept as they are
+
+
+# -- the policy as data -------------------------------------------------------------------------------
+
+def test_policy_is_overridable():
+    tree = {"h.0.ln_1.weight": np.ones(2, np.float32), "h.0.attn.c_attn.weight": np.ones(2, np.float32),
+            "wte.weight": np.ones(2, np.float32)}
+    _, r = bb.cast_tree(tree, "bfloat16", keep=["attn\\.c_attn"])
+    assert {x.path: x.rule for x in r.kept} == {"h.0.ln_1.weight": "norm-abbreviation",
+                                                "h.0.attn.c_attn.weight": "attn\\.c_attn"}
+    _, r = bb.cast_tree(tree, "bfloat16", policy=())
+    assert not r.kept and len(r.cast) == 3
+    mine = Rule("embeddings", r"^wte\.", "embeddings stay exact for our lookup tests")
+    _, r = bb.cast_tree(tree, "bfloat16", policy=[mine])
+    assert [(x.path, x.rule, x.why) for x in r.kept] == [("wte.weight", "embeddings", mine.why)]
+    _, r = bb.cast_tree(tree, "bfloat16", policy=DEFAULT_POLICY + (mine,))
+    assert len(r.kept) == 2
+
+
+def test_every_default_rule_says_why():
+    for rule in DEFAULT_POLICY + bb.casting.HEAD_POLICY + bb.casting.DEFAULT_KEEP_TYPES:
+        assert len(rule.why) > 30 and rule.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT_POLICY[0].pattern = "x"  # type: ignore[misc]
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+def test_report_lists_every_leaf_and_the_bytes():
+    tree = {"ln_f": {"weight": np.ones(10, np.float32)}, "fc": {"weight": np.ones((10, 10), np.float32)},
+            "emb": np.ones(5, BF16), "step": np.array(3, np.int64)}
+    _, report = bb.cast_tree(tree, "bfloat16")
+    assert [(r.path, r.action, r.before, r.after, r.nbytes_before, r.nbytes_after) for r in report.leaves] == [
+        ("ln_f.weight", "kept", "float32", "float32", 40, 40),
+        ("fc.weight", "cast", "float32", "bfloat16", 400, 200),
+        ("emb", "unchanged", "bfloat16", "bfloat16", 10, 10),
+        ("step", "skipped", "int64", "int64", 8, 8),
+    ]
+    assert report.bytes_before == 458 and report.bytes_after == 258
+    assert [r.path for r in report.cast] == ["fc.weight"] and [r.path for r in report.skipped] == ["step"]
+    text = str(report)
+    assert text.splitlines()[0] == "cast to bfloat16: 4 leaves, 458 B -> 258 B"
+    assert "ln_f.weight: kept float32 [norm-abbreviation]" in text
+    assert "fc.weight: cast float32 -> bfloat16" in text and "step: skipped int64 (not floating)" in text
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.dtype = "float16"  # type: ignore[misc]
+
+
+def test_docs_show_every_rule_and_a_real_report():
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "casting.md").read_text(encoding="utf-8")
+    for rule in DEFAULT_POLICY + bb.casting.HEAD_POLICY + bb.casting.DEFAULT_KEEP_TYPES:
+        assert f"| `{rule.name}` |" in doc, rule.name
+    tree = {"ln_f": {"weight": np.ones(10, np.float32)}, "fc": {"weight": np.ones((10, 10), np.float32)},
+            "emb": np.ones(5, BF16), "step": np.array(3, np.int64)}
+    assert "```\n" + str(bb.cast_tree(tree, "bfloat16")[1]) + "\n```" in doc
+    for framework, by_n in NAN_BITS.items():  # the NaN table says what the test measures
+        for n, pairs in by_n.items():
+            assert any(f"{a:#06X}, {b:#06X}".replace("0X", "0x") in doc for a, b in pairs), (framework, n)
+
+
+def test_report_str_stays_short_for_a_large_model():
+    tree = {f"h.{i}.w": np.ones(1, np.float32) for i in range(100)}
+    text = str(bb.cast_tree(tree, "bfloat16")[1])
+    assert "... 60 more (report.leaves lists every one)" in text and len(text.splitlines()) < 50
+
+
+# -- bad input -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, says", [
+    ("bf16", "'bf16' is not a dtype name bf16bridge knows"),
+    ("int8", "int8 is not a floating dtype"),
+    ("bool", "bool is not a floating dtype"),
+    (np.int32, "int32 is not a floating dtype"),
+    (object(), "is not a dtype name bf16bridge knows"),
+    ("float8_e4m3fn", "a cast to float8_e4m3fn needs scales (quantisation)"),
+    (ml_dtypes.float8_e5m2, "a cast to float8_e5m2 needs scales"),
+    ("int4", "int4 is not a floating dtype"),
+])
+def test_bad_target_dtype(dtype, says):
+    for call in (bb.cast_tree, bb.cast_module):
+        with pytest.raises(bb.InvalidArgumentError) as err:
+            call({"w": np.ones(2, np.float32)}, dtype)
+        assert says in str(err.value) and "bfloat16, float16, float32, float64" in str(err.value)
+
+
+def test_quantised_float_leaves_are_skipped():
+    torch = fw("torch")
+    w8 = torch.ones(4).to(torch.float8_e4m3fn)
+    out, report = bb.cast_tree({"w8": w8, "scale": torch.ones(1)}, "bfloat16")
+    assert out["w8"] is w8 and [r.action for r in report.leaves] == ["skipped", "cast"]
+    assert report.leaves[0].why.startswith("a quantised float") and report.leaves[0].nbytes_before == 4
+
+
+def test_numpy_dtype_objects_are_taken():
+    out, _ = bb.cast_tree([np.ones(2, np.float32)], ml_dtypes.bfloat16)
+    assert out[0].dtype == BF16
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"keep": [3]}, "neither a pattern (str) nor a bf16bridge.casting.Rule"),
+    ({"keep": ["("]}, "is not a regular expression"),
+    ({"keep_head": "yes"}, "keep_head must be True or False"),
+    ({"keep_dtype": "int8"}, "int8 is not a floating dtype"),
+])
+def test_bad_arguments(kwargs, says):
+    with pytest.raises(bb.InvalidArgumentError) as err:
+        bb.cast_tree({"w": np.ones(2, np.float32)}, "bfloat16", **kwargs)
+    assert says in str(err.value)
+
+
+def test_cast_module_refuses_what_is_no_model():
+    with pytest.raises(bb.UnsupportedTypeError, match="use cast_tree"):
+        bb.cast_module({"w": np.ones(2, np.float32)}, "bfloat16")
+
+
+def test_import_loads_no_framework():
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        import bf16bridge as bb
+        out, report = bb.cast_tree({"ln_f": {"w": np.ones(2, np.float32)}, "w": np.ones(2, np.float32)}, "bfloat16")
+        print(sorted(m for m in ("torch", "jax", "jaxlib", "tensorflow", "keras") if m in sys.modules), len(report.kept))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] 1"
+
+
+# -- cast_module (torch) ------------------------------------------------------------------------------
+
+def _block_model():
+    """A small GPT-2 style model: token and position embeddings, two pre-norm transformer blocks
+    with LayerNorm, a final LayerNorm and a head tied to the token embedding."""
+    torch = fw("torch")
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(d)
+            self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+            self.ln_2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            h = self.ln_1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.ln_2(x))
+
+    class Tiny(nn.Module):
+        def __init__(self, d=16, vocab=32, n_ctx=8):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(n_ctx, d)
+            self.h = nn.ModuleList([Block(d), Block(d)])
+            self.ln_f = nn.LayerNorm(d)
+            self.lm_head = nn.Linear(d, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight
+
+        def forward(self, ids):
+            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+            for block in self.h:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))
+
+    torch.manual_seed(0)
+    return Tiny().eval()
+
+
+def test_cast_module_keeps_norms_float32_and_still_runs():
+    torch = fw("torch")
+    model = _block_model()
+    ids = torch.randint(0, 32, (2, 8))
+    with torch.no_grad():
+        want = model(ids)
+    params_before = {n: p for n, p in model.named_parameters()}
+    out, report = bb.cast_module(model, "bfloat16")
+    assert out is model  # in place, as Module.to
+    for name, p in model.named_parameters():
+        assert p is params_before[name]  # the same Parameter objects (an optimizer still holds them)
+        assert p.dtype == (torch.float32 if ".ln_" in f".{name}" else torch.bfloat16), name
+    seen = []
+    norm_forward = torch.nn.functional.layer_norm
+
+    def spy(x, *args, **kwargs):  # what the kept LayerNorm computes on
+        seen.append((x.dtype, args[1].dtype))
+        return norm_forward(x, *args, **kwargs)
+
+    model.h[0].mlp[0].register_forward_pre_hook(lambda m, a: seen.append(("linear", a[0].dtype)) and None)
+    torch.nn.functional.layer_norm = spy
+    try:
+        with torch.no_grad():
+            got = model(ids)
+    finally:
+        torch.nn.functional.layer_norm = norm_forward
+    assert got.dtype == torch.bfloat16
+    # every LayerNorm got float32 input and weights; the Linear after one got bf16
+    assert seen.count((torch.float32, torch.float32)) == 5 and ("linear", torch.bfloat16) in seen
+    assert len(seen) == 6
+    err = (got.float() - want).abs().max() / want.abs().max()
+    assert err < 0.05, float(err)
+    assert {r.rule for r in report.kept} == {"type layer-norm"} and len(report.kept) == 10
+    assert any("forward hooks on 5 kept module(s)" in n for n in report.notes)
+
+
+def test_kept_norm_computes_in_float32_on_the_upcast_input():
+    # Intel-style mixed precision: a bf16 Linear, then the LayerNorm in float32 on the exact widening
+    # of its bf16 input, rounded back to bf16 once, then a bf16 Linear; checked bit for bit
+    torch = fw("torch")
+    nn = torch.nn
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    ref = [m.weight.detach().clone() for m in model], [m.bias.detach().clone() for m in model]
+    x = torch.randn(5, 8).to(torch.bfloat16)
+    bb.cast_module(model, "bfloat16")
+    assert model[1].weight.dtype == torch.float32 and model[0].weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        got = model(x)
+        h = torch.nn.functional.linear(x, ref[0][0].bfloat16(), ref[1][0].bfloat16())
+        h = torch.nn.functional.layer_norm(h.float(), (16,), ref[0][1], ref[1][1]).bfloat16()
+        want = torch.nn.functional.linear(h, ref[0][2].bfloat16(), ref[1][2].bfloat16())
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def _rms_model():
+    """Llama's RMSNorm as Hugging Face writes it (a plain Module named LlamaRMSNorm): computes in
+    float32 and returns ``weight * x``, which is float32 when the weight is."""
+    torch = fw("torch")
+    nn = torch.nn
+
+    class LlamaRMSNorm(nn.Module):
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+            self.variance_epsilon = eps
+
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Linear(8, 8), LlamaRMSNorm(8), nn.Linear(8, 8))
+
+
+def test_hooks_are_what_lets_a_kept_norm_feed_a_cast_layer():
+    torch = fw("torch")
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    model, report = bb.cast_module(_rms_model(), "bfloat16", autocast_kept=False)
+    assert model[1].weight.dtype == torch.float32 and report.kept[0].rule == "type rms-norm"
+    with pytest.raises(RuntimeError, match="dtype"):  # float32 out of the norm into a bf16 Linear
+        model(x)
+    model, report = bb.cast_module(_rms_model(), "bfloat16")
+    assert model(x).dtype == torch.bfloat16
+
+
+def test_torch_norm_types_are_kept():
+    torch = fw("torch")
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.GroupNorm(2, 4), nn.InstanceNorm2d(4, affine=True),
+                          nn.LocalResponseNorm(2), nn.Flatten(), nn.LazyLinear(3), nn.RMSNorm(3), nn.LayerNorm(3))
+    x = torch.randn(2, 3, 6, 6)
+    model(x)  # materialise the lazy layer
+    model.eval()
+    bb.cast_module(model, "bfloat16")
+    kept = {type(m).__name__ for m in model if any(t.dtype == torch.float32 for t in m.parameters(recurse=False))}
+    assert kept == {"BatchNorm2d", "GroupNorm", "InstanceNorm2d", "RMSNorm", "LayerNorm"}
+    assert model[1].running_var.dtype == torch.float32 and model[1].num_batches_tracked.dtype == torch.int64
+    assert model[0].weight.dtype == torch.bfloat16
+    assert model(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_cast_module_keep_head():
+    torch = fw("torch")
+    model = _block_model()
+    ids = torch.randint(0, 32, (2, 8))
+    _, report = bb.cast_module(model, "bfloat16", keep_head=True)
+    assert model.lm_head.weight.dtype == torch.float32
+    assert model.wte.weight is model.lm_head.weight  # still tied
+    assert "wte.weight is tied to lm_head.weight: kept in float32 with it" in report.notes
+    assert model(ids).dtype == torch.float32  # the head computes, and returns, float32
+    # no module named like a head: the last Linear
+    nn = torch.nn
+    seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    _, report = bb.cast_module(seq, "bfloat16", keep_head=True)
+    assert {r.path: r.rule for r in report.kept} == {"2.weight": "head (last linear)", "2.bias": "head (last linear)"}
+    assert seq(torch.randn(1, 4).bfloat16()).dtype == torch.float32
+
+
+def test_cast_module_copy_hooks_keep_types_and_grads():
+    torch = fw("torch")
+    model = _block_model()
+    copy, _ = bb.cast_module(model, "bfloat16", inplace=False)
+    assert copy is not model and model.h[0].attn.in_proj_weight.dtype == torch.float32
+    assert not model.h[0].ln_1._forward_hooks  # the original got no hooks
+    # a second cast replaces the hooks of the first rather than adding more
+    bb.cast_module(copy, "bfloat16")
+    assert len(copy.h[0].ln_1._forward_hooks) == 1 and len(copy.h[0].ln_1._forward_pre_hooks) == 1
+    # keep_types: replace the default (nothing kept), or name a class
+    plain = _block_model()
+    plain.h[0].mlp[0].weight.grad = torch.ones_like(plain.h[0].mlp[0].weight)
+    _, report = bb.cast_module(plain, "bfloat16", keep_types=(), keep=[r"attn\.out_proj"])
+    assert plain.h[0].ln_1.weight.dtype == torch.bfloat16
+    assert plain.h[0].mlp[0].weight.grad.dtype == torch.bfloat16  # the gradient follows its parameter
+    assert {r.path for r in report.kept} == {"h.0.attn.out_proj.weight", "h.0.attn.out_proj.bias",
+                                             "h.1.attn.out_proj.weight", "h.1.attn.out_proj.bias"}
+    other = _block_model()
+    bb.cast_module(other, "float16", keep_types=[torch.nn.Embedding])
+    assert other.wte.weight.dtype == torch.float32 and other.ln_f.weight.dtype == torch.float16
+
+
+def test_hooks_cast_keyword_inputs_and_nested_outputs():
+    torch = fw("torch")
+    nn = torch.nn
+    seen = []
+
+    class ResidualLayerNorm(nn.Module):  # kept by its class name; takes a keyword, returns a dict
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(4)
+
+        def forward(self, x, *, residual=None, scale=2):
+            seen.append((x.dtype, residual.dtype, scale))
+            y = self.norm(x + residual)
+            return {"out": y, "stats": (y.mean(-1), torch.ones(1, dtype=torch.int64)), "scale": scale}
+
+    model = ResidualLayerNorm()
+    bb.cast_module(model, "bfloat16")
+    x = torch.randn(2, 4).bfloat16()
+    out = model(x, residual=x, scale=3)
+    assert seen == [(torch.float32, torch.float32, 3)]
+    assert out["out"].dtype == torch.bfloat16 and out["stats"][0].dtype == torch.bfloat16
+    assert out["stats"][1].dtype == torch.int64 and out["scale"] == 3
