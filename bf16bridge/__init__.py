@@ -17,6 +17,7 @@ from .convert import convert, convert_tree, plan, plan_tree, to_jax, to_numpy, t
 from .errors import (
     Bf16BridgeError,
     Bf16BridgeWarning,
+    CheckpointError,
     CopyRequiredError,
     CopyTooLargeError,
     DeviceError,
@@ -29,18 +30,20 @@ from .errors import (
 from .registry import framework_of, register_adapter
 
 if TYPE_CHECKING:
-    from . import capabilities, casting, functions, kernels, parity, plans, routes
+    from . import capabilities, casting, checkpoints, functions, kernels, parity, plans, routes
     from .capabilities import Capabilities, Decision, probe
     from .casting import cast_module, cast_tree
+    from .checkpoints import load, load_for_target, open, save
     from .functions import BridgedFunction, bridge
     from .plans import Plan, Step, TreePlan
 
 #: submodules loaded on first use (they import more, or are rarely needed)
-_SUBMODULES = ("adapters", "capabilities", "casting", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
+_SUBMODULES = ("adapters", "capabilities", "casting", "checkpoints", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
                "plans", "registry", "routes", "trees", "workarounds")
 #: names that live in a lazily loaded submodule
 _LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
-         "Plan": "plans", "Step": "plans", "TreePlan": "plans", "cast_module": "casting", "cast_tree": "casting"}
+         "Plan": "plans", "Step": "plans", "TreePlan": "plans", "cast_module": "casting", "cast_tree": "casting",
+         "save": "checkpoints", "load": "checkpoints", "open": "checkpoints", "load_for_target": "checkpoints"}
 
 
 def __getattr__(name: str) -> Any:
@@ -63,9 +66,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CopyRequiredError", "CopyTooLargeError",
+    "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CheckpointError", "CopyRequiredError", "CopyTooLargeError",
     "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
-    "BridgedFunction", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_tree", "framework_of", "plan", "plan_tree", "probe", "register_adapter", "to_jax",
+    "BridgedFunction", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_tree", "framework_of", "load", "load_for_target", "open", "plan", "plan_tree", "probe",
+    "register_adapter", "save", "to_jax",
     "to_numpy", "to_tensorflow", "to_torch",
 ]
