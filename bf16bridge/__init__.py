@@ -29,17 +29,19 @@ from .errors import (
 from .registry import framework_of, register_adapter
 
 if TYPE_CHECKING:
-    from . import capabilities, functions, kernels, parity, plans, routes
+    from . import capabilities, functions, kernels, parity, plans, routes, shards
     from .capabilities import Capabilities, Decision, probe
     from .functions import BridgedFunction, bridge
     from .plans import Plan, Step, TreePlan
+    from .shards import Shard, convert_shards, from_shards
 
 #: submodules loaded on first use (they import more, or are rarely needed)
 _SUBMODULES = ("adapters", "capabilities", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
-               "plans", "registry", "routes", "trees", "workarounds")
+               "plans", "registry", "routes", "shards", "trees", "workarounds")
 #: names that live in a lazily loaded submodule
 _LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
-         "Plan": "plans", "Step": "plans", "TreePlan": "plans"}
+         "Plan": "plans", "Step": "plans", "TreePlan": "plans",
+         "convert_shards": "shards", "from_shards": "shards", "Shard": "shards"}
 
 
 def __getattr__(name: str) -> Any:
@@ -66,5 +68,5 @@ __all__ = [
     "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
     "BridgedFunction", "aligned_empty", "bridge", "convert", "convert_tree", "framework_of", "plan", "plan_tree", "probe", "register_adapter", "to_jax",
-    "to_numpy", "to_tensorflow", "to_torch",
+    "to_numpy", "to_tensorflow", "to_torch", "convert_shards", "from_shards", "Shard",
 ]
