@@ -145,6 +145,19 @@ def test_shard_is_frozen_and_compares_by_identity():
     assert s == s and s != _one_shard("torch")  # never compares tensors elementwise
 
 
+def test_a_mesh_of_one_device_is_a_sharding():
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    u16 = np.arange(32, dtype=np.uint16).reshape(4, 8)
+    x = jax.device_put(u16.view(BF16), NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec("x")))
+    (s,) = bb.convert_shards(x, "numpy")
+    assert s.index == (slice(0, 4), slice(0, 8)) and s.device == "cpu:0" and s.replica == 0
+    assert ptr(s.tensor) == ptr(x) and bits(s.tensor).tolist() == u16.tolist()
+    y = bb.from_shards([s], "jax", sharding=x.sharding, copy=False)
+    assert ptr(y.addressable_shards[0].data) == ptr(x)
+
+
 def test_import_loads_no_framework():
     code = """
         import sys
@@ -173,7 +186,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 29
+EIGHT_DEVICE_TESTS = 30
 
 
 def test_eight_jax_devices_in_a_child():
@@ -360,6 +373,15 @@ if CHILD == "jax8":
             uneven = NamedSharding(jax.make_mesh((8,), ("x",)), PartitionSpec("x"))
             with pytest.raises(InvalidArgumentError, match="cannot lay out"):
                 bb.from_shards(got, "jax", sharding=uneven, shape=(60,))
+
+        def test_benchmark_runs_quick(self):
+            from benchmarks import shards as bench
+
+            got = bench.run(quick=True, log=lambda s: None)
+            assert got["shards"] == 8 and got["nbytes"] == bench.SIZE["quick"]
+            assert set(got["ratios"]) == {"convert_shards / hand_loop", "np_asarray / convert_shards",
+                                          "np_asarray / memcpy", "from_shards / hand_assemble"}
+            assert all(v > 0 for v in got["ratios"].values())
 
         @settings(max_examples=25)
         @given(_layouts(), st.integers(0, 2**32 - 1))

@@ -215,8 +215,10 @@ class JaxAdapter(Adapter):
     assembles = True
 
     def local_shards(self, x):
-        if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array) or len(x.sharding.device_set) == 1:
+        if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array):
             return None
+        if len(x.sharding.device_set) == 1 and not isinstance(x.sharding, jax.sharding.NamedSharding):
+            return None  # one device, no mesh (a mesh of one device is a sharding all the same)
         if x.is_deleted():
             raise UnsupportedTypeError("this jax array was deleted (donated); it has no data to move")
         shape = tuple(x.shape)
@@ -248,8 +250,20 @@ class JaxAdapter(Adapter):
                     f"the sharding puts {_show(index)} on {_device_name(dev)}, but no shard given holds it "
                     f"(they hold {', '.join(sorted({_show(i) for i, _, _ in pieces})) or 'nothing'}); pass the "
                     "shards of this process, or the sharding they came from")
-            arrays.append(_onto(got, dev, copy, on_alias, index))
-        return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+            arrays.append((dev, index, _onto(got, dev, copy, on_alias, index)))
+        # host buffers go onto their cpu devices in one call (one per shard costs twice as much)
+        host = [i for i, (_, _, a) in enumerate(arrays) if isinstance(a, np.ndarray)]
+        if host:
+            put = jax.device_put([arrays[i][2] for i in host], [arrays[i][0] for i in host])
+            for i, y in zip(host, put):
+                dev, index, a = arrays[i]
+                y.block_until_ready()
+                if copy is False and a.size and a.__array_interface__["data"][0] != y.unsafe_buffer_pointer():
+                    raise CopyRequiredError(
+                        f"copy=False, but the shard {_show(index)} must be copied onto {_device_name(dev)} "
+                        "(its buffer is not 64-byte aligned, or not contiguous); pass copy=None to allow it")
+                arrays[i] = (dev, index, y)
+        return jax.make_array_from_single_device_arrays(shape, sharding, [a for _, _, a in arrays])
 
 
 def _foreign_fn(call, leaves, shape_dtype):
@@ -374,8 +388,9 @@ def _sharding(layout, shape):
 
 
 def _onto(candidates, dev, copy, on_alias, index):
-    """One of ``candidates`` (tensors of one global index, any framework) as a jax array on ``dev``,
-    without a copy where the route allows; CopyRequiredError under copy=False otherwise."""
+    """One of ``candidates`` (tensors of one global index, any framework) for ``dev``: a jax array
+    there, or, for a cpu device, a host numpy array for ``device_put`` to take (without a copy
+    when aligned); CopyRequiredError under copy=False where it must copy."""
     from ..convert import convert  # the bridge's own routes (adapters load before convert is needed)
 
     for _, t in candidates:
@@ -384,21 +399,13 @@ def _onto(candidates, dev, copy, on_alias, index):
     # the one that came from this device, else any (host memory is shared by all cpu devices)
     t = next((t for d, t in candidates if d == _device_name(dev)), candidates[0][1])
     if dev.platform == "cpu":
-        # host memory: any cpu device reads it, and device_put takes an aligned buffer as it is
-        a = convert(t, "numpy", copy=copy, on_alias="allow")
-        y = jax.device_put(a, dev)
-        y.block_until_ready()
-        copied = a.size > 0 and a.__array_interface__["data"][0] != y.unsafe_buffer_pointer()
-        why = "its buffer is not 64-byte aligned, or not contiguous"
-    else:
-        y = convert(t, "jax", copy=copy, on_alias=on_alias)  # DLPack keeps the device
-        copied = y.sharding.device_set != {dev}
-        if copied:
-            y = jax.device_put(y, dev)
-        why = "it lives on another device"
-    if copied and copy is False:
-        raise CopyRequiredError(f"copy=False, but the shard {_show(index)} must be copied onto {_device_name(dev)} "
-                                f"({why}); pass copy=None to allow it")
+        return convert(t, "numpy", copy=copy, on_alias="allow")
+    y = convert(t, "jax", copy=copy, on_alias=on_alias)  # DLPack keeps the device
+    if y.sharding.device_set != {dev}:
+        if copy is False:
+            raise CopyRequiredError(f"copy=False, but the shard {_show(index)} must be copied onto "
+                                    f"{_device_name(dev)} (it lives on another device); pass copy=None to allow it")
+        y = jax.device_put(y, dev)
     return y
 
 
