@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 import bf16bridge as bb  # noqa: E402
 
+from .functions import _code  # noqa: E402
 from .harness import MiB, machine, measure, memcpy_floor, peak_extra_bytes, sample  # noqa: E402
 
 SIZE = {"full": 256 * MiB, "quick": 1 * MiB}
@@ -111,7 +112,7 @@ def run(quick: bool, log=print) -> dict:
     peak = {"convert_shards": peak_extra_bytes(bridge), "np_asarray": peak_extra_bytes(gather)}
     log(f"  peak extra memory: {', '.join(f'{k} {v / MiB:.1f} MiB' for k, v in peak.items() if v is not None)}")
     return {
-        "mode": mode, "machine": machine(), "nbytes": nbytes, "shape": list(host.shape), "devices": DEVICES,
+        "mode": mode, "machine": machine(), "code": _code(), "nbytes": nbytes, "shape": list(host.shape), "devices": DEVICES,
         "sharding": "P('x', None) over a mesh of 8 cpu devices", "shards": len(got),
         "times": times, "ratios": ratios, "peak_extra_bytes": peak,
     }

@@ -182,6 +182,8 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     _check(copy, fallback, False, on_alias, on_grad)
     source = registry.framework_of(x)
     target = registry.resolve(to)
+    if as_dtensor is not None and target != "torch":
+        raise InvalidArgumentError(f"as_dtensor makes a torch DTensor: pass to='torch' (got to={to!r})")
     got = registry.get(source).local_shards(x)
     if got is None:
         raise UnsupportedTypeError(
@@ -211,13 +213,10 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     for message, n in pending.items():
         warnings.warn(f"{n} shard{'' if n == 1 else 's'}: {message}", Bf16BridgeWarning,
                       stacklevel=_stacklevel())
-    dtype = None
-    if out:
-        dtype = registry.get(target).shape_dtype(out[0].tensor)[1]
+    # the shards' dtype (a fallback may have widened it); with none here, the source's
+    dtype = registry.get(target).shape_dtype(out[0].tensor)[1] if out else registry.get(source).shape_dtype(x)[1]
     result = Shards(tuple(out), tuple(shape), dtype, layout, source, target)
     if as_dtensor is not None:
-        if target != "torch":
-            raise InvalidArgumentError(f"as_dtensor makes a torch DTensor: pass to='torch' (got to={to!r})")
         return from_shards(result, "torch", sharding=as_dtensor, copy=copy, on_alias=on_alias)
     return result
 

@@ -186,7 +186,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 30
+EIGHT_DEVICE_TESTS = 31
 
 
 def test_eight_jax_devices_in_a_child():
@@ -373,6 +373,16 @@ if CHILD == "jax8":
             uneven = NamedSharding(jax.make_mesh((8,), ("x",)), PartitionSpec("x"))
             with pytest.raises(InvalidArgumentError, match="cannot lay out"):
                 bb.from_shards(got, "jax", sharding=uneven, shape=(60,))
+
+        def test_unreduced_values_are_refused(self):
+            import jax
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            mesh = jax.make_mesh((4, 2), ("x", "y"))
+            x = jax.device_put(np.ones((8, 4), BF16), NamedSharding(mesh, PartitionSpec("x", unreduced={"y"})))
+            assert bb.shards.layout_of(x).partial == ("y",)
+            with pytest.raises(UnsupportedTypeError, match=r"partial sums over mesh axes \('y',\)"):
+                bb.convert_shards(x, "torch")
 
         def test_benchmark_runs_quick(self):
             from benchmarks import shards as bench

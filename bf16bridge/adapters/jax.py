@@ -222,9 +222,12 @@ class JaxAdapter(Adapter):
         if x.is_deleted():
             raise UnsupportedTypeError("this jax array was deleted (donated); it has no data to move")
         shape = tuple(x.shape)
+        layout = _layout(x.sharding, x.ndim)
+        if layout is not None and layout.partial:  # jax has no shard indices for unreduced values
+            return shape, layout, []
         pieces = [(shards.bounds(s.index, shape), _device_name(s.device), s.data, s.replica_id)
                   for s in x.addressable_shards]
-        return shape, _layout(x.sharding, x.ndim), pieces
+        return shape, layout, pieces
 
     def assemble(self, shape, pieces, sharding, layout, copy, on_alias):
         if sharding is None:
