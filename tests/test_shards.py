@@ -186,7 +186,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 31
+EIGHT_DEVICE_TESTS = 33
 
 
 def test_eight_jax_devices_in_a_child():
@@ -326,6 +326,13 @@ if CHILD == "jax8":
         def test_copy_true_copies_every_shard(self):
             x = _sharded(np.arange(64, dtype=np.uint16), (8,), ("x",), (("x",),))
             _check_shards(x, bb.convert_shards(x, "torch", copy=True), "torch", zero_copy=False)
+
+        @pytest.mark.parametrize("via", ["jax", "torch"])
+        def test_from_shards_copy_true_copies_every_shard(self, via):
+            x = _sharded(np.arange(64, dtype=np.uint16), (4, 2), ("x", "y"), (("x",),))
+            y = bb.from_shards(bb.convert_shards(x, via, on_alias="allow"), "jax", sharding=x.sharding, copy=True)
+            _check_back(x, y, same_buffers=False)
+            assert not {ptr(a.data) for a in y.addressable_shards} & {ptr(a.data) for a in x.addressable_shards}
 
         def test_copy_false_refuses_a_shard_that_must_copy(self):
             import torch

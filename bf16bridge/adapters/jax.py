@@ -398,7 +398,7 @@ def _onto(candidates, dev, copy, on_alias, index):
 
     for _, t in candidates:
         if isinstance(t, jax.Array) and t.sharding.device_set == {dev}:
-            return jax.device_put(t, dev, may_alias=False) if copy else t
+            return jnp.array(t, copy=True) if copy else t  # a copy stays on t's device
     # the one that came from this device, else any (host memory is shared by all cpu devices)
     t = next((t for d, t in candidates if d == _device_name(dev)), candidates[0][1])
     if dev.platform == "cpu":
