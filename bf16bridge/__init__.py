@@ -30,20 +30,23 @@ from .errors import (
 from .registry import framework_of, register_adapter
 
 if TYPE_CHECKING:
-    from . import capabilities, casting, checkpoints, functions, kernels, parity, plans, routes
+    from . import capabilities, casting, checkpoints, functions, kernels, parity, plans, routes, shards
     from .capabilities import Capabilities, Decision, probe
     from .casting import cast_module, cast_tree
     from .checkpoints import load, load_for_target, open, save
     from .functions import BridgedFunction, bridge
     from .plans import Plan, Step, TreePlan
+    from .shards import Shard, convert_shards, from_shards
 
 #: submodules loaded on first use (they import more, or are rarely needed)
-_SUBMODULES = ("adapters", "capabilities", "casting", "checkpoints", "cli", "demo", "dtypes", "errors", "functions", "kernels", "parity",
-               "plans", "registry", "routes", "trees", "workarounds")
+_SUBMODULES = ("adapters", "capabilities", "casting", "checkpoints", "cli", "demo", "dtypes", "errors", "functions",
+               "kernels", "parity", "plans", "registry", "routes", "shards", "trees", "workarounds")
 #: names that live in a lazily loaded submodule
-_LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities", "Decision": "capabilities",
-         "Plan": "plans", "Step": "plans", "TreePlan": "plans", "cast_module": "casting", "cast_tree": "casting",
-         "save": "checkpoints", "load": "checkpoints", "open": "checkpoints", "load_for_target": "checkpoints"}
+_LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities",
+         "Decision": "capabilities", "Plan": "plans", "Step": "plans", "TreePlan": "plans",
+         "cast_module": "casting", "cast_tree": "casting",
+         "save": "checkpoints", "load": "checkpoints", "open": "checkpoints", "load_for_target": "checkpoints",
+         "convert_shards": "shards", "from_shards": "shards", "Shard": "shards"}
 
 
 def __getattr__(name: str) -> Any:
@@ -69,7 +72,7 @@ __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CheckpointError", "CopyRequiredError", "CopyTooLargeError",
     "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InvalidArgumentError", "Plan", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
-    "BridgedFunction", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_tree", "framework_of", "load", "load_for_target", "open", "plan", "plan_tree", "probe",
-    "register_adapter", "save", "to_jax",
-    "to_numpy", "to_tensorflow", "to_torch",
+    "BridgedFunction", "Shard", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_shards",
+    "convert_tree", "framework_of", "from_shards", "load", "load_for_target", "open", "plan", "plan_tree", "probe",
+    "register_adapter", "save", "to_jax", "to_numpy", "to_tensorflow", "to_torch",
 ]

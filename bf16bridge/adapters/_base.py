@@ -348,6 +348,26 @@ class Adapter:
         (replacing hooks an earlier call installed)."""
         raise NotImplementedError(f"{self.name} has no model objects to cast")
 
+    # -- sharded tensors, for bf16bridge.shards ---------------------------------------------------
+    #: builds its own sharded tensor from shards (``assemble``): jax arrays, torch DTensors
+    assembles: ClassVar[bool] = False
+
+    def local_shards(self, x):
+        """For a sharded tensor of this framework: ``(global shape, layout, pieces)``, with the
+        ``shards.Layout`` (None where the sharding is no mesh) and, for each shard this process
+        holds, ``(index, device, tensor, replica)``: its global index as slices with explicit
+        bounds (``shards.bounds``), its device as a string, the single-device tensor holding it
+        (no copy), its replica number (0: the first holder of that index). None for a tensor that
+        is not sharded (the default)."""
+        return None
+
+    def assemble(self, shape: tuple, pieces: list, sharding, layout, copy: bool | None, on_alias: str):
+        """A sharded tensor of this framework of global ``shape`` from ``pieces`` (``(index,
+        device, tensor)``, tensors of any framework), laid out as ``sharding`` (this framework's own
+        object) or, when it is None, as ``layout``; each piece taken without a copy where the
+        route allows, refused under ``copy=False`` otherwise. Offered where ``assembles``."""
+        raise NotImplementedError(f"{self.name} has no sharded tensor type")
+
 
 def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
     """Whether ``run`` (a framework's own conversion, given and returning numpy arrays) keeps

@@ -12,6 +12,12 @@ from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, cast_matches, layout_of
 
+# for sharded tensors (bf16bridge.shards)
+import sys
+
+from .. import shards
+from ..errors import DeviceError, InvalidArgumentError
+
 versions.require("torch", torch.__version__)
 
 
@@ -415,6 +421,76 @@ def _remove_cast_hooks(m):
                     extra.pop(k, None)
 
 
+    # -- sharded tensors (DTensor), for bf16bridge.shards ---------------------------------------------
+    assembles = True
+
+    def local_shards(self, x):
+        dt = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
+        if dt is None or not isinstance(x, dt.DTensor):
+            return None
+        mesh = x.device_mesh
+        kinds = tuple(_kind(p) for p in x.placements)
+        shape = tuple(x.shape)
+        layout = _dtensor_layout(mesh, kinds, len(shape))
+        coord = mesh.get_coordinate()
+        if coord is None:  # this rank is not in the tensor's mesh: it holds nothing
+            return shape, layout, []
+        local = x.to_local()
+        device = local.device.type if local.device.type == "cpu" else str(local.device)
+        return shape, layout, [(_local_index(shape, tuple(mesh.shape), kinds, coord), device, local,
+                                _replica(tuple(mesh.shape), kinds, coord))]
+
+    def assemble(self, shape, pieces, sharding, layout, copy, on_alias):
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor
+
+        from ..convert import convert
+
+        mesh, placements = (sharding if isinstance(sharding, tuple) and len(sharding) == 2 else (sharding, None))
+        if not isinstance(mesh, DeviceMesh):
+            raise InvalidArgumentError(
+                "a torch DTensor needs a torch DeviceMesh: pass sharding=mesh or sharding=(mesh, placements) "
+                f"(convert_shards: as_dtensor=mesh); got {type(mesh).__name__}")
+        if placements is None:
+            if layout is None:
+                raise InvalidArgumentError("these shards carry no mesh layout: pass sharding=(mesh, placements)")
+            if tuple(mesh.shape) != tuple(layout.mesh_shape):
+                raise InvalidArgumentError(
+                    f"the DeviceMesh has shape {tuple(mesh.shape)}; the shards' layout is over a mesh "
+                    f"{dict(zip(layout.mesh_axes, layout.mesh_shape))}: build a mesh of that shape")
+            placements = tuple(_placement(kind, dim) for kind, dim in layout.placements())
+        kinds = tuple(_kind(p) for p in placements)
+        if any(k == "partial" for k, _ in kinds):
+            raise UnsupportedTypeError("a Partial placement holds partial sums, not shards of one array: "
+                                       "use Shard(d) or Replicate()")
+        coord = mesh.get_coordinate()
+        if coord is None:
+            raise InvalidArgumentError("this process is not in the DeviceMesh: it holds no part of a DTensor over it")
+        index = _local_index(tuple(shape), tuple(mesh.shape), kinds, coord)
+        def span(index):
+            return tuple((s.start, s.stop) for s in index)
+
+        held = {span(i) for i, _, _ in pieces}
+        if len(held) > 1:
+            raise InvalidArgumentError(
+                f"a DTensor holds one local tensor per rank; these shards hold {len(held)} different parts "
+                f"({', '.join(sorted({_show(i) for i, _, _ in pieces}))}): one process must hold one part (a jax "
+                "array over one device per process), or build one local tensor yourself (a copy)")
+        mine = [t for i, _, t in pieces if span(i) == span(index)]
+        if not mine:
+            raise InvalidArgumentError(
+                f"this rank's place {tuple(coord)} in the mesh holds {_show(index)}, but the shards given hold "
+                f"{', '.join(sorted({_show(i) for i, _, _ in pieces})) or 'nothing'}: order the mesh's ranks as the "
+                "source's devices are ordered")
+        t = convert(mine[0], "torch", copy=copy, on_alias=on_alias)
+        if t.device.type != mesh.device_type:
+            raise DeviceError(
+                f"this rank's shard is on {t.device}, and the DeviceMesh is over {mesh.device_type!r} devices: "
+                f"move the shards to {mesh.device_type} first, or build the mesh over {t.device.type!r}")
+        return DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(shape),
+                                  stride=_row_major(shape))
+
+
 class _Foreign(torch.autograd.Function):
     """A bridged function's call as one torch op: its backward is the callee's vjp."""
 
@@ -429,6 +505,69 @@ class _Foreign(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *cts):
         return (None, *ctx.call.backward(ctx.pullback, list(cts), "torch"))
+
+
+def _kind(p) -> tuple[str, int | None]:
+    """A DTensor placement as data: ("shard", dim), ("replicate", None) or ("partial", None)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor import placement_types
+
+    strided = getattr(placement_types, "_StridedShard", None)
+    if strided is not None and isinstance(p, strided):
+        raise UnsupportedTypeError(
+            f"the DTensor placement {p!r} (a strided shard, as FSDP with tensor parallelism makes) has no "
+            "jax sharding: redistribute to Shard(d) / Replicate() placements first")
+    if isinstance(p, Shard):
+        return "shard", p.dim
+    if isinstance(p, Replicate):
+        return "replicate", None
+    if isinstance(p, Partial):
+        return "partial", None
+    raise UnsupportedTypeError(f"the DTensor placement {p!r} is not mapped; Shard(d), Replicate() and Partial() are")
+
+
+def _placement(kind, dim):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    return Shard(dim) if kind == "shard" else Replicate() if kind == "replicate" else Partial()
+
+
+def _dtensor_layout(mesh, kinds, ndim):
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    ranks = tuple(f"rank:{r}" for r in mesh.mesh.flatten().tolist())
+    return shards.Layout.from_placements(tuple(names), tuple(mesh.shape), kinds, ndim, ranks)
+
+
+def _local_index(shape, mesh_shape, kinds, coord) -> tuple:
+    """The global slices the rank at mesh coordinate ``coord`` holds, as DTensor cuts them: each
+    Shard(d), in mesh order, cuts what is left of dimension d into chunks of ceil(n / k), the
+    last ones shorter or empty (torch.chunk); an empty part starts at the dimension's end, as
+    torch's own offsets say."""
+    start, size = [0] * len(shape), list(shape)
+    for (kind, dim), k, c in zip(kinds, mesh_shape, coord):
+        if kind != "shard" or dim is None:
+            continue
+        chunk = -(-size[dim] // k)
+        lo = min(c * chunk, size[dim])
+        hi = min(lo + chunk, size[dim])
+        start[dim] += lo
+        size[dim] = hi - lo
+        if size[dim] == 0:
+            start[dim] = shape[dim]
+    return tuple(slice(s, s + n) for s, n in zip(start, size))
+
+
+def _replica(mesh_shape, kinds, coord) -> int:
+    """Which copy of its part this rank holds: its place along the mesh axes that do not shard."""
+    r = 0
+    for (kind, _), k, c in zip(kinds, mesh_shape, coord):
+        if kind != "shard":
+            r = r * k + c
+    return r
+
+
+def _show(index) -> str:
+    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
 
 
 ADAPTER = TorchAdapter()

@@ -1,0 +1,140 @@
+"""python -m benchmarks.shards [--quick] [--out FILE]
+
+A bf16 jax array of 256 MiB sharded over 8 host devices becomes per-shard torch tensors, three
+ways, in one run (issue 12):
+
+- ``bb.convert_shards(x, "torch")``: shard by shard, zero-copy;
+- a hand loop, ``[torch.from_dlpack(s.data) for s in x.addressable_shards]``: zero-copy too,
+  without indices, replicas, checks or the layout: the floor for per-shard work;
+- ``np.asarray(x)``: a gather into one host copy, what most code does (timed on a fresh array
+  over the same buffers each time, since jax keeps an array's host copy once made; the cost of
+  that rewrapping is measured too, as ``rewrap``);
+
+and back: ``bb.from_shards(shards, "jax", sharding=x.sharding)`` against a hand
+``jax.make_array_from_single_device_arrays`` over the shards' buffers. A memcpy of the same bytes
+is measured beside them. Every claim is a ratio of times measured in the same process (the
+machine is shared and noisy); results, with the peak memory each way adds, go to
+benchmarks/results/shards.json (``--quick``: 1 MiB, to benchmarks/results/shards-quick.json).
+
+jax must see 8 devices, so this sets ``XLA_FLAGS`` before it imports jax: run it as its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEVICES = 8
+if "jax" not in sys.modules:  # XLA reads the flag once, when jax starts (run() checks it was read)
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               f"--xla_force_host_platform_device_count={DEVICES}").strip()
+
+import numpy as np  # noqa: E402
+
+import bf16bridge as bb  # noqa: E402
+
+from .functions import _code  # noqa: E402
+from .harness import MiB, machine, measure, memcpy_floor, peak_extra_bytes, sample  # noqa: E402
+
+SIZE = {"full": 256 * MiB, "quick": 1 * MiB}
+
+
+def _ratio(a: dict, b: dict) -> float:
+    return a["median"] / b["median"]
+
+
+def run(quick: bool, log=print) -> dict:
+    import jax
+    import torch
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if len(jax.devices()) != DEVICES:
+        raise SystemExit(f"jax sees {len(jax.devices())} devices, not {DEVICES}: jax was imported before "
+                         "benchmarks.shards could set XLA_FLAGS; run it as its own process")
+    mode = "quick" if quick else "full"
+    nbytes = SIZE[mode]
+    cols = 16384 if not quick else 512
+    host = sample(nbytes).reshape(-1, cols)
+    mesh = jax.make_mesh((DEVICES,), ("x",))
+    x = jax.device_put(host, NamedSharding(mesh, PartitionSpec("x", None)))
+    x.block_until_ready()
+    log(f"{mode}: a {host.shape} bf16 array ({nbytes / MiB:.0f} MiB) over {DEVICES} devices, P('x', None)")
+
+    def bridge():
+        return bb.convert_shards(x, "torch", on_alias="allow")
+
+    def hand():
+        return [torch.from_dlpack(s.data) for s in x.addressable_shards]
+
+    buffers = [s.data for s in x.addressable_shards]
+
+    def rewrap():
+        return jax.make_array_from_single_device_arrays(x.shape, x.sharding, buffers)
+
+    def gather():
+        # a new array over the same buffers each time: jax keeps an array's host copy once made
+        return np.asarray(rewrap())
+
+    # the work is what it claims: every shard the same buffer, every bit kept
+    got = bridge()
+    for s, a, t in zip(got, x.addressable_shards, hand()):
+        assert s.tensor.data_ptr() == t.data_ptr() == a.data.unsafe_buffer_pointer()
+        assert np.array_equal(s.tensor.view(torch.int16).numpy().view(np.uint16),
+                              np.asarray(host).view(np.uint16)[s.index])
+
+    def back():
+        return bb.from_shards(got, "jax", sharding=x.sharding, copy=False)
+
+    def back_hand():
+        views = [jax.device_put(s.tensor.view(torch.int16).numpy().view(host.dtype), a.device)
+                 for s, a in zip(got, x.addressable_shards)]
+        return jax.make_array_from_single_device_arrays(x.shape, x.sharding, views)
+
+    y = back()
+    assert all(a.data.unsafe_buffer_pointer() == s.tensor.data_ptr() for a, s in zip(y.addressable_shards, got))
+
+    times = {"convert_shards": measure(bridge), "hand_loop": measure(hand), "np_asarray": measure(gather),
+             "rewrap": measure(rewrap),
+             "from_shards": measure(back), "hand_assemble": measure(back_hand), "memcpy": memcpy_floor(nbytes)}
+    for k, v in times.items():
+        log(f"  {k}: median {v['median'] * 1e6:.1f} us (best {v['best'] * 1e6:.1f}, n={v['n']})")
+    ratios = {
+        "convert_shards / hand_loop": _ratio(times["convert_shards"], times["hand_loop"]),
+        "np_asarray / convert_shards": _ratio(times["np_asarray"], times["convert_shards"]),
+        "np_asarray / memcpy": _ratio(times["np_asarray"], times["memcpy"]),
+        "from_shards / hand_assemble": _ratio(times["from_shards"], times["hand_assemble"]),
+    }
+    for k, v in ratios.items():
+        log(f"  {k}: {v:.2f}x")
+    peak = {"convert_shards": peak_extra_bytes(bridge), "np_asarray": peak_extra_bytes(gather)}
+    log(f"  peak extra memory: {', '.join(f'{k} {v / MiB:.1f} MiB' for k, v in peak.items() if v is not None)}")
+    return {
+        "mode": mode, "machine": machine(), "code": _code(), "nbytes": nbytes, "shape": list(host.shape), "devices": DEVICES,
+        "sharding": "P('x', None) over a mesh of 8 cpu devices", "shards": len(got),
+        "times": times, "ratios": ratios, "peak_extra_bytes": peak,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.shards", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 MiB instead of 256 MiB (the smoke test)")
+    ap.add_argument("--out", type=Path, help="the JSON file to write")
+    args = ap.parse_args(argv)
+    name = "shards-quick.json" if args.quick else "shards.json"
+    out = args.out or Path(__file__).resolve().parent / "results" / name
+    result = run(args.quick, log=lambda s: print(s, flush=True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # torch and jax together have crashed at interpreter exit here (docs/FACTS)

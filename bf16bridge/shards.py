@@ -1,0 +1,286 @@
+"""Sharded tensors, shard by shard: a sharded ``jax.Array`` or a torch ``DTensor`` crosses as the
+shards this process holds, each through the ordinary routes (zero-copy where ``convert`` is), with
+its global shape, each shard's global index, and the sharding as data (``Layout``).
+
+Nothing here names a framework: an adapter walks its own sharded type (``Adapter.local_shards``)
+and builds one from shards (``Adapter.assemble``). Nothing is gathered and no process talks to
+another: each converts the shards it holds (docs/sharding.md says why the result is consistent).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+from . import registry
+from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _stacklevel
+from .errors import Bf16BridgeError, Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
+
+#: which shards ``convert_shards`` returns: every shard this process holds, or one per global index
+Replicas = Literal["all", "one"]
+REPLICAS = ("all", "one")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A mesh sharding as plain data, in no framework's types.
+
+    ``mesh_axes``: the mesh's axis names, major first; ``mesh_shape``: their sizes.
+    ``spec``: for each tensor dimension, the mesh axes it is split over (major first), ``()`` for
+    none: jax's ``PartitionSpec`` with every entry a tuple.
+    ``partial``: mesh axes over which the values are partial sums pending a reduction (a DTensor's
+    ``Partial``, jax's unreduced axes); such a tensor does not cross.
+    ``devices``: the mesh's devices in row-major mesh order, as the source names them
+    (jax: ``"cpu:3"``, ``"gpu:0"``; a DTensor's mesh: ``"rank:1"``).
+    """
+
+    mesh_axes: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    spec: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.mesh_axes) != len(self.mesh_shape):
+            raise InvalidArgumentError(f"Layout: {len(self.mesh_axes)} mesh axes {self.mesh_axes} but "
+                                       f"{len(self.mesh_shape)} sizes {self.mesh_shape}")
+        used = [a for axes in self.spec for a in axes] + list(self.partial)
+        unknown = sorted(set(used) - set(self.mesh_axes))
+        if unknown:
+            raise InvalidArgumentError(f"Layout: spec {self.spec} names mesh axes {unknown} the mesh "
+                                       f"{self.mesh_axes} does not have")
+        if len(used) != len(set(used)):
+            raise InvalidArgumentError(f"Layout: a mesh axis is used twice in spec {self.spec} "
+                                       f"(partial {self.partial})")
+
+    def splits(self) -> tuple[int, ...]:
+        """How many pieces each tensor dimension is cut into."""
+        size = dict(zip(self.mesh_axes, self.mesh_shape))
+        out = []
+        for axes in self.spec:
+            n = 1
+            for a in axes:
+                n *= size[a]
+            out.append(n)
+        return tuple(out)
+
+    def placements(self) -> tuple[tuple[str, int | None], ...]:
+        """One entry per mesh axis, as a DTensor's placements are: ``("shard", dim)``,
+        ``("replicate", None)`` or ``("partial", None)``.
+
+        A DTensor splits a dimension over several mesh axes in mesh order only (major first);
+        a spec that orders them otherwise (``P(("y", "x"))`` on a mesh ``("x", "y")``) has no
+        such placements and is refused.
+        """
+        order = {a: i for i, a in enumerate(self.mesh_axes)}
+        out: list[tuple[str, int | None]] = [("replicate", None)] * len(self.mesh_axes)
+        for dim, axes in enumerate(self.spec):
+            if [order[a] for a in axes] != sorted(order[a] for a in axes):
+                raise UnsupportedTypeError(
+                    f"dimension {dim} is split over mesh axes {axes} in an order other than the mesh's "
+                    f"{self.mesh_axes}; DTensor's Shard placements split in mesh order only: reorder the "
+                    "partition spec, or reshard first")
+            for a in axes:
+                out[order[a]] = ("shard", dim)
+        for a in self.partial:
+            out[order[a]] = ("partial", None)
+        return tuple(out)
+
+    @classmethod
+    def from_placements(cls, mesh_axes: Sequence[str], mesh_shape: Sequence[int],
+                        placements: Sequence[tuple[str, int | None]], ndim: int,
+                        devices: Sequence[str] = ()) -> Layout:
+        """The layout of DTensor-style placements (one per mesh axis; see ``placements``)."""
+        if len(placements) != len(mesh_axes):
+            raise InvalidArgumentError(f"{len(placements)} placements for a mesh of {len(mesh_axes)} axes")
+        spec: list[list[str]] = [[] for _ in range(ndim)]
+        partial = []
+        for axis, (kind, dim) in zip(mesh_axes, placements):
+            if kind == "shard":
+                if dim is None or not -ndim <= dim < ndim:
+                    raise InvalidArgumentError(f"placement Shard({dim}) on mesh axis {axis!r} of a {ndim}-d tensor")
+                spec[dim % ndim].append(axis)
+            elif kind == "partial":
+                partial.append(axis)
+            elif kind != "replicate":
+                raise InvalidArgumentError(f"placement kind {kind!r}; choose 'shard', 'replicate' or 'partial'")
+        return cls(tuple(mesh_axes), tuple(mesh_shape), tuple(tuple(s) for s in spec), tuple(partial),
+                   tuple(devices))
+
+
+@dataclass(frozen=True, eq=False)
+class Shard:
+    """One shard: ``tensor`` holds ``global_tensor[index]``.
+
+    ``index``: a tuple of slices with explicit bounds, one per dimension (step None);
+    ``device``: where the source held it, as the source names it (jax ``"cpu:3"``, torch ``"cuda:1"``);
+    ``replica``: 0 for the first holder of this index, 1, 2, ... for the copies of it on other devices.
+    """
+
+    index: tuple[slice, ...]
+    device: str
+    tensor: Any
+    replica: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Shards(Sequence[Shard]):
+    """What ``convert_shards`` returns: the shards this process holds, the global ``shape`` and
+    ``dtype``, the ``layout`` (None where the sharding is no mesh), the framework the shards came
+    from (``source``) and the one their tensors are in now (``framework``). Iterates over the
+    shards; ``from_shards`` takes it back."""
+
+    shards: tuple[Shard, ...]
+    shape: tuple[int, ...]
+    dtype: str | None
+    layout: Layout | None
+    source: str
+    framework: str
+
+    def __iter__(self) -> Iterator[Shard]:
+        return iter(self.shards)
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @overload
+    def __getitem__(self, i: int) -> Shard: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Shard]: ...
+    def __getitem__(self, i):
+        return self.shards[i]
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"{_show(s.index)}@{s.device}" + (f"#{s.replica}" if s.replica else "") for s in self.shards)
+        return (f"Shards({len(self.shards)} of a {self.source} {self.dtype} {self.shape} as {self.framework}: "
+                f"{where}; layout={self.layout})")
+
+
+def _show(index: tuple[slice, ...]) -> str:
+    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
+
+
+def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = None, copy: bool | None = None,
+                   fallback: Fallback = "error", on_alias: OnAlias = "warn",
+                   on_grad: OnGrad = "warn") -> Any:
+    """The shards of sharded tensor ``x`` this process holds, each moved to framework ``to`` as
+    ``convert`` moves a tensor (same keywords; zero-copy where its route is), with each shard's
+    global index and device, the global shape and the layout: a ``Shards``.
+
+    ``x``: a ``jax.Array`` over several devices, or a torch ``DTensor``. ``replicas="one"`` keeps
+    one shard per global index (the replica-0 one) where the sharding replicates.
+    ``as_dtensor=mesh`` (``to="torch"``): a torch ``DTensor`` over that ``DeviceMesh`` instead,
+    built from this process's shard without a copy (``from_shards(..., sharding=mesh)``).
+
+    Each process converts only the shards it holds; nothing is gathered or communicated. A
+    sharding with partial sums (DTensor ``Partial``, jax unreduced axes) is refused: reduce first.
+    """
+    if replicas not in REPLICAS:
+        raise InvalidArgumentError(f"replicas must be one of {', '.join(map(repr, REPLICAS))}; got {replicas!r}")
+    _check(copy, fallback, False, on_alias, on_grad)
+    source = registry.framework_of(x)
+    target = registry.resolve(to)
+    if as_dtensor is not None and target != "torch":
+        raise InvalidArgumentError(f"as_dtensor makes a torch DTensor: pass to='torch' (got to={to!r})")
+    got = registry.get(source).local_shards(x)
+    if got is None:
+        raise UnsupportedTypeError(
+            f"this {source} {type(x).__name__} is not sharded (it lives on one device); "
+            f"use bb.convert(x, to={to!r}) for it (convert_shards takes a jax.Array over several devices "
+            "or a torch DTensor)")
+    shape, layout, pieces = got
+    if layout is not None and layout.partial:
+        raise UnsupportedTypeError(
+            f"this {source} tensor holds partial sums over mesh axes {layout.partial} (a Partial placement, "
+            "or unreduced axes): its shards are not pieces of one array; reduce first (DTensor: "
+            "x.redistribute(placements=[Replicate() or Shard(d) ...]); jax: a reshard that reduces)")
+    if replicas == "one":
+        pieces = [p for p in pieces if p[3] == 0]
+    out: list[Shard] = []
+    pending: dict = {}
+    token = _SAYING.set(pending)  # what every shard would warn, said once
+    try:
+        for index, device, tensor, replica in pieces:
+            try:
+                y = _one(tensor, target, copy, fallback, False, on_alias, on_grad)
+            except Bf16BridgeError as err:
+                raise type(err)(f"the shard {_show(index)} on {device}: {err}") from err
+            out.append(Shard(index, device, y, replica))
+    finally:
+        _SAYING.reset(token)
+    for message, n in pending.items():
+        warnings.warn(f"{n} shard{'' if n == 1 else 's'}: {message}", Bf16BridgeWarning,
+                      stacklevel=_stacklevel())
+    # the shards' dtype (a fallback may have widened it); with none here, the source's
+    dtype = registry.get(target).shape_dtype(out[0].tensor)[1] if out else registry.get(source).shape_dtype(x)[1]
+    result = Shards(tuple(out), tuple(shape), dtype, layout, source, target)
+    if as_dtensor is not None:
+        return from_shards(result, "torch", sharding=as_dtensor, copy=copy, on_alias=on_alias)
+    return result
+
+
+def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = None, shape: Sequence[int] | None = None,
+                copy: bool | None = None, on_alias: OnAlias = "warn") -> Any:
+    """One sharded tensor of framework ``to`` from shards (a ``Shards``, or ``Shard``s of any
+    framework): a ``jax.Array`` laid out as ``sharding`` (a jax ``Sharding``), or a torch
+    ``DTensor`` over ``sharding`` (a ``DeviceMesh``), each device's shard taken without a copy
+    where the route allows (``copy=False``: refused otherwise, checked by pointer).
+
+    ``sharding=None`` builds the target's sharding from the shards' ``Layout`` where it can (jax:
+    the mesh devices it names, or for a DTensor's ranks each process's one device). ``shape``: the
+    global shape, where ``shards`` is no ``Shards`` (else it is read from the largest index bounds).
+    Shards are matched to devices by global index, so replicas dropped with ``replicas="one"``
+    are copied back where the sharding wants them (a copy ``copy=False`` refuses).
+    """
+    _check(copy, "error", False, on_alias, "warn")
+    target = registry.resolve(to)
+    adapter = registry.get(target)
+    if isinstance(shards, Shards):
+        layout, pieces, shape = shards.layout, list(shards.shards), shards.shape if shape is None else shape
+    else:
+        layout, pieces = None, list(shards)
+        for p in pieces:
+            if not isinstance(p, Shard):
+                raise UnsupportedTypeError(f"from_shards takes Shards or Shard objects; got a {type(p).__name__}")
+        if shape is None:
+            if not pieces:
+                raise InvalidArgumentError("from_shards: no shards, and no shape= to say what they make")
+            shape = tuple(max(p.index[d].stop for p in pieces) for d in range(len(pieces[0].index)))
+    if not adapter.assembles:
+        raise UnsupportedTypeError(
+            f"{target} has no sharded tensor type; from_shards builds a jax.Array or a torch DTensor. "
+            f"For one {target} tensor of the whole array, gather it (which copies): e.g. "
+            "np.asarray(jax_array), dtensor.full_tensor()")
+    return adapter.assemble(tuple(shape), [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
+                            on_alias)
+
+
+def layout_of(x) -> Layout | None:
+    """The ``Layout`` of a sharded tensor (None where its sharding is no mesh); our error for a
+    tensor that is not sharded."""
+    source = registry.framework_of(x)
+    got = registry.get(source).local_shards(x)
+    if got is None:
+        raise UnsupportedTypeError(f"this {source} {type(x).__name__} is not sharded (it lives on one device)")
+    return got[1]
+
+
+def bounds(index: Sequence[slice], shape: Sequence[int]) -> tuple[slice, ...]:
+    """``index`` (slices, as frameworks write them: ``slice(None)`` for a whole dimension) with
+    explicit bounds, so that two spellings of one region compare equal. Adapters use it."""
+    out = []
+    for s, n in zip(index, shape):
+        if s.step is None:  # the usual spellings, without slice.indices (this runs per shard per call)
+            if s.start is None and s.stop is None:
+                out.append(slice(0, n))
+                continue
+            if s.start is not None and s.stop is not None and 0 <= s.start <= s.stop <= n:
+                out.append(s)
+                continue
+        start, stop, step = s.indices(n)
+        if step != 1:
+            raise InvalidArgumentError(f"a shard index with step {step} ({s}); shards are contiguous blocks")
+        out.append(slice(start, max(start, stop)))
+    return tuple(out)

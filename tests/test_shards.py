@@ -1,0 +1,546 @@
+"""Sharded tensors, shard by shard (bf16bridge.shards).
+
+Three kinds of test, in three kinds of process:
+- here, in the test process (one jax device, no torch.distributed): the layout as data, the
+  refusals, the keywords;
+- a pytest child with eight jax host devices (``XLA_FLAGS`` must be set before jax is imported,
+  so it cannot be this process), which runs the ``TestEightDevices`` tests of this file: every
+  shard zero-copy (pointers) and bit-exact, indices, replicas, back with ``from_shards``, over a
+  table and over hypothesis-drawn meshes, specs and shapes; and, over torch's single-process
+  "fake" process group, DTensor's cut of uneven shapes against torch's own;
+- two processes with torch.distributed (gloo) and jax.distributed (this file run as a script):
+  DTensor <-> jax across processes, each converting only what it holds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from bf16bridge.errors import CopyRequiredError, DeviceError, InvalidArgumentError, UnsupportedTypeError
+from bf16bridge.shards import Layout, Shard, Shards, bounds
+from conftest import BF16, bits, make, ptr
+
+#: set in the children this file starts: which part of it they run
+CHILD = os.environ.get("BF16BRIDGE_SHARDS_CHILD")
+HERE = os.path.abspath(__file__)
+
+
+# -- the layout as data ------------------------------------------------------------------------
+
+LAYOUTS = [
+    # mesh axes, mesh shape, spec (per tensor dim), placements (per mesh axis)
+    (("x",), (8,), (("x",), ()), (("shard", 0), ("replicate", None))[:1]),
+    (("x", "y"), (4, 2), (("x",), ()), (("shard", 0), ("replicate", None))),
+    (("x", "y"), (4, 2), ((), ("x",)), (("shard", 1), ("replicate", None))),
+    (("x", "y"), (4, 2), (("y",), ("x",)), (("shard", 1), ("shard", 0))),
+    (("x", "y"), (4, 2), (("x", "y"), ()), (("shard", 0), ("shard", 0))),
+    (("x", "y"), (4, 2), ((), ()), (("replicate", None), ("replicate", None))),
+    (("a", "b", "c"), (2, 2, 2), (("a", "c"), ("b",), ()), (("shard", 0), ("shard", 1), ("shard", 0))),
+]
+
+
+@pytest.mark.parametrize("axes,mesh,spec,placements", LAYOUTS)
+def test_layout_placements_both_ways(axes, mesh, spec, placements):
+    layout = Layout(axes, mesh, spec)
+    assert layout.placements() == placements
+    assert Layout.from_placements(axes, mesh, placements, len(spec)) == layout
+
+
+def test_partial_placements_are_kept_as_data():
+    layout = Layout.from_placements(("x", "y"), (4, 2), (("shard", 0), ("partial", None)), 2)
+    assert layout.partial == ("y",)
+    assert layout.placements() == (("shard", 0), ("partial", None))
+
+
+@pytest.mark.parametrize("make_layout,error,words", [
+    # a DTensor splits a dimension over several mesh axes in mesh order only
+    (lambda: Layout(("x", "y"), (4, 2), (("y", "x"),)).placements(), UnsupportedTypeError, "mesh order"),
+    (lambda: Layout(("x",), (8,), (("z",),)), InvalidArgumentError, "does not have"),
+    (lambda: Layout(("x",), (8,), (("x",), ("x",))), InvalidArgumentError, "used twice"),
+    (lambda: Layout(("x", "y"), (8,), ()), InvalidArgumentError, "sizes"),
+    (lambda: Layout.from_placements(("x",), (2,), (("shard", 2),), 2), InvalidArgumentError, "Shard(2)"),
+    (lambda: Layout.from_placements(("x",), (2,), (("stripe", 0),), 2), InvalidArgumentError, "'stripe'"),
+])
+def test_layout_refusals(make_layout, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        make_layout()
+
+
+@pytest.mark.parametrize("index,shape,expected", [
+    ((slice(None), slice(0, 4)), (8, 4), ((0, 8), (0, 4))),
+    ((slice(2, None), slice(None, 3)), (8, 4), ((2, 8), (0, 3))),
+    ((slice(6, 20),), (8,), ((6, 8),)),
+    ((slice(0, 0),), (0,), ((0, 0),)),
+])
+def test_bounds_are_explicit(index, shape, expected):
+    assert tuple((s.start, s.stop, s.step) for s in bounds(index, shape)) == tuple((a, b, None) for a, b in expected)
+
+
+def test_bounds_refuse_steps():
+    with pytest.raises(InvalidArgumentError, match="step 2"):
+        bounds((slice(0, 8, 2),), (8,))
+
+
+# -- refusals in a single-device process -----------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax", "tensorflow"])
+def test_a_tensor_that_is_not_sharded_is_refused(framework):
+    x = make(framework, np.zeros((4, 2), BF16))
+    with pytest.raises(UnsupportedTypeError, match=r"is not sharded .* bb\.convert\(x, to='torch'\)"):
+        bb.convert_shards(x, "torch")
+    with pytest.raises(UnsupportedTypeError, match="is not sharded"):
+        bb.shards.layout_of(x)
+
+
+def test_not_a_tensor_is_refused():
+    with pytest.raises(UnsupportedTypeError, match="not a tensor of any registered framework"):
+        bb.convert_shards([1, 2], "jax")
+
+
+def _one_shard(framework):
+    return Shard((slice(0, 4), slice(0, 2)), "cpu", make(framework, np.zeros((4, 2), BF16)))
+
+
+@pytest.mark.parametrize("target", ["numpy", "tensorflow"])
+def test_from_shards_refuses_a_target_without_sharded_tensors(target):
+    with pytest.raises(UnsupportedTypeError, match=f"{target} has no sharded tensor type.*gather"):
+        bb.from_shards([_one_shard("numpy")], target)
+
+
+@pytest.mark.parametrize("target,sharding,words", [
+    ("jax", None, "no mesh layout: pass sharding="),
+    ("jax", "P('x')", "a jax.sharding.Sharding"),
+    ("torch", None, "needs a torch DeviceMesh"),
+])
+def test_from_shards_asks_for_what_it_lacks(target, sharding, words):
+    with pytest.raises(InvalidArgumentError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        bb.from_shards([_one_shard("torch")], target, sharding=sharding)
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda x: bb.convert_shards(x, "torch", replicas="two"), "replicas must be one of"),
+    (lambda x: bb.convert_shards(x, "torch", copy="yes"), "copy"),
+    (lambda x: bb.from_shards([], "jax"), "no shards, and no shape="),
+    (lambda x: bb.from_shards(["not a shard"], "jax"), "Shards or Shard objects"),
+])
+def test_keywords_are_checked(call, words):
+    x = make("numpy", np.zeros(2, BF16))
+    with pytest.raises((InvalidArgumentError, UnsupportedTypeError), match=words):
+        call(x)
+
+
+def test_shard_is_frozen_and_compares_by_identity():
+    s = _one_shard("torch")
+    with pytest.raises(AttributeError):
+        s.device = "cuda:0"  # type: ignore[misc]
+    assert s == s and s != _one_shard("torch")  # never compares tensors elementwise
+
+
+def test_a_mesh_of_one_device_is_a_sharding():
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    u16 = np.arange(32, dtype=np.uint16).reshape(4, 8)
+    x = jax.device_put(u16.view(BF16), NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec("x")))
+    (s,) = bb.convert_shards(x, "numpy")
+    assert s.index == (slice(0, 4), slice(0, 8)) and s.device == "cpu:0" and s.replica == 0
+    assert ptr(s.tensor) == ptr(x) and bits(s.tensor).tolist() == u16.tolist()
+    y = bb.from_shards([s], "jax", sharding=x.sharding, copy=False)
+    assert ptr(y.addressable_shards[0].data) == ptr(x)
+
+
+def test_import_loads_no_framework():
+    code = """
+        import sys
+        import bf16bridge as bb
+        bb.shards, bb.convert_shards, bb.from_shards, bb.Shard
+        print(sorted(m for m in ("torch", "jax", "jaxlib", "tensorflow") if m in sys.modules))
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# -- the children --------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(HERE)),
+                                                         os.environ.get("PYTHONPATH", "")]), **extra)
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+#: the TestEightDevices tests the child must pass (it fails here when fewer ran)
+EIGHT_DEVICE_TESTS = 33
+
+
+def test_eight_jax_devices_in_a_child():
+    env = _env(BF16BRIDGE_SHARDS_CHILD="jax8", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error",
+                          "-k", "TestEightDevices", HERE], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=os.path.dirname(HERE))
+    tail = (out.stdout + out.stderr)[-6000:]
+    assert out.returncode == 0, tail
+    assert f"{EIGHT_DEVICE_TESTS} passed" in out.stdout and "skipped" not in out.stdout, tail
+
+
+def test_dtensor_and_jax_across_two_processes():
+    jax_port, torch_port = _free_port(), _free_port()
+    env = _env(BF16BRIDGE_SHARDS_CHILD="dtensor")
+    procs = [subprocess.Popen([sys.executable, HERE, str(rank), str(jax_port), str(torch_port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"rank {rank}: all checks passed" in out, f"rank {rank}:\n{out[-6000:]}"
+
+
+# -- eight jax host devices (run in the child) ------------------------------------------------------
+
+def _sharded(u16: np.ndarray, mesh_shape, axes, spec):
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh(tuple(mesh_shape), tuple(axes), devices=jax.devices()[:int(np.prod(mesh_shape))])
+    entries = [None if not a else a[0] if len(a) == 1 else tuple(a) for a in spec]
+    return jax.device_put(u16.view(BF16), NamedSharding(mesh, PartitionSpec(*entries)))
+
+
+def _check_shards(x, got, target, *, zero_copy=True, replicas="all"):
+    """Every shard of ``got`` (convert_shards(x, target)) against x's own addressable shards."""
+    expected = [s for s in x.addressable_shards if replicas == "all" or s.replica_id == 0]
+    assert isinstance(got, Shards) and len(got) == len(expected)
+    assert got.shape == x.shape and got.dtype == "bfloat16" and (got.source, got.framework) == ("jax", target)
+    whole = bits(x)
+    for s, e in zip(got, expected):
+        assert s.index == bounds(e.index, x.shape)
+        assert s.device == f"cpu:{e.device.id}" and s.replica == e.replica_id
+        assert type(s.tensor).__module__.split(".")[0] == {"jax": "jaxlib"}.get(target, target)
+        np.testing.assert_array_equal(bits(s.tensor), whole[s.index])
+        if zero_copy:
+            assert ptr(s.tensor) == ptr(e.data)
+        else:
+            assert ptr(s.tensor) != ptr(e.data)
+
+
+def _check_back(x, y, *, same_buffers=True):
+    """``y`` (from_shards) against ``x``: its sharding, bits, and, where asked, the same buffers."""
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
+    np.testing.assert_array_equal(bits(y), bits(x))
+    for a, b in zip(y.addressable_shards, x.addressable_shards):
+        assert a.device == b.device and a.index == b.index
+        if same_buffers:
+            assert ptr(a.data) == ptr(b.data)
+
+
+CASES = [
+    # mesh shape, axes, spec per dim, global shape
+    ((8,), ("x",), (("x",), ()), (64, 6)),
+    ((4, 2), ("x", "y"), (("x",), ()), (64, 6)),           # replicated over y
+    ((4, 2), ("x", "y"), (("x",), ("y",)), (32, 6)),
+    ((4, 2), ("x", "y"), ((), ("x", "y")), (3, 16)),       # one dim over both axes
+    ((2, 2, 2), ("a", "b", "c"), (("c",), ("a",), ()), (4, 4, 5)),
+    ((8,), ("x",), ((), ()), (5, 3)),                     # every device holds all of it
+]
+TARGETS = ["torch", "numpy", "tensorflow"]
+
+if CHILD == "jax8":
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    import strategies  # noqa: F401  (the derandomized, bounded "ci" profile)
+
+    @st.composite
+    def _layouts(draw):
+        """A mesh of 1 to 3 axes over 1 to 8 devices, a spec putting each axis on at most one
+        dimension (in any order within it), a shape each dimension of which the spec divides."""
+        mesh = draw(st.sampled_from([(8,), (4,), (2,), (1,), (4, 2), (2, 4), (2, 2), (8, 1), (2, 2, 2), (1, 2, 4)]))
+        axes = tuple("abc"[: len(mesh)])
+        ndim = draw(st.integers(1, 3))
+        spec: list[list[str]] = [[] for _ in range(ndim)]
+        for a in draw(st.permutations(axes)):
+            dim = draw(st.integers(-1, ndim - 1))
+            if dim >= 0:
+                spec[dim].append(a)
+        size = dict(zip(axes, mesh))
+        shape = tuple(int(np.prod([size[a] for a in s])) * draw(st.integers(1, 3)) for s in spec)
+        return mesh, axes, tuple(tuple(s) for s in spec), shape
+
+    @pytest.fixture(scope="module")
+    def fake_rank():
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
+        yield 5
+        dist.destroy_process_group()
+
+    class TestEightDevices:
+        def test_eight_devices_here(self):
+            import jax
+
+            assert len(jax.devices()) == 8
+
+        @pytest.mark.parametrize("target", TARGETS)
+        @pytest.mark.parametrize("mesh,axes,spec,shape", CASES)
+        def test_each_shard_zero_copy_and_bit_exact(self, mesh, axes, spec, shape, target):
+            u16 = np.random.default_rng(len(shape)).integers(0, 1 << 16, size=shape, dtype=np.uint16)
+            x = _sharded(u16, mesh, axes, spec)
+            got = bb.convert_shards(x, target, on_alias="allow")
+            _check_shards(x, got, target)
+            assert got.layout == Layout(axes, mesh, spec, (), tuple(f"cpu:{i}" for i in range(int(np.prod(mesh)))))
+            y = bb.from_shards(got, "jax", sharding=x.sharding, copy=False)
+            _check_back(x, y)
+
+        def test_replicas_one_per_index_and_back(self):
+            x = _sharded(np.arange(64 * 6, dtype=np.uint16).reshape(64, 6), (4, 2), ("x", "y"), (("x",), ()))
+            got = bb.convert_shards(x, "torch", replicas="one", on_alias="allow")
+            _check_shards(x, got, "torch", replicas="one")
+            assert len(got) == 4 and {s.replica for s in got} == {0}
+            # the dropped replicas come back from the kept ones (host memory: no copy on cpu devices)
+            _check_back(x, bb.from_shards(got, "jax"), same_buffers=False)
+
+        def test_copy_true_copies_every_shard(self):
+            x = _sharded(np.arange(64, dtype=np.uint16), (8,), ("x",), (("x",),))
+            _check_shards(x, bb.convert_shards(x, "torch", copy=True), "torch", zero_copy=False)
+
+        @pytest.mark.parametrize("via", ["jax", "torch"])
+        def test_from_shards_copy_true_copies_every_shard(self, via):
+            x = _sharded(np.arange(64, dtype=np.uint16), (4, 2), ("x", "y"), (("x",),))
+            y = bb.from_shards(bb.convert_shards(x, via, on_alias="allow"), "jax", sharding=x.sharding, copy=True)
+            _check_back(x, y, same_buffers=False)
+            assert not {ptr(a.data) for a in y.addressable_shards} & {ptr(a.data) for a in x.addressable_shards}
+
+        def test_copy_false_refuses_a_shard_that_must_copy(self):
+            import torch
+
+            x = _sharded(np.arange(64, dtype=np.uint16), (8,), ("x",), (("x",),))
+            got = bb.convert_shards(x, "torch", on_alias="allow")
+            # a shard one element past an aligned boundary: jax takes it only by copying
+            raw = torch.empty(16, dtype=torch.bfloat16)
+            odd = raw[1:9]
+            shards = [Shard(s.index, s.device, odd if i == 3 else s.tensor) for i, s in enumerate(got)]
+            with pytest.raises(CopyRequiredError, match=r"the shard \[24:32\] must be copied onto cpu:3"):
+                bb.from_shards(shards, "jax", sharding=x.sharding, copy=False)
+            y = bb.from_shards(shards, "jax", sharding=x.sharding)  # allowed: copied
+            assert bits(y.addressable_shards[3].data).tolist() == bits(odd).tolist()
+
+        def test_layout_rebuilds_the_sharding(self):
+            x = _sharded(np.arange(32 * 6, dtype=np.uint16).reshape(32, 6), (4, 2), ("x", "y"), (("x",), ("y",)))
+            y = bb.from_shards(bb.convert_shards(x, "numpy"), "jax", copy=False)
+            _check_back(x, y)
+
+        def test_plain_shard_lists_take_the_shape_from_the_indices(self):
+            x = _sharded(np.arange(64, dtype=np.uint16).reshape(8, 8), (8,), ("x",), ((), ("x",)))
+            plain = list(bb.convert_shards(x, "torch", on_alias="allow"))
+            _check_back(x, bb.from_shards(plain, "jax", sharding=x.sharding, copy=False))
+
+        def test_one_alias_warning_for_all_shards(self):
+            x = _sharded(np.arange(64, dtype=np.uint16), (8,), ("x",), (("x",),))
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                bb.convert_shards(x, "torch")
+            assert [str(w.message).split(":")[0] for w in seen] == ["8 shards"]
+
+        def test_missing_and_foreign_devices_are_named(self):
+            import jax
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            x = _sharded(np.arange(64, dtype=np.uint16), (8,), ("x",), (("x",),))
+            got = bb.convert_shards(x, "numpy")
+            with pytest.raises(InvalidArgumentError, match=r"puts \[56:64\] on cpu:7, but no shard given holds it"):
+                bb.from_shards(list(got)[:7], "jax", sharding=x.sharding, shape=(64,))
+            foreign = Shards(got.shards, got.shape, got.dtype,
+                             Layout(("x",), (8,), (("x",),), (), tuple(f"gpu:{i}" for i in range(8))), "jax", "numpy")
+            with pytest.raises(DeviceError, match="holds device 'gpu:0', which jax does not have here"):
+                bb.from_shards(foreign, "jax")
+            uneven = NamedSharding(jax.make_mesh((8,), ("x",)), PartitionSpec("x"))
+            with pytest.raises(InvalidArgumentError, match="cannot lay out"):
+                bb.from_shards(got, "jax", sharding=uneven, shape=(60,))
+
+        def test_unreduced_values_are_refused(self):
+            import jax
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            mesh = jax.make_mesh((4, 2), ("x", "y"))
+            x = jax.device_put(np.ones((8, 4), BF16), NamedSharding(mesh, PartitionSpec("x", unreduced={"y"})))
+            assert bb.shards.layout_of(x).partial == ("y",)
+            with pytest.raises(UnsupportedTypeError, match=r"partial sums over mesh axes \('y',\)"):
+                bb.convert_shards(x, "torch")
+
+        def test_benchmark_runs_quick(self):
+            from benchmarks import shards as bench
+
+            got = bench.run(quick=True, log=lambda s: None)
+            assert got["shards"] == 8 and got["nbytes"] == bench.SIZE["quick"]
+            assert set(got["ratios"]) == {"convert_shards / hand_loop", "np_asarray / convert_shards",
+                                          "np_asarray / memcpy", "from_shards / hand_assemble"}
+            assert all(v > 0 for v in got["ratios"].values())
+
+        @settings(max_examples=25)
+        @given(_layouts(), st.integers(0, 2**32 - 1))
+        def test_drawn_meshes_specs_and_shapes(self, layout, seed):
+            mesh, axes, spec, shape = layout
+            x = _sharded(np.random.default_rng(seed).integers(0, 1 << 16, size=shape, dtype=np.uint16),
+                         mesh, axes, spec)
+            got = bb.convert_shards(x, "torch", on_alias="allow")
+            _check_shards(x, got, "torch")
+            _check_back(x, bb.from_shards(got, "jax", sharding=x.sharding, copy=False))
+            _check_back(x, bb.from_shards(got, "jax", copy=False))  # the layout alone rebuilds it
+            one = bb.convert_shards(x, "numpy", replicas="one")
+            assert len(one) == len({tuple((s.start, s.stop) for s in i.index) for i in got})
+            try:
+                placements = got.layout.placements()
+            except UnsupportedTypeError:  # a dimension over several axes out of mesh order
+                assert any(list(s) != sorted(s, key=axes.index) for s in spec)
+            else:
+                assert Layout.from_placements(axes, mesh, placements, len(shape), got.layout.devices) == got.layout
+
+        # DTensor in one process: torch's "fake" process group plays one rank of eight (fake_rank)
+        @settings(max_examples=40)
+        @given(st.sampled_from([(8,), (4, 2), (2, 4), (2, 2, 2)]), st.data())
+        def test_dtensor_cut_matches_torch(self, fake_rank, mesh_shape, data):
+            import torch
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import DTensor, Replicate, Shard
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            ndim = data.draw(st.integers(1, 3))
+            placements = [data.draw(st.one_of(st.just(Replicate()), st.builds(Shard, st.integers(0, ndim - 1))))
+                          for _ in mesh_shape]
+            shape = tuple(data.draw(st.integers(0, 11)) for _ in range(ndim))  # uneven and empty too
+            mesh = init_device_mesh("cpu", mesh_shape)
+            local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
+            local = torch.zeros(local_shape, dtype=torch.bfloat16)
+            d = DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape),
+                                   stride=tuple(int(np.prod(shape[i + 1:])) for i in range(ndim)))
+            got = bb.convert_shards(d, "numpy")
+            (s,) = got
+            assert s.index == tuple(slice(o, o + n) for o, n in zip(offset, local_shape))
+            assert s.tensor.shape == tuple(local_shape) and ptr(s.tensor) == local.data_ptr() or local.numel() == 0
+            coord = mesh.get_coordinate()
+            kept = [c for c, p in zip(coord, placements) if not isinstance(p, Shard)]
+            assert (s.replica == 0) == (not any(kept))
+            assert got.layout.placements() == tuple(("shard", p.dim) if isinstance(p, Shard) else ("replicate", None)
+                                                    for p in placements)
+
+        def test_as_dtensor_refuses_several_parts_in_one_process(self, fake_rank):
+            from torch.distributed.device_mesh import init_device_mesh
+
+            x = _sharded(np.arange(64, dtype=np.uint16), (8,), ("x",), (("x",),))
+            with pytest.raises(InvalidArgumentError, match="one local tensor per rank; these shards hold 8"):
+                bb.convert_shards(x, "torch", as_dtensor=init_device_mesh("cpu", (8,)), on_alias="allow")
+            with pytest.raises(InvalidArgumentError, match="as_dtensor makes a torch DTensor"):
+                bb.convert_shards(x, "numpy", as_dtensor=init_device_mesh("cpu", (8,)))
+
+
+# -- two processes: torch.distributed (gloo) and jax.distributed (run as a script) -----------------------
+
+def _two_processes(rank: int, jax_port: int, torch_port: int) -> None:
+    import jax
+
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{jax_port}", num_processes=2, process_id=rank,
+                               initialization_timeout=60)
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{torch_port}", rank=rank, world_size=2)
+    warnings.simplefilter("error")
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("x",))
+        u16 = np.random.default_rng(0).integers(0, 1 << 16, size=(8, 6), dtype=np.uint16)  # the same on both
+        full = torch.from_numpy(u16.view(np.int16).copy()).view(torch.bfloat16)
+        d = distribute_tensor(full, mesh, [Shard(0)])
+        local = d.to_local()
+
+        # DTensor -> jax: this process's shard only, zero-copy, bit-exact, its rows
+        got = bb.convert_shards(d, "jax")
+        (s,) = got
+        assert s.index == (slice(4 * rank, 4 * rank + 4), slice(0, 6)) and s.device == "cpu" and s.replica == 0
+        assert got.layout == Layout(("x",), (2,), (("x",), ()), (), ("rank:0", "rank:1"))
+        assert ptr(s.tensor) == local.data_ptr()
+        np.testing.assert_array_equal(bits(s.tensor), u16[s.index])
+
+        # one global jax array over both processes, from the layout alone, no copy
+        g = bb.from_shards(got, "jax", copy=False)
+        assert g.shape == (8, 6) and not g.is_fully_addressable
+        assert tuple(g.sharding.spec) == ("x", None) and len(g.sharding.device_set) == 2
+        (mine,) = g.addressable_shards
+        assert mine.device.process_index == rank and ptr(mine.data) == local.data_ptr()
+
+        # and back: a DTensor over the same mesh, the same buffer, the same bits everywhere
+        back = bb.convert_shards(g, "torch", as_dtensor=mesh, copy=False, on_alias="allow")
+        assert isinstance(back, DTensor) and tuple(back.placements) == (Shard(0),) and back.shape == (8, 6)
+        assert back.to_local().data_ptr() == local.data_ptr()
+        np.testing.assert_array_equal(bits(back.full_tensor()), u16)  # a gather: the test's check only
+
+        # replicated: each process holds it all, as replica = its rank; "one" keeps rank 0's
+        r = distribute_tensor(full, mesh, [Replicate()])
+        (s,) = bb.convert_shards(r, "numpy")
+        assert s.index == (slice(0, 8), slice(0, 6)) and s.replica == rank
+        assert len(bb.convert_shards(r, "numpy", replicas="one")) == (1 if rank == 0 else 0)
+        gr = bb.from_shards(bb.convert_shards(r, "jax"), "jax")
+        assert tuple(gr.sharding.spec) == (None, None) and gr.sharding.is_fully_replicated
+
+        # uneven (DTensor cuts 5 rows as 3 + 2): indices right, and jax's even split refused clearly
+        u = distribute_tensor(full[:5], mesh, [Shard(0)])
+        (s,) = bb.convert_shards(u, "numpy")
+        assert s.index == ((slice(0, 3),) if rank == 0 else (slice(3, 5),)) + (slice(0, 6),)
+        np.testing.assert_array_equal(bits(s.tensor), u16[s.index])
+        try:
+            bb.from_shards(bb.convert_shards(u, "numpy"), "jax")
+            raise AssertionError("an uneven split reached jax")
+        except InvalidArgumentError as err:
+            assert "split 2 ways unevenly" in str(err), err
+
+        # Partial: partial sums are not shards of one array
+        p = DTensor.from_local(torch.ones(2, dtype=torch.bfloat16), mesh, [Partial()])
+        try:
+            bb.convert_shards(p, "jax")
+            raise AssertionError("a Partial DTensor crossed")
+        except UnsupportedTypeError as err:
+            assert "partial sums" in str(err) and "redistribute" in str(err), err
+
+        # a mesh whose ranks are ordered otherwise than jax's devices: said, not mixed up
+        flipped = init_device_mesh("cpu", (2,), mesh_dim_names=("x",))
+        flipped_mesh = type(flipped)("cpu", [1, 0], mesh_dim_names=("x",))
+        try:
+            bb.convert_shards(g, "torch", as_dtensor=flipped_mesh, on_alias="allow")
+            raise AssertionError("a shard went to the wrong rank")
+        except InvalidArgumentError as err:
+            assert "order the mesh's ranks" in str(err), err
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    print(f"rank {rank}: all checks passed", flush=True)
+
+
+if __name__ == "__main__" and CHILD == "dtensor":
+    _two_processes(*map(int, sys.argv[1:4]))
+    sys.stdout.flush()
+    os._exit(0)  # torch, jax and their threads at exit: the checks are done
