@@ -58,6 +58,8 @@ class Checkpoint:
         self._infos = {t.key: t for t in self.header.tensors}
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
+        #: (code, empty, aligned, to, copy, fallback) -> whether get() reads rather than views
+        self._reads: dict[tuple, bool] = {}
         self.closed = False
 
     # the mapping of keys, read from the header only
@@ -172,7 +174,15 @@ class Checkpoint:
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
-        p, buf = self._route(key, t, to, copy, fallback)
+        # whether to read depends on what the route depends on: the dtype, the alignment (a map
+        # begins on a page), emptiness and the keywords; asked of the planner once per file
+        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN == 0, to, copy, fallback)
+        read = self._reads.get(decided)
+        if read is None:
+            buf = self._route(key, t, to, copy, fallback)[1]
+            self._reads[decided] = buf is not None
+        else:
+            buf = self._placeholder(t) if read else None
         a = self._read(t, buf) if buf is not None else self.array(key)
         try:
             if registry.resolve(to) == registry.HUB and copy in (None, True, False):
@@ -183,7 +193,7 @@ class Checkpoint:
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
         if buf is None and self._map is not None and a.size:
-            if _shares(a, out, to):
+            if out is a or _shares(a, out, to):
                 self._shared.add(key)
             else:
                 del a
