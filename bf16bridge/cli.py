@@ -75,7 +75,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        description="The route of each ordered pair of registered frameworks for a contiguous, "
                                    "64-byte aligned bf16 tensor, and which common inputs (unaligned, read-only, "
                                    "transposed) copy instead. The text format prints both; markdown and json "
-                                   "print the table on stdout and the rest on stderr.")
+                                   "print the table on stdout and the rest on stderr. With --dtype, the routes "
+                                   "for that dtype instead (docs/dtypes.md is --dtype all, with more).")
     m.add_argument("--format", choices=["text", "markdown", "json"], default="text")
     m.add_argument("--dtype", metavar="DTYPE",
                    help="the routes for a tensor of DTYPE holding every bit pattern (zero-copy, copies and why, "

@@ -286,11 +286,16 @@ DOCS_END = "<!-- end generated -->"
 
 
 def dtype_docs() -> str:
-    """docs/dtypes.md's generated block, from this machine: the frameworks are imported and tried."""
-    from . import registry
+    """docs/dtypes.md's generated block, from this machine: the frameworks are imported and tried
+    (the probe again, not its cached answer: the page says what the code says now)."""
     from .capabilities import probe
 
-    caps = probe(frameworks="all")
+    with warnings.catch_warnings(record=True):  # the same page under pytest's warnings-as-errors
+        warnings.simplefilter("always")
+        return _dtype_docs(probe(frameworks="all", refresh=True))
+
+
+def _dtype_docs(caps) -> str:
     fws = ", ".join(f"{n} {fw.version}" for n, fw in caps.frameworks.items() if fw.probed)
     rows = [r for d in matrix_dtypes() for r in route_rows(d)]
     pack = packing_rows()
@@ -317,7 +322,6 @@ def dtype_docs() -> str:
         "## Routes, pair by pair",
         route_table(rows, "markdown"),
     ]
-    del registry
     return "\n\n".join(p.strip() for p in parts)
 
 
