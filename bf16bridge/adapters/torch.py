@@ -367,60 +367,6 @@ class TorchAdapter(Adapter):
             m.register_forward_pre_hook(_CastInputs(_TO_TORCH[compute]), with_kwargs=True)
             m.register_forward_hook(_CastOutputs(_TO_TORCH[output]))
 
-
-def _cast_one(x, dtype):
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-        return x.to(dtype)
-    return x
-
-
-def _cast_floating(tree, dtype):
-    # runs on every forward of a kept module: the usual shapes (a tensor, a tuple of them, no
-    # keywords) without the tree walk
-    if isinstance(tree, torch.Tensor):
-        return _cast_one(tree, dtype)
-    if not tree:
-        return tree
-    if type(tree) is tuple and all(isinstance(x, torch.Tensor) for x in tree):
-        return tuple(_cast_one(x, dtype) for x in tree)
-    from .. import trees
-
-    return trees.map_leaves(lambda x, path: _cast_one(x, dtype), tree)
-
-
-class _CastInputs:
-    """Forward pre-hook of a module cast_module kept: its floating inputs to its own dtype."""
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __call__(self, module, args, kwargs):
-        return _cast_floating(args, self.dtype), _cast_floating(kwargs, self.dtype)
-
-
-class _CastOutputs:
-    """Forward hook of a module cast_module kept: its floating outputs to the model's dtype."""
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __call__(self, module, args, output):
-        return _cast_floating(output, self.dtype)
-
-
-def _remove_cast_hooks(m):
-    # the hooks an earlier cast_module installed (found by their class: a handle would not
-    # survive a deepcopy of the model)
-    for hooks, extras in ((m._forward_pre_hooks, (getattr(m, "_forward_pre_hooks_with_kwargs", {}),)),
-                          (m._forward_hooks, (getattr(m, "_forward_hooks_with_kwargs", {}),
-                                              getattr(m, "_forward_hooks_always_called", {})))):
-        for k, v in list(hooks.items()):
-            if isinstance(v, (_CastInputs, _CastOutputs)):
-                del hooks[k]
-                for extra in extras:
-                    extra.pop(k, None)
-
-
     # -- sharded tensors (DTensor), for bf16bridge.shards ---------------------------------------------
     assembles = True
 
@@ -489,6 +435,59 @@ def _remove_cast_hooks(m):
                 f"move the shards to {mesh.device_type} first, or build the mesh over {t.device.type!r}")
         return DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(shape),
                                   stride=_row_major(shape))
+
+
+def _cast_one(x, dtype):
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        return x.to(dtype)
+    return x
+
+
+def _cast_floating(tree, dtype):
+    # runs on every forward of a kept module: the usual shapes (a tensor, a tuple of them, no
+    # keywords) without the tree walk
+    if isinstance(tree, torch.Tensor):
+        return _cast_one(tree, dtype)
+    if not tree:
+        return tree
+    if type(tree) is tuple and all(isinstance(x, torch.Tensor) for x in tree):
+        return tuple(_cast_one(x, dtype) for x in tree)
+    from .. import trees
+
+    return trees.map_leaves(lambda x, path: _cast_one(x, dtype), tree)
+
+
+class _CastInputs:
+    """Forward pre-hook of a module cast_module kept: its floating inputs to its own dtype."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, module, args, kwargs):
+        return _cast_floating(args, self.dtype), _cast_floating(kwargs, self.dtype)
+
+
+class _CastOutputs:
+    """Forward hook of a module cast_module kept: its floating outputs to the model's dtype."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, module, args, output):
+        return _cast_floating(output, self.dtype)
+
+
+def _remove_cast_hooks(m):
+    # the hooks an earlier cast_module installed (found by their class: a handle would not
+    # survive a deepcopy of the model)
+    for hooks, extras in ((m._forward_pre_hooks, (getattr(m, "_forward_pre_hooks_with_kwargs", {}),)),
+                          (m._forward_hooks, (getattr(m, "_forward_hooks_with_kwargs", {}),
+                                              getattr(m, "_forward_hooks_always_called", {})))):
+        for k, v in list(hooks.items()):
+            if isinstance(v, (_CastInputs, _CastOutputs)):
+                del hooks[k]
+                for extra in extras:
+                    extra.pop(k, None)
 
 
 class _Foreign(torch.autograd.Function):
