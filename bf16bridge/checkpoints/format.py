@@ -124,12 +124,14 @@ def header_length(prefix: bytes, path: str, file_size: int) -> int:
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict:
-    seen: dict = {}
-    for k, v in pairs:
-        if k in seen:
-            raise _Duplicate(k)
-        seen[k] = v
-    return seen
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key named twice: find which, to name it
+        seen: set = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Duplicate(k)
+            seen.add(k)
+    return out
 
 
 class _Duplicate(Exception):
