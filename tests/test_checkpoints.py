@@ -136,6 +136,18 @@ def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
     assert bits(bb.load(tmp_path / "f4.safetensors")["w"]).tobytes() == bits(a).tobytes()
 
 
+@pytest.mark.parametrize("target", ["torch", "jax", "tensorflow"])
+def test_fp4_moves_to_every_framework_as_bb_convert_moves_it(tmp_path, target):
+    import torch
+
+    packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 8)
+    st_torch.save_file({"w": packed}, str(tmp_path / "f4.safetensors"))
+    with bb.open(tmp_path / "f4.safetensors") as f:
+        assert f.plan("w", target).copies
+        got = f.get("w", target)
+    assert bits(got).tobytes() == bits(bb.convert(packed, target)).tobytes()
+
+
 def test_fp6_is_listed_and_raw_but_not_unpacked(tmp_path):
     (tmp_path / "f6.safetensors").write_bytes(_file({"w": _t("F6_E2M3", (4,), (0, 3))}, b"abc"))
     with bb.open(tmp_path / "f6.safetensors") as f:
@@ -173,13 +185,8 @@ def _fp8(framework: str, a: np.ndarray):
     return make(framework, a)
 
 
-#: tensorflow joins once the bridge moves a tensorflow fp8 tensor to numpy (today's route exports
-#: it over DLPack: "DT_FLOAT8_E4M3FN is not supported by dlpack"; the dtype work in progress fixes it)
-FP8_SOURCES = ("numpy", "torch", "jax")
-
-
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
-@pytest.mark.parametrize("source", FP8_SOURCES)
+@pytest.mark.parametrize("source", FRAMEWORKS)
 @pytest.mark.parametrize("target", FRAMEWORKS)
 def test_every_framework_saves_and_loads_fp8_bit_for_bit(tmp_path, source, target, dtype):
     a = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, dtype)).reshape(4, 64)  # NaNs, -0 included
@@ -578,3 +585,4 @@ def test_a_zero_copy_load_reads_nothing(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     base, peak, _ = map(int, run.stdout.split()[-3:])
     assert peak - base < 0.05 * n * elems * 2  # under 5% of the file
+
