@@ -73,7 +73,10 @@ def _source(base, dtype: str, framework: str):
     from . import registry
     from .convert import convert, plan
 
-    held = registry.get(framework).cannot_hold(dtype)
+    try:
+        held = registry.get(framework).cannot_hold(dtype)
+    except ImportError as err:  # not installed: its rows say so, the others still run
+        return None, _why(err)
     if held:
         return None, f"{framework} cannot hold {dtype} ({held})"
     try:
@@ -217,7 +220,10 @@ def packing_rows() -> list[dict]:
         pair[...] = (1, 2)
         base = pair.view(dtypes.numpy_dtype(unpacked))
         for name in registry.names():
-            a = registry.get(name)
+            try:
+                a = registry.get(name)
+            except ImportError:  # not installed: nothing to find there
+                continue
             if a.cannot_hold(packed):
                 continue
             entry = {"dtype": packed, "unpacked": unpacked, "framework": name, "packing": row.packing}

@@ -269,3 +269,18 @@ def test_matrix_dtype_all_markdown_is_the_tables_alone_and_says_its_assumption_o
     assert [line[4:] for line in out.splitlines() if line.startswith("### ")] == list(tables.matrix_dtypes())
     assert "bfloat16" in tables.matrix_dtypes() and "float32" not in tables.matrix_dtypes()
     assert "assumes" not in out and "assumes: each route is for a contiguous" in err
+
+
+def test_matrix_dtype_with_a_registered_framework_not_installed_refuses_its_pairs_and_routes_the_rest(capsys):
+    from bf16bridge import registry
+
+    registry.register_adapter("ghostfw", "bf16bridge_no_such_module", types=("ghostfw:Tensor",), extra="ghostfw")
+    try:
+        rows = _dtype_rows(capsys, "float8_e4m3fn")
+    finally:
+        spec = registry._SPECS.pop("ghostfw")
+        registry._LOADED.pop(spec.name, None)
+        registry._TYPE_CACHE.clear()
+    ghost = [r for r in rows if "ghostfw" in (r["source"], r["target"])]
+    assert len(ghost) == 8 and all(r["refused"] and "pip install 'bf16bridge[ghostfw]'" in r["reason"] for r in ghost)
+    assert any(r["result"] == "zero-copy" for r in rows if r not in ghost)
