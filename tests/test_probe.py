@@ -497,3 +497,53 @@ def test_probe_asks_the_adapters_narrow_compute_for_each_fp8_dtype_held(monkeypa
     assert got["float8_e5m2"].how == "unknown" and "RuntimeError: boom" in got["float8_e5m2"].why
     assert re.search(r"\ntorch cpu float8_e4m3fn matmul +emulated: widened float8_e4m3fn\n", str(caps))
     bb.probe(frameworks=["torch"], refresh=True)  # the cache holds no answer of the stand-in hook
+
+
+def _widening_matmul_seen_by_torch(dt) -> bool:
+    """torch's own account: its profiler shows a matmul on non-fp8 tensors inside torch._scaled_mm."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.ones(16, 16).to(dt)
+    one = torch.ones(())
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return any(e.name() == "aten::mm" and "Float8" not in str(e.dtypes()[0])
+               for e in prof.profiler.kineto_results.events())
+
+
+def _xla_converts_before_its_dot(np_dtype) -> bool:
+    """jax's own account: the compiled program converts the fp8 parameters before any dot."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.device_put(np.ones((16, 16), dtype=np_dtype), jax.devices("cpu")[0])
+    text = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32)).lower(x, x).compile().as_text()
+    return " convert(" in text and "dot(" in text
+
+
+@pytest.mark.parametrize("name", ["torch", "jax", "tensorflow"])
+def test_fp8_matmul_is_tried_on_the_cpu_for_each_fp8_dtype_held_and_says_how(name):
+    import ml_dtypes
+
+    from bf16bridge import dtypes
+    from conftest import fw
+
+    caps = bb.probe(frameworks="all")
+    f = caps.frameworks[name]
+    held = [d for d, s in f.dtypes.items() if s.holds and dtypes.ROWS[d].kind == "float" and dtypes.ROWS[d].bits == 8]
+    cpu = {c.dtype: c for c in f.narrow_compute if c.device == "cpu"}
+    assert list(cpu) == held and held, f.narrow_compute
+    for d, c in cpu.items():
+        if name == "torch":
+            want = "emulated" if _widening_matmul_seen_by_torch(getattr(fw("torch"), d)) else "native"
+        elif name == "jax":
+            want = "emulated" if _xla_converts_before_its_dot(getattr(ml_dtypes, d)) else "native"
+        else:  # tensorflow has no fp8 MatMul kernel: its own refusal is the reason
+            tf = fw("tensorflow")
+            with pytest.raises(Exception) as refused:
+                tf.linalg.matmul(tf.constant(np.ones((2, 2), getattr(ml_dtypes, d))),
+                                 tf.constant(np.ones((2, 2), getattr(ml_dtypes, d))))
+            want = "no"
+            assert type(refused.value).__name__ in c.why, c
+        assert c.how == want, c

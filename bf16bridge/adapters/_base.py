@@ -264,6 +264,15 @@ class Adapter:
         """Extra capabilities worth reporting (found by trying), as {name: (value, why)}."""
         return {}
 
+    # -- fp8 compute, for the capability probe (bf16bridge.capabilities) -------------
+    def narrow_compute(self, dtype: str) -> tuple:
+        """A tiny matmul on ``dtype`` inputs (an fp8 row) with float32 results, tried on each
+        device this framework computes on: ``((device, how, why), ...)``, how being "native"
+        (the matmul takes the narrow operands as they are), "emulated" (the framework widens
+        them first, as its own trace or compiled program shows), "no" (refused: why is the
+        error) or "unknown". Default: () (not tried)."""
+        return ()
+
     # -- float32 <-> bf16 kernels for bf16bridge.kernels (optional) -------------
     #: widen_bits / round_bits are offered: bf16bridge.kernels may run them as a backend
     #: named after this adapter (chosen by "auto" only when the framework is already imported)

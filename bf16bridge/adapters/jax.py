@@ -6,6 +6,7 @@ from numpy through ``jax.device_put``."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +103,47 @@ def _key(entry):
     return str(entry)
 
 
+_HLO_DEF = re.compile(r"%([\w.\-]+) = ([a-z0-9]+)\[")
+_HLO_PARAM = re.compile(r"([\w.\-]+): ([a-z0-9]+)\[")
+_HLO_MATMUL = re.compile(r"= [a-z0-9]+\[[^\]]*\]\S* (dot|custom-call)\(([^)]*)\)")
+# an operand: "%name", or "f32[16,16]{1,0} %name" (older XLA prints its type inline)
+_HLO_OPERAND = re.compile(r"(?:([a-z0-9]+)\[[^\]]*\](?:\{[^}]*\})?\s+)?%([\w.\-]+)")
+
+
+def _narrow_dot(np_dtype, device) -> tuple[str, str]:
+    """jnp.dot on ``np_dtype`` inputs, float32 out, compiled for ``device``: 'native' when a dot or
+    library call in the compiled program takes the narrow operands, 'emulated' when XLA converts
+    them to a wider type first."""
+    name = np.dtype(np_dtype).name
+    try:
+        x = jax.device_put(np.ones((16, 16), dtype=np_dtype), device)
+        compiled = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32)).lower(x, x).compile()
+        out = np.asarray(compiled(x, x))
+        if out[0, 0] != 16.0:
+            return "no", f"jnp.dot ran but gave {out[0, 0]} for 16"
+        text = compiled.as_text()
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        return "no", f"jnp.dot: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+    types = {m.group(1): m.group(2) for m in _HLO_DEF.finditer(text)}
+    types.update((m.group(1), m.group(2)) for m in _HLO_PARAM.finditer(text))
+    narrow = name.replace("float", "f").split("_")[0]  # f8 (XLA's f8e4m3fn, f8e5m2, ...)
+    ops = [(m.group(1), [o.group(1) or types.get(o.group(2), "?") for o in _HLO_OPERAND.finditer(m.group(2))])
+           for m in _HLO_MATMUL.finditer(text)]
+    if any(t.startswith(narrow) for _, ts in ops for t in ts):
+        return "native", f"the compiled program's {ops[0][0]} takes the {name} operands as they are"
+    if ops:
+        return "emulated", f"XLA converts the {name} operands to {ops[0][1][0]} before its {ops[0][0]} (the compiled program)"
+    return "unknown", "jnp.dot runs; no dot found in the compiled program"
+
+
 class JaxAdapter(Adapter):
+    def narrow_compute(self, dtype):
+        if not self.holds(dtype):
+            return ()
+        one_each = {d.platform: d for d in (*jax.devices("cpu"), *jax.devices())}  # a device per platform
+        return tuple(("cpu" if p == "cpu" else f"{p}:{d.id}", *_narrow_dot(dtypes.numpy_dtype(dtype), d))
+                     for p, d in one_each.items())
+
     name = "jax"
     immutable = True
     dlpack_accepts = CONTIGUOUS

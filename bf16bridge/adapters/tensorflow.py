@@ -160,6 +160,17 @@ def _copies(layout, aligned):
 
 
 class TensorflowAdapter(Adapter):
+    def narrow_compute(self, dtype):
+        if not self.holds(dtype):
+            return ()
+        try:
+            x = tf.constant(np.ones((4, 4), dtype=dtypes.numpy_dtype(dtype)))
+            tf.linalg.matmul(x, x)
+        except Exception as err:  # noqa: BLE001 - what failed is the finding
+            return (("cpu", "no", f"tf.linalg.matmul: {type(err).__name__}: "
+                                  f"{(str(err).splitlines() or [''])[0][:200]}"),)
+        return (("cpu", "unknown", "tf.linalg.matmul runs; how is not read"),)
+
     name = "tensorflow"
     immutable = True
     dlpack_accepts = CONTIGUOUS  # anything else: "Invalid strides array from DLPack"

@@ -149,7 +149,43 @@ def _row_major(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::baddbmm")
+
+
+def _narrow_matmul(dt, device: str) -> tuple[str, str]:
+    """torch._scaled_mm on ``dt`` inputs, float32 out: 'emulated' when torch's profiler shows an
+    aten matmul on wider copies inside it (its CPU kernel widens to float32), else 'native'."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        a = torch.ones(16, 16, device=device).to(dt)
+        b = torch.ones(16, 16, device=device).to(dt).t()  # its second operand must be column-major
+        one = torch.ones((), device=device)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        if float(out[0, 0]) != 16.0:
+            return "no", f"torch._scaled_mm ran but gave {float(out[0, 0])} for 16"
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        return "no", f"torch._scaled_mm: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+    try:
+        inner = [(e.name(), e.dtypes()) for e in prof.profiler.kineto_results.events() if e.name() in _MATMULS]
+    except Exception as err:  # noqa: BLE001 - the trace's shape is the profiler's, not ours
+        return "unknown", f"torch._scaled_mm runs; its trace could not be read ({type(err).__name__}: {err})"
+    wide = [(n, d) for n, d in inner if d and "Float8" not in str(d[0])]
+    if wide:
+        return "emulated", (f"torch._scaled_mm runs {wide[0][0]} on {wide[0][1][0]} copies of the {dt} inputs "
+                            "(torch's profiler)")
+    return "native", "torch._scaled_mm runs no widening matmul inside (torch's profiler)"
+
+
 class TorchAdapter(Adapter):
+    def narrow_compute(self, dtype):
+        dt = _TO_TORCH.get(dtype)
+        if dt is None:
+            return ()
+        devices = ("cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count())))
+        return tuple((d, *_narrow_matmul(dt, d)) for d in devices)
+
     name = "torch"
     dlpack_accepts = STRIDED  # negative strides abort the process in torch.from_dlpack
     label_bitview = "Tensor.view(torch.{dtype})"
