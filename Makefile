@@ -13,7 +13,7 @@ OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
 OLDEST_TESTS := tests/test_bits.py tests/test_inputs.py tests/test_probe.py
 
-.PHONY: setup setup-legacy setup-oldest demo test typecheck test-legacy test-oldest bench parity-docs matrix clean
+.PHONY: setup setup-legacy setup-oldest demo test typecheck test-legacy test-oldest bench parity-docs dtype-docs matrix clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,11 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 
 demo: setup
 	$(BIN)/bf16bridge demo
+
+# docs/dtypes.md's generated block (the dtype support matrix), from this machine;
+# tests/test_dtype_docs.py fails until this is rerun after a route, a probe finding or a table row changes
+dtype-docs: setup
+	$(BIN)/python -m bf16bridge.tables docs/dtypes.md
 
 matrix: setup
 	$(BIN)/bf16bridge matrix
