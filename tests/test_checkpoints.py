@@ -121,6 +121,8 @@ def test_fp4_packed_by_safetensors_torch_is_unpacked_in_torchs_nibble_order(tmp_
         p = f.plan("w")
         assert p.copies and "two values a byte" in p.steps[0].reason
         assert ptr(got) % 64 == 0
+        with pytest.raises(bb.CopyRequiredError, match="'w'.*unpacks"):
+            f.get("w", copy=False)
 
 
 def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
@@ -152,8 +154,9 @@ def test_fp6_is_listed_and_raw_but_not_unpacked(tmp_path):
     (tmp_path / "f6.safetensors").write_bytes(_file({"w": _t("F6_E2M3", (4,), (0, 3))}, b"abc"))
     with bb.open(tmp_path / "f6.safetensors") as f:
         assert f.info("w").packed and f.raw("w").tobytes() == b"abc"
-        with pytest.raises(UnsupportedDtypeError, match="'w'.*F6_E2M3"):
+        with pytest.raises(UnsupportedDtypeError, match="'w'.*F6_E2M3") as err:
             f.get("w")
+        assert str(err.value).count(str(tmp_path)) == 1  # the file named once
 
 
 @pytest.mark.parametrize("source", FRAMEWORKS)

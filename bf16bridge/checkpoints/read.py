@@ -2,7 +2,7 @@
 
 numpy and torch results are views of the map, so nothing is read until touched, and a write into
 a result changes this process's copy of that page, never the file; jax and tensorflow get views of
-64-byte aligned tensors and one aligned copy of the others (the route's own).
+64-byte aligned tensors, and the others read from the file into 64-byte aligned arrays of their own.
 """
 
 from __future__ import annotations
@@ -18,19 +18,21 @@ import numpy as np
 from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
-from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError,
+                      UnsupportedDtypeError)
 from ..plans import Plan, Step
 from . import format as fmt
 from .keys import nest
 
+
 class Checkpoint:
     """An open safetensors file: ``bb.open(path)``'s answer, best used in a ``with`` block.
 
-    Opening reads and checks the header, maps the file privately and closes the file object
-    (the map keeps its own descriptor until it is unmapped). ``keys()``, ``metadata``,
-    ``info(key)`` read no tensor data; ``get(key, to=...)`` makes one tensor. Results of numpy and
-    torch (and of jax and tensorflow where the bytes are 64-byte aligned) are views of the map:
-    they keep it alive after ``close()``, which only drops this object's hold on it.
+    Opening reads and checks the header and maps the file privately; the file stays open for
+    reads until ``close()``. ``keys()``, ``metadata``, ``info(key)`` and ``plan(key, to)`` read no
+    tensor data; ``get(key, to=...)`` makes one tensor. Results of numpy and torch (and of jax and
+    tensorflow where the bytes are 64-byte aligned) are views of the map: they keep it (and the
+    descriptor it holds) alive after ``close()``, which closes the file and drops this object's hold.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -124,8 +126,17 @@ class Checkpoint:
 
     def _route(self, key: str, t: fmt.TensorInfo, to: str, copy, fallback):
         """(the plan, the buffer to read the tensor into or None for the map's view)."""
+        if t.code in fmt.NIBBLES:
+            if copy is False:
+                raise CopyRequiredError(f"{self.path}: key {key!r}: copy=False, but the file packs {t.code} two "
+                                        "values a byte and reading it unpacks it (a copy); pass copy=None")
+            try:
+                a = self._placeholder(t)
+            except UnsupportedDtypeError as err:
+                raise UnsupportedDtypeError(f"{self.path}: key {key!r}: {err}") from err
+        else:
+            a = self.array(key)
         try:
-            a = self._placeholder(t) if t.code in fmt.NIBBLES else self.array(key)
             p = plan(a, to, copy=copy, fallback=fallback)
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
