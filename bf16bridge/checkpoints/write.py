@@ -16,6 +16,7 @@ from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, Uns
 from . import format as fmt
 from .keys import leaves
 
+
 def _describe(key: str, x) -> fmt.Entry:
     if registry.framework_of(x) == registry.HUB:
         shape, name = np.shape(x), np.asarray(x).dtype.name
