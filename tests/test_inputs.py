@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from conftest import BF16, FRAMEWORKS, aligned_copy, bits, make, ptr, type_framework
+from bf16bridge.dtypes import NARROW_DTYPES
+from conftest import BF16, FRAMEWORKS, PAIRS, aligned_copy, bits, make, ptr, type_framework
 
 TARGETS = FRAMEWORKS
 
@@ -372,3 +373,59 @@ def test_result_outlives_its_source(src, dst):
     gc.collect()
     _ = [np.ones(1000, np.uint16) * 7 for _ in range(50)]  # reuse freed memory, if any was freed
     _expect(y, a)
+
+
+# -- the narrow rows (fp8/fp6/fp4, sub-byte ints): in every environment CI runs, the oldest too ----------
+
+
+def _narrow_source(src, dtype):
+    """Every bit pattern of narrow row ``dtype`` as a ``src`` tensor made by the framework's own
+    calls, or None where this environment has no way to make one (numpy without the dtype)."""
+    from bf16bridge import dtypes
+
+    pats = dtypes.all_patterns(dtype)
+    if src == "torch":
+        import torch
+
+        t = getattr(torch, dtype, None)
+        return torch.from_numpy(aligned_copy(pats)).view(t) if isinstance(t, torch.dtype) else None
+    if dtypes.numpy_missing(dtype) is not None:
+        return None
+    return make(src, pats.view(dtypes.numpy_dtype(dtype)))
+
+
+def _nibbles(b):
+    """Packed bytes as one value a byte, element 2i in the low nibble (torch's float4_e2m1fn_x2)."""
+    out = np.empty(b.size * 2, np.uint8)
+    out[0::2], out[1::2] = b & 15, b >> 4
+    return out
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("dtype", NARROW_DTYPES)
+def test_narrow_rows_keep_every_bit_or_raise_ours(dtype, src, dst):
+    """Every narrow row from every framework that holds it to every target: every bit pattern
+    arrives (a packed row's values in their order), or the bridge refuses with its own error.
+    Where a framework says it holds a row, a tensor of it can be made through the bridge."""
+    from bf16bridge import dtypes, registry
+
+    holds = registry.get(src).holds(dtype)
+    if holds and dtypes.numpy_missing(dtype) is None:
+        y = bb.convert(_narrow_source("numpy", dtype), to=src)  # the probe's "holds" is one the bridge makes
+        assert bits(y).tobytes() == dtypes.all_patterns(dtype).tobytes()
+    x = _narrow_source(src, dtype) if holds else None
+    if x is None:
+        return
+    want = bits(x).reshape(-1)
+    for copy in (None, True):
+        try:
+            y = bb.convert(x, to=dst, copy=copy, on_alias="allow")
+        except bb.Bf16BridgeError:
+            continue
+        got = bits(y).reshape(-1)
+        if got.size == 2 * want.size:
+            np.testing.assert_array_equal(got, _nibbles(want))
+        elif 2 * got.size == want.size:
+            np.testing.assert_array_equal(_nibbles(got), want)
+        else:
+            np.testing.assert_array_equal(got, want)
