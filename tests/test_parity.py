@@ -520,3 +520,30 @@ def test_fp8_results_against_a_float64_reference():
     rep = parity.compare({"a": q, "b": q.copy()}, reference=x, policy="reference(1.5)")
     assert [r.nonfinite_mismatches for r in rep.references] == [0, 0]
     assert rep.passed and rep.max_ulp == 0
+
+
+@pytest.mark.parametrize("name", [n for n in NARROW if not bb.kernels.FORMATS[n].integer])
+def test_worst_regions_over_every_pattern_of_a_narrow_float(name):
+    """regions.find takes narrow-float inputs and groups them by the format's own binades (its
+    mantissa bits): the lowest and highest inputs of [1, 2) one pattern off are one region over
+    that binade; the lowest of [4, 8), past a clean binade, is a second region."""
+    from bf16bridge.parity import regions
+
+    x = np.arange(1 << bb.kernels.FORMATS[name].bits, dtype=np.uint8).view(getattr(ml_dtypes, name))
+    xs = metrics.to_float64(x)
+    ones = np.flatnonzero((xs >= 1.0) & (xs < 2.0))
+    fours = np.flatnonzero((xs >= 4.0) & (xs < 8.0))
+    one_hi = ones[np.argmax(xs[ones])]
+    bad = x.copy()
+    bad.view(np.uint8)[[np.flatnonzero(xs == 1.0)[0], one_hi, np.flatnonzero(xs == 4.0)[0]]] += 1  # the next value up
+    found = regions.find(x, {"good": x.copy(), "bad": bad}, xs, parity.parse("exact"))
+    assert [(g.result, g.lo, g.hi, g.exceeding, g.inputs, g.ulps, g.nonfinite) for g in found] == [
+        ("bad", 1.0, float(xs[one_hi]), len({1.0, float(xs[one_hi])}), ones.size, 1, 0),
+        ("bad", 4.0, 4.0, 1, 1, 1, 0)], [(g.lo, g.hi, g.exceeding, g.inputs) for g in found]
+    # and the groups are the binades: for the normal values, one key per sign and exponent
+    fmt = bb.kernels.FORMATS[name]
+    normal = np.isfinite(xs) & (np.abs(xs) >= 2.0 ** (1 - fmt.bias))
+    keys = regions._binade(x)[normal]
+    binades = np.signbit(xs[normal]) * 1000 + np.frexp(xs[normal])[1]
+    pairs = set(zip(keys.tolist(), binades.tolist()))
+    assert len(pairs) == len(set(keys.tolist())) == len(set(binades.tolist())) >= 4
