@@ -53,6 +53,13 @@ class Plan:
     alias: str | None = None
     #: the input requires grad, and its gradient does not cross (``on_grad`` says what to do)
     drops_grad: bool = False
+    #: the result's shape: the input's, but where a packing route changes it (torch's
+    #: float4_e2m1fn_x2 [..., n] <-> one value a byte [..., 2n]); None given: the input's
+    result_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.result_shape is None:
+            object.__setattr__(self, "result_shape", self.shape)
 
     @property
     def zero_copy(self) -> bool:
@@ -60,9 +67,10 @@ class Plan:
 
     def __str__(self) -> str:
         shape = "x".join(map(str, self.shape)) or "scalar"
+        out = "" if self.result_shape == self.shape else f" [{'x'.join(map(str, self.result_shape or ())) or 'scalar'}]"
         lines = [
             f"{self.source} {self.dtype_in} [{shape}, {size(self.nbytes)}, {self.device}]"
-            f" -> {self.target} {self.dtype_out}"
+            f" -> {self.target} {self.dtype_out}{out}"
         ]
         if not self.steps:
             lines.append("  (nothing to do: already a tensor of the target framework)")
@@ -79,7 +87,8 @@ class Plan:
     def to_dict(self) -> dict:
         return {
             "source": self.source, "target": self.target, "dtype_in": self.dtype_in,
-            "dtype_out": self.dtype_out, "shape": list(self.shape), "nbytes": self.nbytes,
+            "dtype_out": self.dtype_out, "shape": list(self.shape),
+            "result_shape": list(self.result_shape or ()), "nbytes": self.nbytes,
             "device": self.device, "copies": self.copies, "shares_memory": self.shares_memory,
             "writable": self.writable, "decision": self.decision, "notes": list(self.notes),
             "alias": self.alias, "drops_grad": self.drops_grad,

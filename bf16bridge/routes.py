@@ -393,8 +393,22 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation())
     if copies:
         _check_copy_size(src, source, target, route.steps)
-    return Plan(source, target, src.dtype, route.dtype, tuple(src.shape), src.nbytes, src.device,
-                route.steps, copies, shares, writable, route.decision, notes, alias, src.requires_grad)
+    shape = tuple(src.shape)
+    return Plan(source, target, src.dtype, route.dtype, shape, src.nbytes, src.device,
+                route.steps, copies, shares, writable, route.decision, notes, alias, src.requires_grad,
+                _result_shape(shape, src.dtype, route.steps))
+
+
+def _result_shape(shape: tuple[int, ...], dtype: str, steps: tuple[Step, ...]) -> tuple[int, ...]:
+    """The shape a route's result has: a packing step divides the last dimension by the packed
+    row's values a byte, an unpacking step multiplies it."""
+    for step in steps:
+        if step.kind == "pack" and shape:
+            shape = (*shape[:-1], shape[-1] // dtypes.ROWS[dtypes.UNPACKED[dtype]].packing)
+        elif step.kind == "unpack" and shape:
+            shape = (*shape[:-1], shape[-1] * dtypes.ROWS[dtypes.UNPACKED[step.dtype]].packing)
+        dtype = step.dtype
+    return shape
 
 
 @lru_cache(maxsize=1024)

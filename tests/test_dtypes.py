@@ -291,7 +291,9 @@ def test_torch_packed_fp4_unpacks_as_torch_reads_it(target, shape):
     y = bb.convert(t, target)
     assert dtype_name(y) == "float4_e2m1fn"
     want = _torch_unpacked(t)
-    assert tuple(y.shape) == (*shape[:-1], shape[-1] * 2) == want.shape
+    assert tuple(y.shape) == (*shape[:-1], shape[-1] * 2) == want.shape == p.result_shape
+    assert p.shape == shape and p.to_dict()["result_shape"] == list(want.shape)
+    assert str(p).splitlines()[0].endswith(f"-> {target} float4_e2m1fn [{'x'.join(map(str, want.shape))}]")
     np.testing.assert_array_equal(bits(y).reshape(want.shape), want)
 
 
@@ -304,13 +306,24 @@ def test_fp4_packs_for_torch_and_back(source):
     assert p.dtype_out == "float4_e2m1fn_x2" and "packed" in p.decision
     assert any(s.kind == "pack" and s.copies and "float4_e2m1fn_x2" in s.reason for s in p.steps)
     t = bb.convert(x, "torch")
-    assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (2, 16)
+    assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (2, 16) == p.result_shape
+    assert p.shape == (2, 32) and str(p).splitlines()[0].endswith("-> torch float4_e2m1fn_x2 [2x16]")
     np.testing.assert_array_equal(_torch_unpacked(t), codes)  # torch reads the values we sent
     # the bytes torch's own packing helper makes of the same codes (element 2i low, 2i + 1 high:
     # torch.testing._internal.common_quantized.pack_uint4, `data[1::2] << 4 | data[::2]`)
     np.testing.assert_array_equal(t.view(torch.uint8).numpy(), codes[:, 1::2] << 4 | codes[:, ::2])
     back = bb.convert(t, source)
     np.testing.assert_array_equal(bits(back).reshape(codes.shape), codes)
+
+
+def test_a_route_that_keeps_the_shape_says_so_once():
+    """result_shape is the input's where no step packs or unpacks (a packed tensor kept packed
+    too), and str(plan) then shows the shape once."""
+    x = np.zeros((3, 4), dtypes.numpy_dtype("float8_e4m3fn"))
+    p = bb.plan(x, "tensorflow")
+    assert p.result_shape == p.shape == (3, 4) and str(p).splitlines()[0].endswith("-> tensorflow float8_e4m3fn")
+    p = bb.plan(_packed_torch((2, 6)), "torch", copy=True)
+    assert p.result_shape == p.shape == (2, 6)
 
 
 #: float4_e2m1fn's 16 codes (OCP MX spec: sign, 2 exponent bits, 1 mantissa bit)
