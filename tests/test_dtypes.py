@@ -366,3 +366,38 @@ def test_the_planner_names_no_narrow_dtype():
     source = inspect.getsource(routes)
     named = [d for d in dtypes.NAMES if dtypes.ROWS[d].family != "standard" and f'"{d}"' in source]
     assert named == []
+
+
+# -- tensorflow's copy-kernel trials keep its native refusals off stderr ------------------
+
+
+def test_tensorflow_copy_kernel_trial_prints_nothing(capfd):
+    """Asking whether tensorflow's DeepCopy takes a narrow row runs it once; its refusal is
+    logged natively (W0000 ... Unsupported data type: ...), and the adapter keeps those lines off
+    the process's stderr."""
+    from bf16bridge.adapters import tensorflow as tfa
+
+    held = sorted(d for d in NARROW if _holds("tensorflow", d))
+    assert held
+    tfa._copy_kernel.cache_clear()
+    capfd.readouterr()
+    answers = {d: registry.get("tensorflow").can_copy(d) for d in held}
+    err = capfd.readouterr().err
+    assert "Unsupported data type" not in err and "OP_REQUIRES" not in err, err
+    assert set(answers.values()) <= {True, False}
+
+
+def test_tensorflow_quiet_trial_writes_back_other_lines(capfd):
+    """Only the lines naming the refusal are held back: anything else written to stderr in the
+    window (another thread's output) comes out after it."""
+    import os
+
+    from bf16bridge.adapters import tensorflow as tfa
+
+    def write():
+        os.write(2, b"another thread's line\nW0000 x] OP_REQUIRES failed: Unsupported data type: float8_e4m3fn\n")
+        return 7
+
+    capfd.readouterr()
+    assert tfa._without_native_lines(write, b"Unsupported data type: float8_e4m3fn") == 7
+    assert capfd.readouterr().err == "another thread's line\n"

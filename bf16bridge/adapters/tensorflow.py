@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
+import tempfile
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -129,13 +133,51 @@ def _narrow_rows():
 _HELD, _CANNOT, _DLPACK_OUT, _VIEWS = _narrow_rows()
 
 
+_STDERR = threading.Lock()
+
+
+def _without_native_lines(fn, marker: bytes):
+    """``fn()`` with the process's stderr (file descriptor 2) held in a temporary file, then every
+    line written there meanwhile written back but those holding ``marker``. tensorflow's kernels
+    log their refusals natively ("W0000 ... OP_REQUIRES failed at inplace_ops.cc:338 :
+    INVALID_ARGUMENT: Unsupported data type: float8_e4m3fn", and a "Local rendezvous is aborting"
+    line), which no logging setting reached from Python silences after import, and its kernel
+    registry cannot answer first (DeepCopy's CPU kernel is registered for every type; its own
+    switch refuses). Other threads' output in that window comes out after it, not lost."""
+    with _STDERR:
+        try:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no stderr to hold: let the lines through
+            return fn()
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                return fn()
+            finally:
+                try:
+                    if sys.stderr is not None:
+                        sys.stderr.flush()
+                finally:
+                    os.dup2(saved, 2)
+                    os.close(saved)
+                    held.seek(0)
+                    kept = [line for line in held.read().splitlines(keepends=True) if marker not in line]
+                    if kept:
+                        os.write(2, b"".join(kept))
+
+
 @functools.lru_cache(maxsize=None)
 def _copy_kernel(name: str) -> bool:
     """Whether tensorflow's copy kernel takes ``name``, tried when first asked (a missing kernel
-    logs a native warning line, so not at import)."""
-    try:
+    logs native warning lines, which the trial keeps off stderr)."""
+    def trial():
         with tf.init_scope():
             tf.raw_ops.DeepCopy(x=tf.constant(np.zeros(2, dtypes.numpy_dtype(name))))
+
+    try:
+        _without_native_lines(trial, f"Unsupported data type: {_tf_dtype(name).name}".encode())
         return True
     except Exception:  # noqa: BLE001 - no copy kernel for it
         return False
