@@ -3,14 +3,19 @@
     rep = bb.parity.compare(y_torch, y_jax)
     rep = bb.parity.compare({"torch": y1, "jax": y2, "tensorflow": y3}, reference=y_fp64)
     bb.parity.assert_parity(y_torch, y_jax, ulp=1)
+    print(bb.parity.check_cast(model_f32, model_bf16, x, logits=-1))   # after bb.cast_module
     rep = bb.parity.run("matmul", frameworks=["torch", "jax", "tensorflow"])
 """
 
 from .compare import Against, Element, Pair, Report, assert_parity, compare
+from .outputs import (LeafOutput, OutputMismatchError, OutputReport, OutputsDifferError, assert_outputs_close,
+                      check_cast, compare_outputs)
 from .policies import FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference, ulp
 
 __all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "PolicyError", "Report", "allclose",
-           "assert_parity", "compare", "exact", "parse", "recheck", "reference", "run", "suite", "ulp", "OPS"]
+           "assert_parity", "compare", "exact", "parse", "recheck", "reference", "run", "suite", "ulp", "OPS",
+           "LeafOutput", "OutputMismatchError", "OutputReport", "OutputsDifferError", "assert_outputs_close",
+           "check_cast", "compare_outputs"]
 
 
 def __getattr__(name):

@@ -1,0 +1,430 @@
+"""Check a cast: how far a model's outputs moved from the float32 model's, on the same inputs.
+
+    ref = copy.deepcopy(model)
+    model, rep = bb.cast_module(model, "bfloat16")
+    print(bb.parity.check_cast(ref, model, x, logits=-1))
+    bb.parity.assert_outputs_close(y_f32, y_bf16, logits=-1, cosine_min=0.999, top1_min=0.99)
+
+``compare_outputs`` pairs the leaves of two output trees by path (any framework's tensors),
+widens each exactly to float64 on the host and measures the candidate against the reference
+(the float32 output): max absolute and relative error, the normwise relative error, the cosine
+similarity, the NaN/inf that appeared or went, and for logits the KL divergence
+KL(softmax(reference) || softmax(candidate)) and the top-1 agreement. Where ``compare`` judges
+two frameworks' results in ULPs, this judges a model against its float32 self: the errors of
+a cast model are many ULPs by design, so the measures are the ones people deploy by.
+docs/casting.md ("Check the cast") and docs/parity.md say how to read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import registry, trees
+from ..errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError
+from . import metrics
+
+#: the floor under |reference| in the element-wise relative error: float32's (and bf16's)
+#: smallest normal number, so an exact zero in the reference does not divide by zero
+TINY = 2.0 ** -126
+
+#: the dtypes whose values are compared (integer and boolean outputs are refused: compare those for equality)
+_FLOATING_KINDS = "f"
+
+#: the thresholds ``passed``/``assert_outputs_close`` accept: name -> (report attribute, bound kind)
+THRESHOLDS = {
+    "max_abs": ("max_abs", "max"),
+    "max_rel": ("max_rel", "max"),
+    "rel_norm": ("rel_norm", "max"),
+    "cosine_min": ("cosine", "min"),
+    "kl_mean_max": ("kl_mean", "max"),
+    "kl_max": ("kl_max", "max"),
+    "top1_min": ("top1", "min"),
+}
+
+
+class OutputMismatchError(Bf16BridgeError, ValueError):
+    """Two output trees that cannot be compared leaf by leaf (a leaf missing, extra, of another
+    shape, not floating), or a logits axis a leaf does not have; names the leaf's path."""
+
+
+class OutputsDifferError(Bf16BridgeError, AssertionError):
+    """``assert_outputs_close``: the candidate's outputs are further from the reference's than
+    the thresholds allow (the message holds the report)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Measures:
+    """What a leaf and the whole report both measure (see LeafOutput and OutputReport)."""
+
+    max_abs: float
+    max_rel: float
+    rel_norm: float
+    cosine: float
+    new_nonfinite: int
+    nonfinite_mismatches: int
+    rows: int = 0
+    kl_mean: float | None = None
+    kl_max: float | None = None
+    top1: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeafOutput(_Measures):
+    """How one output leaf of the candidate differs from the reference's.
+
+    ``max_rel``: max over elements of |c - r| / max(|r|, TINY); ``rel_norm``: ||c - r|| / ||r||
+    (2-norms over the elements finite on both sides); ``cosine``: of the two flattened leaves
+    over those elements. ``new_nonfinite``: NaN or infinite in the candidate where the reference
+    is finite; ``nonfinite_mismatches``: every element where the two differ in being NaN or
+    infinite, or in the infinity's sign (``new_nonfinite`` included). With logits (``axis`` not
+    None): ``rows`` compared along the class axis (rows holding NaN or +inf on either side, or
+    no finite logit, are left out and counted in ``rows_skipped``), ``kl_mean``/``kl_max``: KL
+    divergence in nats; ``top1``: the fraction of rows where the candidate's argmax (the first
+    maximal class) is one of the reference's maximal classes; ``reference_ties``/
+    ``candidate_ties``: rows whose maximum is held by two classes or more."""
+
+    path: str
+    shape: tuple
+    reference_dtype: str
+    candidate_dtype: str
+    size: int
+    finite_compared: int
+    axis: int | None = None
+    rows_skipped: int = 0
+    top1_disagree: int = 0
+    reference_ties: int = 0
+    candidate_ties: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputReport(_Measures):
+    """The candidate's outputs against the reference's, leaf by leaf and overall.
+
+    Overall: ``max_abs``, ``max_rel``: the largest over leaves; ``rel_norm`` and ``cosine``:
+    over all leaves' elements together; ``kl_mean``: over all rows of all logits leaves,
+    ``kl_max``, ``top1``: likewise (None without logits). ``fed``: what each side was given,
+    for ``check_cast``."""
+
+    leaves: tuple
+    fed: str | None = None
+
+    def failures(self, **thresholds) -> tuple[str, ...]:
+        """What breaks ``thresholds`` (names in ``THRESHOLDS``: max_abs, max_rel, rel_norm,
+        cosine_min, kl_mean_max, kl_max, top1_min), one line each; NaN or infinity that
+        appeared in the candidate always fails. A logits threshold without logits fails too."""
+        out = []
+        if self.new_nonfinite:
+            out.append(f"{self.new_nonfinite} NaN/inf in the candidate where the reference is finite")
+        for name, bound in thresholds.items():
+            if name not in THRESHOLDS:
+                raise InvalidArgumentError(
+                    f"unknown threshold {name!r}; the thresholds are {', '.join(THRESHOLDS)}")
+            if bound is None:
+                continue
+            attr, kind = THRESHOLDS[name]
+            value = getattr(self, attr)
+            if value is None:
+                out.append(f"{name}={bound:g} asks for {attr}, measured only with logits= (none given)")
+            elif math.isnan(value) or (value > bound if kind == "max" else value < bound):
+                out.append(f"{attr} {value:.6g} {'>' if kind == 'max' else '<'} {name}={bound:g}")
+        return tuple(out)
+
+    def passed(self, **thresholds) -> bool:
+        """No failures under ``thresholds`` (see ``failures``)."""
+        return not self.failures(**thresholds)
+
+    def __str__(self) -> str:
+        lines = []
+        if self.fed:
+            lines.append(f"fed: {self.fed}")
+        head = (f"overall: max abs {self.max_abs:.4g}, max rel {self.max_rel:.4g}, rel norm {self.rel_norm:.4g}, "
+                f"cosine {self.cosine:.6f}, new NaN/inf {self.new_nonfinite}")
+        if self.top1 is not None:
+            head += (f"; logits over {self.rows} rows: KL mean {self.kl_mean:.4g} max {self.kl_max:.4g} nats, "
+                     f"top-1 agreement {self.top1:.4%}")
+        lines.append(head)
+        for leaf in self.leaves:
+            dt = (leaf.candidate_dtype if leaf.candidate_dtype == leaf.reference_dtype
+                  else f"{leaf.candidate_dtype} against {leaf.reference_dtype}")
+            s = (f"  {leaf.path} {leaf.shape} {dt}: max abs {leaf.max_abs:.4g}, max rel {leaf.max_rel:.4g}, "
+                 f"rel norm {leaf.rel_norm:.4g}, cosine {leaf.cosine:.6f}")
+            if leaf.nonfinite_mismatches:
+                s += f", NaN/inf differ at {leaf.nonfinite_mismatches} ({leaf.new_nonfinite} new)"
+            if leaf.axis is not None:
+                s += f"; axis {leaf.axis}, {leaf.rows} rows"
+                if leaf.rows_skipped:
+                    s += f" ({leaf.rows_skipped} with NaN/+inf left out)"
+                if leaf.top1 is not None:
+                    s += (f": KL mean {leaf.kl_mean:.4g} max {leaf.kl_max:.4g}, top-1 {leaf.top1:.4%} "
+                          f"({leaf.top1_disagree} differ; ties: reference {leaf.reference_ties}, "
+                          f"candidate {leaf.candidate_ties})")
+            lines.append(s)
+        return "\n".join(lines)
+
+
+def _leaves(tree, side: str) -> dict:
+    out: dict = {}
+
+    def take(x, path):
+        out[trees.where(path)] = x
+        return x
+
+    trees.map_leaves(take, tree)
+    if not out:
+        raise OutputMismatchError(f"the {side} holds no tensor; pass a model's outputs (a tensor or a tree of them)")
+    return out
+
+
+def _host64(x, path: str, side: str) -> tuple[np.ndarray, str]:
+    """A leaf as float64 on the host, exactly (bf16/fp8 through their own widening), and its dtype."""
+    from ..convert import convert
+
+    a = x if isinstance(x, np.ndarray) else convert(x, "numpy", fallback="float32", on_grad="drop",
+                                                     on_alias="allow")
+    name = a.dtype.name
+    if a.dtype.kind not in _FLOATING_KINDS and name not in metrics.kernels.NARROW:
+        raise OutputMismatchError(
+            f"the {side}'s leaf at {path} is {name}: compare_outputs measures floating outputs; leave integer "
+            "or boolean outputs out of the trees (compare them for equality)")
+    try:
+        return metrics.to_float64(np.asarray(a)), name
+    except TypeError as err:
+        raise UnsupportedDtypeError(f"the {side}'s leaf at {path} ({name}) has no exact float64 widening") from err
+
+
+def _axis(logits) -> int | None:
+    if logits is False or logits is None:
+        return None
+    if logits is True:
+        return -1
+    if isinstance(logits, (int, np.integer)):
+        return int(logits)
+    raise InvalidArgumentError(f"logits must be False, True (the last axis) or a class axis (an int); got {logits!r}")
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """log softmax along the last axis, float64, rows with a finite maximum (no exp overflow)."""
+    m = np.max(x, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # -inf - m: -inf, fine
+        z = x - m
+    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+
+
+def _logits(r: np.ndarray, c: np.ndarray, axis: int, path: str) -> dict:
+    if r.ndim == 0 or not -r.ndim <= axis < r.ndim:
+        raise OutputMismatchError(f"logits axis {axis} is out of range for the leaf at {path} of shape {r.shape}")
+    k = r.shape[axis]
+    r2 = np.moveaxis(r, axis, -1).reshape(-1, k)
+    c2 = np.moveaxis(c, axis, -1).reshape(-1, k)
+    ok = ~(np.isnan(r2).any(1) | np.isnan(c2).any(1) | (r2 == np.inf).any(1) | (c2 == np.inf).any(1))
+    ok &= np.isfinite(r2).any(1) & np.isfinite(c2).any(1)  # a row of -inf has no softmax
+    r2, c2 = r2[ok], c2[ok]
+    n = len(r2)
+    out: dict[str, Any] = dict(rows=n, rows_skipped=int(np.count_nonzero(~ok)))
+    if n == 0 or k == 0:
+        return out
+    lr, lc = _log_softmax(r2), _log_softmax(c2)
+    p = np.exp(lr)
+    with np.errstate(invalid="ignore"):  # where p == 0 the term is 0, whatever log q is
+        kl = np.sum(np.where(p > 0, p * (lr - lc), 0.0), axis=-1)
+    kl = np.maximum(kl, 0.0)  # a few ULPs below zero for identical rows
+    rmax = r2.max(1, keepdims=True)
+    r_top = r2 == rmax
+    c_first = np.argmax(c2, axis=1)
+    agree = r_top[np.arange(n), c_first]
+    out.update(kl_sum=float(kl.sum()), kl_mean=float(kl.mean()), kl_max=float(kl.max()),
+               top1=float(agree.mean()), top1_disagree=int(np.count_nonzero(~agree)),
+               reference_ties=int(np.count_nonzero(r_top.sum(1) > 1)),
+               candidate_ties=int(np.count_nonzero((c2 == c2.max(1, keepdims=True)).sum(1) > 1)))
+    return out
+
+
+def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
+    """The candidate's outputs against the reference's (the float32 model's), leaf by leaf.
+
+    ``reference``, ``candidate``: tensors of any framework, or trees of them (dicts, lists,
+    tuples, namedtuples, dataclasses, jax pytrees) with the same paths and shapes; a leaf
+    missing, extra or of another shape raises OutputMismatchError naming it. Each leaf is
+    widened exactly to float64 on the host (bf16 and fp8 candidates too). ``logits``: False,
+    True (the class axis is the last) or the class axis: every leaf is then logits, and KL
+    divergence and top-1 agreement are measured along that axis (float64 log-softmax)."""
+    axis = _axis(logits)
+    ref, cand = _leaves(reference, "reference"), _leaves(candidate, "candidate")
+    missing = [p for p in ref if p not in cand]
+    extra = [p for p in cand if p not in ref]
+    if missing or extra:
+        raise OutputMismatchError(
+            "the outputs are not the same tree: "
+            + "; ".join(s for s in (f"the candidate lacks {', '.join(missing)}" if missing else "",
+                                    f"the reference lacks {', '.join(extra)}" if extra else "") if s)
+            + "; compare the same model's outputs (or pass the matching subtrees)")
+    rows_out = []
+    tot: Counter[str] = Counter()
+    dot = nr = nc = nd = 0.0
+    kl_sum = 0.0
+    kl_max: float | None = None
+    agree = rows = 0.0
+    for path, rx in ref.items():
+        r, rname = _host64(rx, path, "reference")
+        c, cname = _host64(cand[path], path, "candidate")
+        if r.shape != c.shape:
+            raise OutputMismatchError(f"the leaf at {path} has shape {c.shape} in the candidate, "
+                                      f"{r.shape} in the reference")
+        rf, cf = np.isfinite(r), np.isfinite(c)
+        both = rf & cf
+        with np.errstate(invalid="ignore"):  # inf == inf with NaN around
+            differ = (rf != cf) | (~rf & ~cf & ~(np.isnan(r) & np.isnan(c)) & (r != c))
+        vr, vc = r[both], c[both]
+        d = np.abs(vc - vr)
+        l_nr, l_nc, l_nd, l_dot = (float(np.dot(vr, vr)), float(np.dot(vc, vc)), float(np.dot(d, d)),
+                                   float(np.dot(vr, vc)))
+        dot, nr, nc, nd = dot + l_dot, nr + l_nr, nc + l_nc, nd + l_nd
+        leaf: dict[str, Any] = dict(
+            path=path, shape=tuple(r.shape), reference_dtype=rname, candidate_dtype=cname, size=int(r.size),
+            finite_compared=int(vr.size), max_abs=float(d.max()) if d.size else 0.0,
+            max_rel=float((d / np.maximum(np.abs(vr), TINY)).max()) if d.size else 0.0,
+            rel_norm=_rel(l_nd, l_nr), cosine=_cos(l_dot, l_nr, l_nc),
+            new_nonfinite=int(np.count_nonzero(rf & ~cf)), nonfinite_mismatches=int(np.count_nonzero(differ)))
+        if axis is not None:
+            lg = _logits(r, c, axis, path)
+            leaf["axis"] = axis
+            if "kl_sum" in lg:
+                kl_sum += lg.pop("kl_sum")
+                kl_max = lg["kl_max"] if kl_max is None else max(kl_max, lg["kl_max"])
+                agree += lg["top1"] * lg["rows"]
+            rows += lg["rows"]
+            leaf.update(lg)
+        rows_out.append(LeafOutput(**leaf))
+        for k in ("new_nonfinite", "nonfinite_mismatches"):
+            tot[k] += leaf[k]
+    return OutputReport(
+        leaves=tuple(rows_out), max_abs=max(x.max_abs for x in rows_out), max_rel=max(x.max_rel for x in rows_out),
+        rel_norm=_rel(nd, nr), cosine=_cos(dot, nr, nc), new_nonfinite=tot["new_nonfinite"],
+        nonfinite_mismatches=tot["nonfinite_mismatches"], rows=int(rows),
+        kl_mean=kl_sum / rows if axis is not None and rows else None, kl_max=kl_max,
+        top1=agree / rows if axis is not None and rows else None)
+
+
+def _rel(nd: float, nr: float) -> float:
+    if nr > 0:
+        return math.sqrt(nd / nr)
+    return 0.0 if nd == 0 else math.inf
+
+
+def _cos(dot: float, nr: float, nc: float) -> float:
+    if nr > 0 and nc > 0:
+        return max(-1.0, min(1.0, dot / math.sqrt(nr * nc)))
+    return 1.0 if nr == nc else 0.0  # both zero: the same direction (none); one zero: none shared
+
+
+def assert_outputs_close(reference, candidate, *, logits=False, max_abs: float | None = None,
+                         max_rel: float | None = None, rel_norm: float | None = None,
+                         cosine_min: float | None = None, kl_mean_max: float | None = None,
+                         kl_max: float | None = None, top1_min: float | None = None) -> OutputReport:
+    """compare_outputs(...) and raise OutputsDifferError (an AssertionError too), with the
+    report, when a threshold is broken or NaN/inf appeared in the candidate."""
+    rep = compare_outputs(reference, candidate, logits=logits)
+    bad = rep.failures(max_abs=max_abs, max_rel=max_rel, rel_norm=rel_norm, cosine_min=cosine_min,
+                       kl_mean_max=kl_mean_max, kl_max=kl_max, top1_min=top1_min)
+    if bad:
+        raise OutputsDifferError("the candidate's outputs differ from the reference's beyond the thresholds: "
+                                 + "; ".join(bad) + f"\n{rep}")
+    return rep
+
+
+# -- running both models ---------------------------------------------------------------------------
+
+def _model_dtype(model) -> str | None:
+    """The floating dtype holding most of a model object's floating parameter elements (what its
+    first layers compute in), or None for a plain function or a model with no floating leaves."""
+    count: Counter = Counter()
+    for adapter in registry.imported():
+        subs = adapter.submodules(model)
+        if subs is None:
+            continue
+        seen: set = set()
+        for s in subs:
+            for _, t in s.leaves:
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+                shape, name = adapter.shape_dtype(t)
+                if name in _INPUT_DTYPES:
+                    count[name] += math.prod(shape)
+        break
+    return count.most_common(1)[0][0] if count else None
+
+
+#: the dtypes check_cast casts floating inputs between
+_INPUT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def _feed(args: tuple, kwargs: dict, dtype: str | None) -> tuple[tuple, dict, int]:
+    """The inputs with floating leaves cast to ``dtype`` in their own framework (none cast for None)."""
+    cast = 0
+
+    def one(x, path):
+        nonlocal cast
+        if dtype is None:
+            return x
+        adapter = registry.get(registry.framework_of(x))
+        _, name = adapter.shape_dtype(x)
+        if name in _INPUT_DTYPES and name != dtype:
+            cast += 1
+            return adapter.astype(x, dtype)
+        return x
+
+    a, k = trees.map_leaves(one, (args, kwargs))
+    return a, k, cast
+
+
+@contextlib.contextmanager
+def _no_grad():
+    """Every imported framework's no-gradient context, where its adapter offers one (``no_grad``)."""
+    with contextlib.ExitStack() as stack:
+        for adapter in registry.imported():
+            hook = getattr(adapter, "no_grad", None)
+            if hook is not None:
+                stack.enter_context(hook())
+        yield
+
+
+def check_cast(reference, candidate, inputs, *, logits=False, kwargs: dict | None = None,
+               cast_inputs: bool = True) -> OutputReport:
+    """Run the float32 model (``reference``) and the cast one (``candidate``) on the same inputs
+    and compare their outputs (``compare_outputs``; the float32 output is the reference).
+
+    ``inputs``: one tensor (or tree) passed as the single argument, or a tuple of positional
+    arguments; ``kwargs``: keyword arguments. ``cast_inputs=True``: each side gets the floating
+    input leaves cast to the dtype most of its floating parameters have (a model object of an
+    imported framework, a torch ``nn.Module``: a bf16 cast model gets bf16 inputs, its float32
+    original float32 ones, both rounded from the same values); a plain function gets the inputs
+    as they are. ``cast_inputs=False``: both get the inputs as they are. Both run under each
+    imported framework's no-gradient context where its adapter has one. Put a model with
+    dropout in evaluation mode first (torch: ``model.eval()``): a random layer differs anyway.
+    ``report.fed`` says what each side got."""
+    if not isinstance(cast_inputs, bool):
+        raise InvalidArgumentError(f"check_cast: cast_inputs must be True or False; got {cast_inputs!r}")
+    if not callable(reference) or not callable(candidate):
+        bad = "reference" if not callable(reference) else "candidate"
+        raise InvalidArgumentError(f"check_cast: the {bad} must be a model or a function to call on the inputs; "
+                                   "to compare outputs you already have, use compare_outputs")
+    args = inputs if type(inputs) is tuple else (inputs,)
+    kw = dict(kwargs or {})
+    outs, fed = [], []
+    for side, model in (("reference", reference), ("candidate", candidate)):
+        dtype = _model_dtype(model) if cast_inputs else None
+        a, k, n = _feed(args, kw, dtype)
+        with _no_grad():
+            outs.append(model(*a, **k))
+        fed.append(f"{side} {n} floating input(s) cast to {dtype}" if n
+                   else f"{side} the inputs as given" + (f" (its parameters are {dtype})" if dtype else ""))
+    rep = compare_outputs(outs[0], outs[1], logits=logits)
+    return dataclasses.replace(rep, fed="; ".join(fed))
