@@ -381,15 +381,26 @@ class Adapter:
 def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
     """Whether ``run`` (a framework's own conversion, given and returning numpy arrays) keeps
     every ``src`` value exactly in ``dst``, as ml_dtypes reads both: NaN for NaN, zeros keeping
-    their sign. For the adapters' ``casts``, found by trying (at most 256 values; 65,536 for bf16)."""
+    their sign. For the adapters' ``casts``, found by trying (at most 256 values; 65,536 for bf16).
+
+    ``run`` gets every ``src`` value as a numpy array of ``src``, or, where numpy cannot hold
+    ``src`` (no ml_dtypes), as its carrier's bits: the expected values then come from the
+    kernels, which read the format's bits without ml_dtypes."""
     import numpy as np
 
     try:
         # NaN patterns warn "invalid value encountered in cast" in some ml_dtypes casts
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            a = dtypes.all_patterns(src).view(dtypes.numpy_dtype(src))
-            want = a.astype(np.float64)
+            bits = dtypes.all_patterns(src)
+            if dtypes.numpy_missing(src) is None:
+                a = bits.view(dtypes.numpy_dtype(src))
+                want = a.astype(np.float64)
+            else:
+                from .. import kernels
+
+                a = bits
+                want = kernels.to_float32(bits, dtype=src).astype(np.float64)
             got = np.asarray(run(a)).astype(np.float64)
     except Exception:  # noqa: BLE001 - any failure means it does not convert
         return False
