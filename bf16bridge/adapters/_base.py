@@ -7,6 +7,7 @@ framework at the top: it is imported only when first used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -331,6 +332,11 @@ class Adapter:
         """``call`` wrapped to run outside this framework's graph compiler when one is tracing
         now (torch.compile), else None. Asked of every imported framework on each bridged call."""
         return None
+
+    def no_grad(self) -> contextlib.AbstractContextManager:
+        """A context in which this framework records no gradients (bb.parity.check_cast runs
+        both models in it). Default: nothing to do (no autodiff, or none recorded unasked)."""
+        return contextlib.nullcontext()
 
     def vjp(self, fn, leaves: list, diff: list):
         """Callee side: ``fn(*leaves)`` (a list of output tensors) with this framework's own

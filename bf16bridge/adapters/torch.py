@@ -350,6 +350,9 @@ class TorchAdapter(Adapter):
             return torch.compiler.disable(call)
         return None
 
+    def no_grad(self):
+        return torch.no_grad()
+
     def vjp(self, fn, leaves, diff):
         ins = [x.detach().requires_grad_() if d else x for x, d in zip(leaves, diff)]
         with torch.enable_grad():
