@@ -6,6 +6,7 @@ from numpy through ``jax.device_put``."""
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,10 @@ def _device_put_copies(layout, aligned):
     if not aligned:
         return "jax.device_put copies a buffer that is not 64-byte aligned"
     return None
+
+
+#: a legacy capsule, as ``Array.__dlpack__()`` gives one with no arguments (on the host: no stream)
+_capsule = operator.methodcaller("__dlpack__")
 
 
 def _key(entry):
@@ -121,6 +126,9 @@ class JaxAdapter(Adapter):
 
     def importer(self):
         return jnp.from_dlpack
+
+    def capsule_exporter(self):
+        return _capsule
 
     def copy(self, x):
         return jnp.array(x, copy=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
@@ -43,6 +44,12 @@ _NUMPY_OUT, _NUMPY_IN = _numpy_dtypes()
 
 def _no_copy(layout, aligned):
     return None
+
+
+def _to_capsule(x):
+    # Tensor.__dlpack__ checks what describe has already made true (no grad, no conj bit,
+    # strided) and synchronises streams, which host memory has none of; a subclass keeps its own
+    return _to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
 
 
 def _row_major(shape) -> tuple:
@@ -135,6 +142,12 @@ class TorchAdapter(Adapter):
 
     def importer(self):
         return torch.from_dlpack
+
+    def capsule_exporter(self):
+        return _to_capsule
+
+    def capsule_importer(self):
+        return torch.from_dlpack  # takes a capsule as it is
 
     def copy(self, x):
         # copy_ resolves conj/neg bits; clone() would keep them
