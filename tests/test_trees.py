@@ -130,6 +130,29 @@ def test_tree_warns_once_per_call_with_a_count():
     assert said[0].filename == __file__
 
 
+def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
+    j = make("jax", _bf16((4,)))
+    ro = bb.aligned_empty(4)
+    ro[...] = _bf16((4,), seed=1)
+    ro.flags.writeable = False  # torch cannot hold read-only memory: this leaf copies
+    tree = {"a": j, "b": [j, j], "r": ro, "s": "label", "n": 3}
+    for _ in range(3):  # the first call plans each leaf; the others take the plans kept per leaf type
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            out = bb.convert_tree(tree, "torch")
+        assert [str(w.message)[:21] for w in said] == ["3 leaves of this tree"]
+        assert out["s"] == "label" and out["n"] == 3
+        for y, x in ((out["a"], j), (out["b"][1], j), (out["r"], ro)):
+            np.testing.assert_array_equal(bits(y), bits(x))
+        assert out["a"].data_ptr() == j.unsafe_buffer_pointer()  # zero-copy
+        assert out["r"].data_ptr() != ro.ctypes.data  # copied
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            bb.convert_tree(tree, "torch", on_alias="allow")
+        with pytest.raises(bb.CopyRequiredError, match=r"\['a'\]"):
+            bb.convert_tree(tree, "torch", on_alias="error")
+
+
 def test_plan_tree_says_what_copies_and_what_aliases():
     aligned = bb.aligned_empty(64)
     aligned[...] = _bf16((64,))
