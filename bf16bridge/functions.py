@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, registry, trees
-from .convert import Fallback, convert
+from .convert import Fallback, _one
 from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
 
 __all__ = ["bridge", "BridgedFunction", "ForeignCall"]
@@ -65,10 +65,11 @@ class ForeignCall:
         self.memo: dict | None = None
 
     # -- the pieces every caller hook uses -----------------------------------------------
+    # convert's hot path (_one) with its keywords as positions: copy, fallback, for_compute,
+    # on_alias, on_grad (a call converts every leaf both ways)
     def _inputs(self, leaves):
-        copy = True if self.copy_inputs else None
-        return [convert(x, self.callee, copy=copy, fallback=self.fallback, on_alias="allow", on_grad="drop")
-                for x in leaves]
+        copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
+        return [_one(x, to, copy, fallback, False, "allow", "drop") for x in leaves]
 
     def _flat_fn(self, *callee_leaves):
         args, kwargs = trees.fill(self.skeleton, callee_leaves)
@@ -83,7 +84,8 @@ class ForeignCall:
         return out_leaves
 
     def _outputs(self, out_leaves, to):
-        return [convert(y, to, fallback=self.fallback, on_alias="allow", on_grad="drop") for y in out_leaves]
+        fallback = self.fallback
+        return [_one(y, to, None, fallback, False, "allow", "drop") for y in out_leaves]
 
     def forward(self, leaves, want_vjp: bool, to: str):
         callee_leaves = self._inputs(leaves)
@@ -96,11 +98,10 @@ class ForeignCall:
     def backward(self, pullback, cotangents, to: str):
         if pullback is None:
             return [None] * len(self.diff)
-        cts = [None if c is None else convert(c, self.callee, fallback=self.fallback, on_alias="allow")
-               for c in cotangents]
+        callee, fallback = self.callee, self.fallback
+        cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", "warn") for c in cotangents]
         grads = pullback(cts)
-        return [None if g is None else convert(g, to, fallback=self.fallback, on_alias="allow", on_grad="drop")
-                for g in grads]
+        return [None if g is None else _one(g, to, None, fallback, False, "allow", "drop") for g in grads]
 
     def recompute_backward(self, leaves, cotangents, to: str):
         _, pullback = self.forward(leaves, True, to)
