@@ -21,6 +21,7 @@ back: each gradient is the callee's own vector-Jacobian product, bit for bit.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, registry, trees
+from .adapters._base import Adapter
 from .convert import Fallback, _one
 from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
 
@@ -148,7 +150,7 @@ class BridgedFunction:
     def __call__(self, *args, **kwargs):
         # a graph compiler tracing the caller (torch.compile) must not trace the bridge: an
         # imported adapter may hand back this call wrapped to run outside its trace
-        for adapter in registry.imported():
+        for adapter in _compilers():
             run = adapter.outside_compiler(self._call)
             if run is not None:
                 return run(*args, **kwargs)
@@ -186,6 +188,20 @@ class BridgedFunction:
             with self._lock:
                 self._specs[sig] = (call.out_specs, call.out_skeleton)
         return trees.fill(call.out_skeleton, list(outs))
+
+
+#: ((registry generation, modules imported), the imported adapters that have a graph compiler
+#: to step out of): asked on every bridged call, found again when either changes
+_COMPILERS: tuple = (None, ())
+
+
+def _compilers() -> tuple:
+    global _COMPILERS
+    now = (registry._GENERATION, len(sys.modules))
+    if _COMPILERS[0] != now:
+        _COMPILERS = (now, tuple(a for a in registry.imported()
+                                 if type(a).outside_compiler is not Adapter.outside_compiler))
+    return _COMPILERS[1]
 
 
 def _caller_of(leaves, fn) -> str | None:
