@@ -457,10 +457,12 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
                 k = fast.src.fast_key(x, fast.alignment)
                 if k is not None:
                     hit = fast.plans.get(k if fast.state is None else (k, state))
-                    if hit is not None and hit[1] is not None:
-                        _, direct, message = hit
+                    if hit is not None:
+                        p, direct, message = hit
                         if message is not None:
                             pending[message] = pending.get(message, 0) + 1
+                        if direct is None:
+                            return _run(p, x, fast.source, copy, fast.dst)
                         y = x
                         for run in direct:
                             y = run(y)

@@ -157,6 +157,20 @@ def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
             bb.convert_tree(tree, "torch", on_alias="error")
 
 
+def test_the_cached_leaf_path_runs_plans_that_check_their_result():
+    import torch
+
+    # torch -> jax: jax decides whether its import copies, so the plan checks the pointer
+    sd = {"w": torch.arange(64, dtype=torch.bfloat16), "b": [torch.ones(64, dtype=torch.bfloat16)]}
+    for _ in range(3):
+        out = bb.convert_tree(sd, "jax")
+        out_strict = bb.convert_tree(sd, "jax", copy=False)
+        for tree in (out, out_strict):
+            np.testing.assert_array_equal(bits(tree["w"]), bits(sd["w"]))
+            np.testing.assert_array_equal(bits(tree["b"][0]), bits(sd["b"][0]))
+            assert tree["w"].unsafe_buffer_pointer() == sd["w"].data_ptr()  # torch allocates aligned
+
+
 # -- flatten and fill (a bridged call's arguments and results): the plain walk and the full one --
 
 
