@@ -387,6 +387,23 @@ def test_cached_plan_does_not_serve_an_unaligned_buffer_to_jax():
     np.testing.assert_array_equal(bits(bb.to_jax(unaligned)), bits(unaligned))
 
 
+def test_cached_plan_does_not_serve_an_unaligned_buffer_to_tensorflow():
+    # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process: the
+    # cached zero-copy plan of an aligned array must never serve an unaligned one (checked by
+    # pointer before any tensorflow kernel runs)
+    from bf16bridge import registry
+
+    tf_ptr = registry.get("tensorflow").data_ptr
+    for _ in range(2):
+        aligned = aligned_copy(_bf16(64))
+        assert tf_ptr(bb.to_tensorflow(aligned)) == ptr(aligned)
+        for offset in (2, 16, 32):
+            unaligned = aligned_copy(_bf16(64), offset_bytes=offset)
+            out = bb.to_tensorflow(unaligned)
+            assert tf_ptr(out) != ptr(unaligned) and tf_ptr(out) % 64 == 0
+            np.testing.assert_array_equal(bits(out), bits(unaligned))
+
+
 def test_cached_plan_follows_jax_x64_and_adapter_replacement():
     import jax
 
