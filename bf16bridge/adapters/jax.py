@@ -6,7 +6,6 @@ from numpy through ``jax.device_put``."""
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +28,9 @@ def _device_put_copies(layout, aligned):
     return None
 
 
-#: a legacy capsule, as ``Array.__dlpack__()`` gives one with no arguments (on the host: no stream)
-_capsule = operator.methodcaller("__dlpack__")
+def _capsule(x):
+    """A legacy capsule, as ``Array.__dlpack__()`` gives one with no arguments (on the host: no stream)."""
+    return x.__dlpack__()
 
 
 def _key(entry):
