@@ -358,6 +358,16 @@ def _outside() -> tuple[int, FrameType | None]:
     return depth, f
 
 
+def _stacklevel() -> int:
+    """The stacklevel that points a ``warnings.warn`` made by the caller at the first line outside
+    this package (for modules that warn themselves; ``_warn`` finds it cheaper)."""
+    level = 2
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _DEPTH = 5
 _QUIET: _Quiet
