@@ -337,25 +337,16 @@ def _action(text: str, module, lineno: int) -> str | None:
 
 def _outside() -> tuple[int, FrameType | None]:
     """The first frame outside this package above ``_warn``'s caller, and the stacklevel that
-    points ``warnings.warn`` in ``_warn`` at it. Where the call came from last time is tried
-    first (two frames, not every one between)."""
-    global _DEPTH
-    depth = _DEPTH
-    try:
-        frame = sys._getframe(depth)
-        if (not frame.f_code.co_filename.startswith(_PACKAGE_DIR)
-                and sys._getframe(depth - 1).f_code.co_filename.startswith(_PACKAGE_DIR)):
-            return depth, frame
-    except ValueError:  # fewer frames than that
-        pass
-    # frame 0 is this function and 1 is _warn: their stacklevels for a call in _warn are one apart
+    points ``warnings.warn`` in ``_warn`` at it (frame 0 is this function, 1 is ``_warn``: their
+    stacklevels for a call in ``_warn`` are one apart). Asked only where the filters' answer
+    depends on the call site."""
     depth = 1
-    f: FrameType | None = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(_PACKAGE_DIR):
-        depth, f = depth + 1, f.f_back
-    if f is not None:
-        _DEPTH = depth
-    return depth, f
+    try:
+        while sys._getframe(depth).f_code.co_filename.startswith(_PACKAGE_DIR):
+            depth += 1
+        return depth, sys._getframe(depth)
+    except ValueError:  # no frame outside the package
+        return depth, None
 
 
 def _stacklevel() -> int:
@@ -369,7 +360,6 @@ def _stacklevel() -> int:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_DEPTH = 5
 _QUIET: _Quiet
 _Quiet()
 
