@@ -315,9 +315,13 @@ def function_markdown(fres: dict) -> list[str]:
                       f"{'met' if _convert_ok(tm, ALLOW) else '**missed**'}" if ALLOW in tm else "",
                       _times_cell(tm["torch_jax_interop"]) if "torch_jax_interop" in tm else ""))
     lines += ["", "## convert of 1 KiB against the raw call of the same route", "",
-              "The raw calls are `benchmarks/raw.py`'s. jax -> torch and tensorflow -> torch warn by default "
+              "The raw calls are `benchmarks/raw.py`'s: the calls a user writes, such as `torch.from_dlpack(x)`. "
+              "Between torch, jax and tensorflow on the host the bridge hands a DLPack capsule straight over "
+              "(`Adapter.capsule_exporter`), which skips the device and version questions `torch.from_dlpack(x)` "
+              "asks first: there it can beat the raw call. jax -> torch and tensorflow -> torch warn by default "
               "(`Bf16BridgeWarning`: the result is a writable torch tensor over an immutable buffer); the default "
-              "call is timed with that warning filtered out (its cost included), and the call with "
+              "call is timed with that warning filtered out (its cost included: the filter is consulted on the "
+              "first call, and remembered while the filters stay the same), and the call with "
               "`on_alias=\"allow\"` beside it. Target: at most 1.3x raw + 1 us.", "",
               table(["pair", "raw call", "bridge (default)", "ratio", "target met",
                      "on_alias='allow': time, ratio, target", "torch_jax_interop"], cells, "markdown")]

@@ -6,7 +6,7 @@ import contextvars
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, overload
 
 from . import registry, trees
 from .adapters._base import Adapter
@@ -133,11 +133,11 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
         if fast is not None and fast.generation == registry._GENERATION:
             k = fast.src.fast_key(x, fast.alignment)
             if k is not None:
-                hit = fast.plans.get((k, *[a.state() for a in fast.stateful]) if fast.stateful else k)
+                hit = fast.plans.get(k if fast.state is None else (k, fast.state()))
                 if hit is not None:
-                    p, direct = hit
-                    if p.alias is not None and on_alias == "warn":
-                        _warn_alias(p)
+                    p, direct, message = hit
+                    if message is not None:
+                        _say(message)
                     if direct is None:
                         return _run(p, x, fast.source, copy, fast.dst)
                     for run in direct:
@@ -149,18 +149,23 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
 class _Fast:
     """The cached zero-copy plans for one input type, target and set of keywords."""
 
-    __slots__ = ("generation", "src", "hub", "dst", "source", "alignment", "plans", "stateful")
+    __slots__ = ("generation", "src", "hub", "dst", "source", "alignment", "plans", "state")
 
     def __init__(self, src, hub, dst, source):
         self.generation = registry._GENERATION
         self.src, self.hub, self.dst, self.source = src, hub, dst, source
-        #: the adapters whose run-time state a route depends on (Adapter.state overridden: jax)
-        self.stateful = tuple(a for a in dict.fromkeys((src, hub, dst)) if type(a).state is not Adapter.state)
+        stateful = tuple(a for a in dict.fromkeys((src, hub, dst)) if type(a).state is not Adapter.state)
+        #: the run-time state of the adapters a route depends on (Adapter.state overridden: jax),
+        #: as one call; None where none has any
+        self.state: Callable[[], object] | None = (
+            None if not stateful else stateful[0].state if len(stateful) == 1
+            else lambda: tuple(a.state() for a in stateful))
         # only a target's import can make a zero-copy route depend on alignment (a source's own
         # alignment matters to its copies, and routes that copy are never cached here)
         self.alignment = dst.dlpack_unaligned != "ok"
-        #: (fast_key, adapter states) -> (plan, its steps' run functions where _run would add
-        #: nothing to them: no pointer to verify, no read-only mark to set; else None)
+        #: fast_key, or (fast_key, state()) -> (plan, its steps' run functions where _run would add
+        #: nothing to them: no pointer to verify, no read-only mark to set; else None,
+        #: the warning it gives with these keywords, or None)
         self.plans: dict = {}
 
 
@@ -183,7 +188,8 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
         if not p.writable and dst.marks_readonly:
             runs += (dst.mark_readonly,)
         direct = None if any(step.verify for step in p.steps) else runs
-        fast.plans[(k, *[a.state() for a in fast.stateful]) if fast.stateful else k] = (p, direct)
+        message = _alias_message(p) if p.alias is not None and on_alias == "warn" else None
+        fast.plans[k if fast.state is None else (k, fast.state())] = (p, direct, message)
 
 
 def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
@@ -218,7 +224,11 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
 
 
 def _warn_alias(p: Plan) -> None:
-    _say(f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)")
+    _say(_alias_message(p))
+
+
+def _alias_message(p: Plan) -> str:
+    return f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)"
 
 
 #: inside convert_tree: the messages its leaves would warn, said once per call when it ends
@@ -228,13 +238,120 @@ _SAYING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("bf16bridg
 def _say(message: str) -> None:
     pending = _SAYING.get()
     if pending is None:
-        warnings.warn(message, Bf16BridgeWarning, stacklevel=_stacklevel())
+        _warn(message)
     else:
         pending[message] = pending.get(message, 0) + 1
 
 
+def _warn(message: str) -> None:
+    """``warnings.warn(message, Bf16BridgeWarning)`` pointed at the caller's line (the first
+    frame outside this package), costing little where it would show nothing.
+
+    ``convert`` may warn on every call of a hot loop, and ``warnings.warn`` costs microseconds
+    even when it shows nothing (it walks the stack and searches the filters each time). So
+    what ``warnings`` will not show again is remembered: a message the filters ignore
+    wherever it is raised, one shown under "once", and a call site where it was shown under
+    "default" or "module" (or ignored by a filter for that module or line). The memory holds
+    only while the filters are the ones it was made under (the same list, with the same
+    entries, and the same default action): any change (``simplefilter``, ``filterwarnings``,
+    entering or leaving ``catch_warnings``) forgets it, so "always" and "error" see every
+    call, and the first call after a change goes to ``warnings`` as it is."""
+    quiet = _QUIET
+    filters = warnings.filters
+    if (quiet.filters is not filters or quiet.snapshot != filters
+            or quiet.default != warnings.defaultaction):  # type: ignore[attr-defined]
+        quiet = _Quiet()
+    if message in quiet.messages:
+        return
+    everywhere = quiet.everywhere.get(message, "")
+    if everywhere == "":
+        everywhere = _action(message, None, 0)
+        if len(quiet.everywhere) < _QUIET_LIMIT:
+            quiet.everywhere[message] = everywhere
+    if everywhere == "ignore":
+        quiet.remember(message)
+        return
+    level, frame = _outside()
+    if frame is None:
+        warnings.warn(message, Bf16BridgeWarning, stacklevel=level)
+        return
+    # the code object by id (hashing one reads all its bytecode; the entry keeps it alive), and
+    # the instruction rather than the line (finding the line reads a table)
+    site = (id(frame.f_code), frame.f_lasti, message)
+    if site in quiet.sites:
+        return
+    action = everywhere or _action(message, frame.f_globals.get("__name__", "<string>"), frame.f_lineno)
+    warnings.warn(message, Bf16BridgeWarning, stacklevel=level)
+    if everywhere == "once":
+        quiet.remember(message)
+    elif action in _SHOWS_ONCE and len(quiet.sites) < _QUIET_LIMIT:
+        quiet.sites[site] = frame.f_code
+
+
+class _Quiet:
+    """What ``warnings`` will not show again of our messages, under one set of filters."""
+
+    __slots__ = ("filters", "snapshot", "default", "messages", "everywhere", "sites")
+
+    def __init__(self):
+        global _QUIET
+        self.filters = warnings.filters
+        self.snapshot = list(self.filters)
+        self.default = warnings.defaultaction  # type: ignore[attr-defined]
+        #: messages shown nowhere again (ignored wherever raised, or shown once under "once")
+        self.messages: set = set()
+        #: message -> the action for it wherever it is raised, or None where that depends on the site
+        self.everywhere: dict = {}
+        #: (id of a code object, instruction, message) -> that code object: a site shown nothing again
+        self.sites: dict = {}
+        _QUIET = self
+
+    def remember(self, message: str) -> None:
+        if len(self.messages) < _QUIET_LIMIT:
+            self.messages.add(message)
+
+
+#: the actions after which ``warnings`` shows a message at a call site no more (until its
+#: filters change): "ignore" at once; the others once it has been shown there
+_SHOWS_ONCE = frozenset(["ignore", "default", "module", "once"])
+_QUIET_LIMIT = 4096
+
+
+def _action(text: str, module, lineno: int) -> str | None:
+    """The action ``warnings`` takes for our warning ``text`` raised in ``module`` at ``lineno``
+    (the first filter that matches, as ``warnings.warn_explicit`` searches them). ``module``
+    None: the action wherever it is raised, or None where a filter for a module or a line
+    could decide it."""
+    if module is not None and not isinstance(module, str):
+        return None  # an unusual module name: no memory, every call goes to warnings
+    for action, msg, cat, mod, ln in warnings.filters:
+        if (msg is None or msg.match(text)) and issubclass(Bf16BridgeWarning, cat):
+            if module is None:
+                if mod is not None or ln != 0:
+                    return None
+                return action
+            if (mod is None or mod.match(module)) and (ln == 0 or lineno == ln):
+                return action
+    return warnings.defaultaction  # type: ignore[attr-defined]
+
+
+def _outside() -> tuple[int, FrameType | None]:
+    """The first frame outside this package above ``_warn``'s caller, and the stacklevel that
+    points ``warnings.warn`` in ``_warn`` at it (frame 0 is this function, 1 is ``_warn``: their
+    stacklevels for a call in ``_warn`` are one apart). Asked only where the filters' answer
+    depends on the call site."""
+    depth = 1
+    try:
+        while sys._getframe(depth).f_code.co_filename.startswith(_PACKAGE_DIR):
+            depth += 1
+        return depth, sys._getframe(depth)
+    except ValueError:  # no frame outside the package
+        return depth, None
+
+
 def _stacklevel() -> int:
-    """Point a warning at the caller's line, past every frame of this package."""
+    """The stacklevel that points a ``warnings.warn`` made by the caller at the first line outside
+    this package (for modules that warn themselves; ``_warn`` finds it cheaper)."""
     level = 2
     frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
@@ -243,6 +360,8 @@ def _stacklevel() -> int:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_QUIET: _Quiet
+_Quiet()
 
 
 def _run(p: Plan, value, source: str, copy, dst_a):
@@ -320,23 +439,47 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     if on_unsupported not in ("raise", "keep"):
         raise InvalidArgumentError(f"on_unsupported must be 'raise' or 'keep'; got {on_unsupported!r}")
 
+    pending: dict = {}
+    # _one's cache lookup, done once per leaf type for the whole call: the cached plans for
+    # the type and the adapters' state (a tree is converted under one state)
+    fasts: dict = {}
+
     def leaf(x, path):
         try:
+            t = type(x)
+            got: Any = fasts.get(t)
+            if got is None:
+                fast = _FAST.get((t, to, copy, fallback, for_compute, on_alias, on_grad))
+                got = fasts[t] = (False if fast is None or fast.generation != registry._GENERATION
+                                  else (fast, None if fast.state is None else fast.state()))
+            if got is not False:
+                fast, state = got
+                k = fast.src.fast_key(x, fast.alignment)
+                if k is not None:
+                    hit = fast.plans.get(k if fast.state is None else (k, state))
+                    if hit is not None:
+                        p, direct, message = hit
+                        if message is not None:
+                            pending[message] = pending.get(message, 0) + 1
+                        if direct is None:
+                            return _run(p, x, fast.source, copy, fast.dst)
+                        y = x
+                        for run in direct:
+                            y = run(y)
+                        return y
             return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
         except Bf16BridgeError as err:
             if on_unsupported == "keep" and not isinstance(err, InvalidArgumentError):
                 return x
             raise type(err)(f"at {trees.where(path)}: {err}") from err
 
-    pending: dict = {}
     token = _SAYING.set(pending)
     try:
         out = trees.map_leaves(leaf, tree, unwrap_values=unwrap)
     finally:
         _SAYING.reset(token)
     for message, n in pending.items():
-        warnings.warn(f"{n} lea{'f' if n == 1 else 'ves'} of this tree: {message}", Bf16BridgeWarning,
-                      stacklevel=_stacklevel())
+        _warn(f"{n} lea{'f' if n == 1 else 'ves'} of this tree: {message}")
     return out
 
 

@@ -21,6 +21,7 @@ back: each gradient is the callee's own vector-Jacobian product, bit for bit.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -29,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, registry, trees
-from .convert import Fallback, convert
+from .adapters._base import Adapter
+from .convert import Fallback, _one
 from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
 
 __all__ = ["bridge", "BridgedFunction", "ForeignCall"]
@@ -65,10 +67,11 @@ class ForeignCall:
         self.memo: dict | None = None
 
     # -- the pieces every caller hook uses -----------------------------------------------
+    # convert's hot path (_one) with its keywords as positions: copy, fallback, for_compute,
+    # on_alias, on_grad (a call converts every leaf both ways)
     def _inputs(self, leaves):
-        copy = True if self.copy_inputs else None
-        return [convert(x, self.callee, copy=copy, fallback=self.fallback, on_alias="allow", on_grad="drop")
-                for x in leaves]
+        copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
+        return [_one(x, to, copy, fallback, False, "allow", "drop") for x in leaves]
 
     def _flat_fn(self, *callee_leaves):
         args, kwargs = trees.fill(self.skeleton, callee_leaves)
@@ -83,7 +86,8 @@ class ForeignCall:
         return out_leaves
 
     def _outputs(self, out_leaves, to):
-        return [convert(y, to, fallback=self.fallback, on_alias="allow", on_grad="drop") for y in out_leaves]
+        fallback = self.fallback
+        return [_one(y, to, None, fallback, False, "allow", "drop") for y in out_leaves]
 
     def forward(self, leaves, want_vjp: bool, to: str):
         callee_leaves = self._inputs(leaves)
@@ -96,11 +100,10 @@ class ForeignCall:
     def backward(self, pullback, cotangents, to: str):
         if pullback is None:
             return [None] * len(self.diff)
-        cts = [None if c is None else convert(c, self.callee, fallback=self.fallback, on_alias="allow")
-               for c in cotangents]
+        callee, fallback = self.callee, self.fallback
+        cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", "warn") for c in cotangents]
         grads = pullback(cts)
-        return [None if g is None else convert(g, to, fallback=self.fallback, on_alias="allow", on_grad="drop")
-                for g in grads]
+        return [None if g is None else _one(g, to, None, fallback, False, "allow", "drop") for g in grads]
 
     def recompute_backward(self, leaves, cotangents, to: str):
         _, pullback = self.forward(leaves, True, to)
@@ -147,7 +150,7 @@ class BridgedFunction:
     def __call__(self, *args, **kwargs):
         # a graph compiler tracing the caller (torch.compile) must not trace the bridge: an
         # imported adapter may hand back this call wrapped to run outside its trace
-        for adapter in registry.imported():
+        for adapter in _compilers():
             run = adapter.outside_compiler(self._call)
             if run is not None:
                 return run(*args, **kwargs)
@@ -185,6 +188,20 @@ class BridgedFunction:
             with self._lock:
                 self._specs[sig] = (call.out_specs, call.out_skeleton)
         return trees.fill(call.out_skeleton, list(outs))
+
+
+#: ((registry generation, modules imported), the imported adapters that have a graph compiler
+#: to step out of): asked on every bridged call, found again when either changes
+_COMPILERS: tuple = (None, ())
+
+
+def _compilers() -> tuple:
+    global _COMPILERS
+    now = (registry._GENERATION, len(sys.modules))
+    if _COMPILERS[0] != now:
+        _COMPILERS = (now, tuple(a for a in registry.imported()
+                                 if type(a).outside_compiler is not Adapter.outside_compiler))
+    return _COMPILERS[1]
 
 
 def _caller_of(leaves, fn) -> str | None:

@@ -103,7 +103,14 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     return s._replace(framework=dst.name, readonly=readonly)
 
 
-def _via_dlpack(a: Adapter, b: Adapter, readonly: bool) -> Callable[[Any], Any]:
+def _via_dlpack(a: Adapter, b: Adapter, readonly: bool, host: bool) -> Callable[[Any], Any]:
+    if host:  # a capsule straight over, where both sides offer it (Adapter.capsule_exporter)
+        to_capsule, from_capsule = a.capsule_exporter(), b.capsule_importer()
+        if to_capsule is not None and from_capsule is not None:
+            def direct(x):
+                return from_capsule(to_capsule(x))
+
+            return direct
     export, imp = a.exporter(readonly), b.importer()
     if export is None:
         return imp
@@ -193,7 +200,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
                 yield b.import_copy_cost if copies else 0, Step(
                     "dlpack", b.name, b.label_import, s.dtype, copies,
                     "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
-                    run=_via_dlpack(a, b, s.readonly)), entered
+                    run=_via_dlpack(a, b, s.readonly, s.host)), entered
 
 
 def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):

@@ -61,17 +61,90 @@ def flatten(tree) -> tuple[list, Any]:
     leaf replaced by ``SLOT`` (it holds no tensor; ``fill`` puts leaves back)."""
     leaves: list = []
 
-    def take(x, path):
+    def take(x, path=None):
         leaves.append(x)
         return SLOT
 
+    try:
+        return leaves, _plain(tree, take, _plain_kinds(), 0)
+    except _NotPlain:
+        leaves.clear()
     return leaves, map_leaves(take, tree)
 
 
 def fill(skeleton, leaves):
     """The skeleton's tree with ``leaves`` in its slots, in order."""
     it = iter(leaves)
+    try:
+        return _plain(skeleton, lambda slot: next(it), _plain_kinds(), 0)
+    except _NotPlain:
+        it = iter(leaves)
     return map_leaves(lambda slot, path: next(it), skeleton)
+
+
+# -- the plain walk: what a bridged function's call flattens and fills, several times a call ----
+#
+# Arguments are nearly always tuples, lists and dicts of tensors and plain values. For those,
+# flatten and fill take this walk: no paths, no cycle bookkeeping, no ABC checks, a type's
+# kind looked up once. It does what the full walk does with them (a tensor of a type the
+# registry knows, or a slot, is a leaf; strings, numbers and None are kept; the three
+# containers are rebuilt as they are) and gives up on anything else, or on a tree deeper than
+# _PLAIN_DEPTH (a cycle, say), for the full walk to decide.
+
+_LEAF, _KEEP, _TUPLE, _LIST, _DICT = range(5)
+_PLAIN_DEPTH = 64
+
+
+class _NotPlain(Exception):
+    """The tree holds something only the full walk decides."""
+
+
+#: (registry generation, {type: kind}): types whose kind is known, for that registry
+_KINDS: tuple[int, dict] = (-1, {})
+
+
+def _plain_kinds() -> dict:
+    global _KINDS
+    generation, kinds = _KINDS
+    if generation != registry._GENERATION:
+        kinds = {tuple: _TUPLE, list: _LIST, dict: _DICT, type(None): _KEEP, str: _KEEP, bytes: _KEEP,
+                 int: _KEEP, float: _KEEP, bool: _KEEP, complex: _KEEP, _Slot: _LEAF}
+        _KINDS = (registry._GENERATION, kinds)
+    return kinds
+
+
+def _kind(t: type, kinds: dict) -> int:
+    """The kind of a type not yet in ``kinds``: a tensor type the registry knows (strings first:
+    np.str_ is numpy's, and a label), or not plain."""
+    if issubclass(t, (str, bytes)):
+        kind = _KEEP
+    elif t in registry._TYPE_CACHE:
+        kind = _LEAF
+    else:
+        raise _NotPlain
+    if len(kinds) < 1024:
+        kinds[t] = kind
+    return kind
+
+
+def _plain(node, leaf, kinds: dict, depth: int):
+    t = type(node)
+    kind = kinds.get(t)
+    if kind is None:
+        kind = _kind(t, kinds)
+    if kind == _LEAF:
+        return leaf(node)
+    if kind == _KEEP:
+        return node
+    if depth > _PLAIN_DEPTH:
+        raise _NotPlain
+    depth += 1
+    # a leaf and a kept value (most children) are taken here, without a call of their own
+    if kind == _DICT:
+        return {name: leaf(v) if (k := kinds.get(type(v))) == _LEAF else v if k == _KEEP
+                else _plain(v, leaf, kinds, depth) for name, v in node.items()}
+    return t([leaf(v) if (k := kinds.get(type(v))) == _LEAF else v if k == _KEEP
+              else _plain(v, leaf, kinds, depth) for v in node])
 
 
 def key(skeleton):

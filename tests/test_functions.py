@@ -278,6 +278,26 @@ def test_bridge_imports_no_framework():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_compiler():
+    import subprocess
+    import sys
+    import textwrap
+
+    # which adapters have a graph compiler to step out of is kept between calls: importing
+    # torch after the first bridged call must make torch's hook (torch.compile) count
+    code = textwrap.dedent("""
+        import numpy as np, bf16bridge as bb
+        from bf16bridge import functions
+        fn = bb.bridge("numpy")(lambda x: x)
+        fn(np.ones(2, np.float32))
+        before = [a.name for a in functions._compilers()]
+        import torch
+        print(before, [a.name for a in functions._compilers()])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] ['torch']"
+
+
 def test_examples_run():
     """The examples under examples/ are part of the docs: they run, and check themselves."""
     import pathlib

@@ -4,13 +4,17 @@ kept, nothing handed back unconverted without a word."""
 
 from __future__ import annotations
 
+import collections
 import warnings
+from collections import namedtuple
 
 import numpy as np
 import pytest
 
 import bf16bridge as bb
 from conftest import BF16, bits, make
+
+Pair = namedtuple("Pair", "w b")
 
 
 def _bf16(shape, seed=0):
@@ -128,6 +132,113 @@ def test_tree_warns_once_per_call_with_a_count():
     assert len(said) == 1 and said[0].category is bb.Bf16BridgeWarning
     assert str(said[0].message).startswith("3 leaves of this tree:")
     assert said[0].filename == __file__
+
+
+def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
+    j = make("jax", _bf16((4,)))
+    ro = bb.aligned_empty(4)
+    ro[...] = _bf16((4,), seed=1)
+    ro.flags.writeable = False  # torch cannot hold read-only memory: this leaf copies
+    tree = {"a": j, "b": [j, j], "r": ro, "s": "label", "n": 3}
+    for _ in range(3):  # the first call plans each leaf; the others take the plans kept per leaf type
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            out = bb.convert_tree(tree, "torch")
+        assert [str(w.message)[:21] for w in said] == ["3 leaves of this tree"]
+        assert out["s"] == "label" and out["n"] == 3
+        for y, x in ((out["a"], j), (out["b"][1], j), (out["r"], ro)):
+            np.testing.assert_array_equal(bits(y), bits(x))
+        assert out["a"].data_ptr() == j.unsafe_buffer_pointer()  # zero-copy
+        assert out["r"].data_ptr() != ro.ctypes.data  # copied
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            bb.convert_tree(tree, "torch", on_alias="allow")
+        with pytest.raises(bb.CopyRequiredError, match=r"\['a'\]"):
+            bb.convert_tree(tree, "torch", on_alias="error")
+
+
+def test_the_cached_leaf_path_runs_plans_that_check_their_result():
+    import torch
+
+    # torch -> jax: jax decides whether its import copies, so the plan checks the pointer
+    sd = {"w": torch.arange(64, dtype=torch.bfloat16), "b": [torch.ones(64, dtype=torch.bfloat16)]}
+    for _ in range(3):
+        out = bb.convert_tree(sd, "jax")
+        out_strict = bb.convert_tree(sd, "jax", copy=False)
+        for tree in (out, out_strict):
+            np.testing.assert_array_equal(bits(tree["w"]), bits(sd["w"]))
+            np.testing.assert_array_equal(bits(tree["b"][0]), bits(sd["b"][0]))
+            assert tree["w"].unsafe_buffer_pointer() == sd["w"].data_ptr()  # torch allocates aligned
+
+
+# -- flatten and fill (a bridged call's arguments and results): the plain walk and the full one --
+
+
+def _walked(tree):
+    """flatten by the full walk alone."""
+    from bf16bridge import trees
+
+    leaves: list = []
+
+    def take(x, path):
+        leaves.append(x)
+        return trees.SLOT
+
+    return leaves, trees.map_leaves(take, tree)
+
+
+def _same(a, b) -> bool:
+    """The same tree: the same container types, the same objects at the leaves, equal plain values."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a is b or (isinstance(a, (str, bytes, int, float, complex)) and a == b)
+
+
+def _deep(n, leaf):
+    tree = leaf
+    for _ in range(n):
+        tree = [tree]
+    return tree
+
+
+_PLAIN_AND_NOT = {
+    "plain": lambda t: ((t[0], t[1], 3, "s", None), {"k": t[2], "n": [1.5, b"x", np.str_("label"), True, 2j]}),
+    "a namedtuple": lambda t: (Pair(t[0], None), {}),
+    "a dict subclass": lambda t: ((collections.OrderedDict(w=t[0]),), {"d": collections.defaultdict(list, a=t[1])}),
+    "deeper than the plain walk goes": lambda t: ((_deep(100, t[0]), t[1]), {}),
+    "an object the registry does not know": lambda t: ((t[0], object), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(_PLAIN_AND_NOT))
+def test_flatten_and_fill_give_what_the_full_walk_gives(name):
+    import torch
+
+    from bf16bridge import trees
+
+    with pytest.raises(bb.UnsupportedDtypeError):
+        bb.to_torch(np.str_("x"))  # numpy's type for a string is now a registered type: still a label
+    tensors = [torch.zeros(2, dtype=torch.bfloat16) for _ in range(3)]
+    tree = _PLAIN_AND_NOT[name](tensors)
+    leaves, skeleton = trees.flatten(tree)
+    want_leaves, want_skeleton = _walked(tree)
+    assert [id(x) for x in leaves] == [id(x) for x in want_leaves] and leaves
+    assert _same(skeleton, want_skeleton)
+    assert _same(trees.fill(skeleton, leaves), tree)
+
+
+def test_flatten_refuses_a_cycle_the_plain_walk_gives_up_on():
+    from bf16bridge import registry, trees
+
+    loop: list = [np.zeros(2, BF16)]
+    loop.append(loop)
+    assert registry.framework_of(loop[0]) == "numpy"  # a known tensor type: the plain walk starts
+    with pytest.raises(bb.UnsupportedTypeError, match="contains itself"):
+        trees.flatten((loop,))
 
 
 def test_plan_tree_says_what_copies_and_what_aliases():

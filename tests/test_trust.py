@@ -387,6 +387,23 @@ def test_cached_plan_does_not_serve_an_unaligned_buffer_to_jax():
     np.testing.assert_array_equal(bits(bb.to_jax(unaligned)), bits(unaligned))
 
 
+def test_cached_plan_does_not_serve_an_unaligned_buffer_to_tensorflow():
+    # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process: the
+    # cached zero-copy plan of an aligned array must never serve an unaligned one (checked by
+    # pointer before any tensorflow kernel runs)
+    from bf16bridge import registry
+
+    tf_ptr = registry.get("tensorflow").data_ptr
+    for _ in range(2):
+        aligned = aligned_copy(_bf16(64))
+        assert tf_ptr(bb.to_tensorflow(aligned)) == ptr(aligned)
+        for offset in (2, 16, 32):
+            unaligned = aligned_copy(_bf16(64), offset_bytes=offset)
+            out = bb.to_tensorflow(unaligned)
+            assert tf_ptr(out) != ptr(unaligned) and tf_ptr(out) % 64 == 0
+            np.testing.assert_array_equal(bits(out), bits(unaligned))
+
+
 def test_cached_plan_follows_jax_x64_and_adapter_replacement():
     import jax
 
@@ -431,6 +448,85 @@ def test_cached_plan_still_warns_and_still_verifies():
     for _ in range(3):
         y = bb.to_numpy(bb.to_jax(t, copy=False), copy=False)
         assert ptr(y) == ptr(t)
+
+
+# -- the alias warning on the hot path: remembered only where warnings would show nothing ------
+
+
+def _aliasing_calls(x, n: int) -> None:
+    for _ in range(n):
+        bb.to_torch(x)  # one call site; the first call plans, the others take the cached plan
+
+
+def _shown(setup, n: int = 3, src: str = "jax") -> int:
+    """How many alias warnings ``n`` calls from one line show under the filters ``setup`` makes."""
+    x = make(src, _bf16())
+    with warnings.catch_warnings(record=True) as said:
+        setup()
+        _aliasing_calls(x, n)
+    assert all(issubclass(w.category, bb.Bf16BridgeWarning) for w in said)
+    return len(said)
+
+
+def _only(action, **kw):
+    return lambda: (warnings.resetwarnings(), warnings.filterwarnings(action, category=bb.Bf16BridgeWarning, **kw))
+
+
+@pytest.mark.parametrize("src", ["jax", "tensorflow"])
+@pytest.mark.parametrize(("setup", "shown"), [
+    (_only("always"), 3),
+    (_only("default"), 1),
+    (_only("module"), 1),
+    (_only("once"), 1),
+    (_only("ignore"), 0),
+    (lambda: warnings.simplefilter("ignore"), 0),
+    (_only("ignore", message="the torch result is writable"), 0),  # our message, by its start
+    (_only("ignore", message="something else"), 1),  # no match: the default action, once here
+    (_only("ignore", module=__name__), 0),  # this module's calls
+    (_only("ignore", module="elsewhere"), 1),  # another module's
+    (_only("always", lineno=_aliasing_calls.__code__.co_firstlineno + 2), 3),  # this line
+])
+def test_the_alias_warning_follows_the_users_filters(src, setup, shown):
+    assert _shown(setup, src=src) == shown
+
+
+def test_an_error_filter_raises_on_every_call():
+    j = make("jax", _bf16())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bb.Bf16BridgeWarning)
+        for _ in range(3):
+            with pytest.raises(bb.Bf16BridgeWarning, match="immutable jax"):
+                bb.to_torch(j)
+
+
+def test_a_filter_change_is_seen_even_in_the_same_list_of_the_same_length():
+    j = make("jax", _bf16())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", bb.Bf16BridgeWarning)
+        warnings.simplefilter("ignore", bb.Bf16BridgeWarning)
+        n = len(warnings.filters)
+        _aliasing_calls(j, 3)
+        assert said == []
+        warnings.simplefilter("always", bb.Bf16BridgeWarning)  # moved to the front: same list, same length
+        assert len(warnings.filters) == n
+        _aliasing_calls(j, 3)
+        assert len(said) == 3
+        warnings.filters[:] = [("ignore", None, Warning, None, 0)]  # rewritten in place
+        _aliasing_calls(j, 2)
+        assert len(said) == 3
+        warnings.filters = [("always", None, Warning, None, 0)]  # replaced
+        _aliasing_calls(j, 2)
+        assert len(said) == 5
+
+
+def test_default_filters_show_the_warning_again_in_each_catch_warnings_as_warnings_does():
+    j = make("jax", _bf16())
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("default", bb.Bf16BridgeWarning)
+            _aliasing_calls(j, 3)
+            bb.to_torch(j)  # another line: shown there too
+        assert len(said) == 2
 
 
 def test_string_leaves_stay_strings_after_numpy_has_seen_their_type():

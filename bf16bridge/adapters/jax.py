@@ -128,6 +128,11 @@ def _device_put_copies(layout, aligned):
     return None
 
 
+def _capsule(x):
+    """A legacy capsule, as ``Array.__dlpack__()`` gives one with no arguments (on the host: no stream)."""
+    return x.__dlpack__()
+
+
 def _key(entry):
     """A jax key-path entry as the plain key an error message shows."""
     for attr in ("name", "key", "idx"):  # GetAttrKey, DictKey / FlattenedIndexKey, SequenceKey
@@ -285,6 +290,9 @@ class JaxAdapter(Adapter):
 
     def importer(self):
         return jnp.from_dlpack
+
+    def capsule_exporter(self):
+        return _capsule
 
     def copy(self, x):
         return jnp.array(x, copy=True)

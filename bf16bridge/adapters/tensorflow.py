@@ -282,8 +282,10 @@ class TensorflowAdapter(Adapter):
     def fast_key(self, x, alignment):
         # convert keeps plans per input type, and never one for a tf.Variable (describe swaps it
         # for a snapshot) or a symbolic tensor (refused): only eager tensors get here with a plan
-        shape = x._shape_tuple() if hasattr(x, "_shape_tuple") else tuple(x.shape)
-        empty = 0 in shape
+        try:
+            empty = x._num_elements() == 0  # one C call, no shape tuple
+        except AttributeError:
+            empty = 0 in tuple(x.shape)
         # the dtype as tf's enum: an int, cheaper to read and hash than the DType object
         enum = x._datatype_enum()
         if enum in _NO_POINTER:
@@ -304,6 +306,12 @@ class TensorflowAdapter(Adapter):
 
     def exporter(self, readonly):
         return None if _NATIVE_EXPORT else _Exported
+
+    def capsule_exporter(self):
+        return tf.experimental.dlpack.to_dlpack  # every tensorflow tested has it
+
+    def capsule_importer(self):
+        return tf.experimental.dlpack.from_dlpack
 
     def from_dlpack(self, obj):
         # a capsule: the one form every tensorflow tested takes (2.16 takes nothing else)

@@ -7,6 +7,7 @@ import functools
 import operator
 
 import torch
+from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
@@ -141,6 +142,12 @@ def _no_copy(layout, aligned):
     return None
 
 
+def _to_capsule(x):
+    # Tensor.__dlpack__ checks what describe has already made true (no grad, no conj bit,
+    # strided) and synchronises streams, which host memory has none of; a subclass keeps its own
+    return _to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
+
+
 def _row_major(shape) -> tuple:
     strides, n = [], 1
     for size in reversed(shape):
@@ -273,6 +280,12 @@ class TorchAdapter(Adapter):
 
     def importer(self):
         return torch.from_dlpack
+
+    def capsule_exporter(self):
+        return _to_capsule
+
+    def capsule_importer(self):
+        return torch.from_dlpack  # takes a capsule as it is
 
     def copy(self, x):
         name = _FROM_TORCH.get(x.dtype)
