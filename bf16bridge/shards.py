@@ -9,14 +9,13 @@ another: each converts the shards it holds (docs/sharding.md says why the result
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from . import registry
-from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _stacklevel
-from .errors import Bf16BridgeError, Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
+from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
+from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
 #: which shards ``convert_shards`` returns: every shard this process holds, or one per global index
 Replicas = Literal["all", "one"]
@@ -211,8 +210,7 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     finally:
         _SAYING.reset(token)
     for message, n in pending.items():
-        warnings.warn(f"{n} shard{'' if n == 1 else 's'}: {message}", Bf16BridgeWarning,
-                      stacklevel=_stacklevel())
+        _warn(f"{n} shard{'' if n == 1 else 's'}: {message}")
     # the shards' dtype (a fallback may have widened it); with none here, the source's
     dtype = registry.get(target).shape_dtype(out[0].tensor)[1] if out else registry.get(source).shape_dtype(x)[1]
     result = Shards(tuple(out), tuple(shape), dtype, layout, source, target)
