@@ -100,12 +100,19 @@ class Reader:
             return False, "numpy holds no bf16 here"
         import numpy as np
 
+        from . import registry
+
+        # building the numpy adapter registers bf16 and fp8 with NumPy 2.5's DLPack dtype registry
+        # where ml_dtypes has not (adapters/_numpy_registry.py); it imports no framework
+        registry.get("numpy")
+        from .adapters.numpy import REGISTRATION
+
         try:
             np.from_dlpack(np.zeros(2, dtype=dtypes.bfloat16))
-            return True, "numpy exchanges bf16 over DLPack"
         except Exception as err:  # noqa: BLE001
-            return False, (f"{type(err).__name__}: {err} (bf16 crosses as uint16 bits instead; "
-                           "NumPy 2.5's np.dtypes.register_dlpack_dtype, once ml_dtypes uses it, lifts this)")
+            return False, f"{type(err).__name__}: {err} (bf16 crosses as uint16 bits instead; {REGISTRATION})"
+        who = "registered by bf16bridge" if "bfloat16" in REGISTRATION.registered else "mapped by numpy or ml_dtypes"
+        return True, f"numpy exchanges bf16 over DLPack ({who})"
 
     def numpy_dlpack_version(self) -> str:
         import numpy as np

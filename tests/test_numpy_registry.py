@@ -102,3 +102,12 @@ def test_registered_but_still_failing_is_said():
 @pytest.mark.parametrize("name", sorted(DLPACK_CODES))
 def test_table_codes_are_dlpacks(name):
     assert dtypes.row(name).dlpack == (DLPACK_CODES[name], 8 * dtypes.row(name).itemsize, 1)
+
+
+def test_the_probe_says_what_the_registration_found():
+    import bf16bridge as bb
+    from bf16bridge.adapters.numpy import REGISTRATION
+
+    caps = bb.probe(refresh=True)
+    assert caps.numpy.bf16_dlpack is False  # NumPy 2.4 here
+    assert str(REGISTRATION) in caps.numpy.bf16_dlpack_why
