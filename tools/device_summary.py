@@ -36,6 +36,7 @@ EXPECTED = (
     "test_registry_present",
     "test_from_dlpack_host_copy",
     "test_bridge_registration",
+    "test_fp8_every_pattern_zero_copy",
     "test_bridge_against_workaround",
     "test_shards_to_torch_zero_copy",
     "test_shards_back_to_jax_no_copy",

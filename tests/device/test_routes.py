@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -134,3 +135,40 @@ def test_numpy_target(src, all_u16, torch_device, jax_device, record_property):
                     + " -> ".join(s.label for s in bb.plan(x, "numpy", copy=True).steps))
     assert isinstance(a, np.ndarray) and a.dtype == BF16
     np.testing.assert_array_equal(a.view(np.uint16), all_u16)
+
+
+FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+
+
+def _make_fp8(framework, name, torch_device, jax_device):
+    """Every bit pattern of ``name`` as a tensor of ``framework`` on the test device, by its own calls."""
+    dt = np.dtype(getattr(ml_dtypes, name))
+    bits = np.arange(256, dtype=np.uint8)
+    if framework == "torch":
+        import torch
+
+        t = torch.empty(256, dtype=torch.uint8, device=torch_device)
+        return t.copy_(torch.from_numpy(bits)).view(getattr(torch, name))
+    import jax
+
+    return jax.device_put(bits.view(dt), jax_device)
+
+
+def _fp8_bits(x) -> np.ndarray:
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+
+        return x.view(torch.uint8).cpu().numpy().copy()
+    return np.asarray(x).view(np.uint8).copy()
+
+
+@pairs
+@pytest.mark.parametrize("name", FP8)
+def test_fp8_every_pattern_zero_copy(src, dst, name, torch_device, jax_device, record_property):
+    """The fp8 rows torch and jax both hold cross on the device bit for bit, by pointer, device kept."""
+    x = _make_fp8(src, name, torch_device, jax_device)
+    p = bb.plan(x, dst)
+    record_property("route", " -> ".join(s.label for s in p.steps))
+    y = bb.convert(x, dst, on_alias="allow")
+    np.testing.assert_array_equal(_fp8_bits(y), np.arange(256, dtype=np.uint8))
+    assert not p.copies and ptr(y) == ptr(x) and where(y) == where(x)
