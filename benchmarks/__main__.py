@@ -1,4 +1,4 @@
-"""python -m benchmarks [--quick] [--only {all,functions}] [--out DIR]
+"""python -m benchmarks [--quick] [--only {all,functions,dtypes,checkpoints,shards}] [--out DIR]
 
 Full mode writes docs/benchmarks.md, docs/benchmarks.png, benchmarks/results/full.json and
 benchmarks/results/functions.json (the cost of a call: convert, convert_tree and bridged
@@ -8,6 +8,12 @@ benchmarks/results/quick.{md,json,png} and functions-quick.json; --out DIR write
 --only functions runs the cost-of-a-call part alone, saves its results, and writes the page
 again from those and the main part's saved results (full.json, or quick.json), so each part
 can be run on its own and the page stays generated from saved results.
+
+--only dtypes (fp8 and fp4 routes beside bf16: benchmarks/dtypes.py), --only checkpoints (bb.load
+against safetensors' loaders on a 1 GiB file: benchmarks/checkpoints.py, each loader in fresh
+processes) and --only shards (benchmarks/shards.py, in its own process) do the same: each saves
+benchmarks/results/{dtypes,checkpoints,shards}.json ({name}-quick.json with --quick; in DIR with
+--out DIR), and the page gets a section for every part with saved results. --only all runs every part.
 """
 
 from __future__ import annotations
@@ -15,17 +21,55 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import subprocess
 from pathlib import Path
 
 from . import functions, harness, report
+
+ONLY = ("all", "functions", *report.PARTS)
+
+
+def run_shards(quick: bool, out: Path, log) -> dict:
+    """benchmarks.shards in its own process (it sets XLA_FLAGS before jax starts); its JSON."""
+    import json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.shards", "--out", str(out)] + (["--quick"] if quick else [])
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                          timeout=1800)
+    for line in proc.stdout.splitlines():
+        log(line)
+    if proc.returncode != 0:
+        raise SystemExit(f"python -m benchmarks.shards failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def run_part(part: str, quick: bool, out: Path, log) -> dict:
+    """Run one of report.PARTS and save its results in ``out``."""
+    import json
+
+    if part == "shards":
+        return run_shards(quick, out, log)
+    if part == "dtypes":
+        from . import dtypes
+
+        data = dtypes.run(quick, log=log)
+    else:
+        from . import checkpoints
+
+        data = checkpoints.bench(quick, log=log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 KiB and 32 MiB only, short batches (the CI smoke test)")
-    ap.add_argument("--only", choices=("all", "functions"), default="all",
-                    help="functions: only the cost of a call (convert, convert_tree, bridged functions, peers)")
+    ap.add_argument("--only", choices=ONLY, default="all",
+                    help="functions: only the cost of a call (convert, convert_tree, bridged functions, peers); "
+                         "dtypes, checkpoints, shards: only that part")
     ap.add_argument("--out", type=Path, help="write the report, plot and JSON into this folder")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
@@ -44,16 +88,27 @@ def main(argv=None) -> int:
     def log(s):
         print(s, flush=True)
 
-    if args.only == "functions":
-        res, fres = report.load(js), functions.run(args.quick, log=log)
-        report.write(res, doc, png, None, fres, fjs)
-    else:
+    part_json = {p: js.parent / (f"{p}-quick.json" if args.quick else f"{p}.json") for p in report.PARTS}
+    parts: dict[str, dict | None] = {}
+    for p in report.PARTS:
+        parts[p] = run_part(p, args.quick, part_json[p], log) if args.only in ("all", p) else report.load(part_json[p])
+    res: dict | None
+    fres: dict | None
+    if args.only == "all":
         res = harness.run(args.quick, log=log)
         fres = functions.run(args.quick, log=log)
         report.write(res, doc, png, js, fres, fjs)
-    print(f"wrote {doc}, {fjs}" + ("" if args.only == "functions" else f", {js}")
-          + (f", {png}" if png.exists() and res is not None else ""))
-    for what, ok, how in (report.targets(res) if res else []) + report.function_targets(fres):
+    elif args.only == "functions":
+        res, fres = report.load(js), functions.run(args.quick, log=log)
+        report.write(res, doc, png, None, fres, fjs)
+    else:
+        res, fres = report.load(js), report.load(fjs)
+        report.write(res, doc, png, None, fres, None)
+    doc.write_text(doc.read_text() + report.parts_markdown(parts))
+    ran = {"all": [js, fjs, *part_json.values()], "functions": [fjs]}.get(args.only, [part_json.get(args.only)])
+    print(f"wrote {doc}, " + ", ".join(str(p) for p in ran) + (f", {png}" if png.exists() and res is not None else ""))
+    judged = (report.targets(res) if res else []) + (report.function_targets(fres) if fres else [])
+    for what, ok, how in judged + report.part_targets(parts):
         print(f"{'met ' if ok else 'MISS'}  {what}: {how}")
     return 0
 

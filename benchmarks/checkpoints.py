@@ -168,6 +168,37 @@ def table(results: dict, nbytes: int, writer: str = "safetensors") -> str:
     return "\n".join(lines)
 
 
+#: the harness's part (``python -m benchmarks --only checkpoints``): about 1 GiB, or a small file in --quick
+HARNESS = {"full": {"layers": 70, "repeat": 2}, "quick": {"layers": 1, "repeat": 1}}
+#: loaders whose load of a safetensors-written file is zero-copy (a view of the map): the RSS target's rows
+ZERO_COPY = ("bb.load numpy", "bb.load torch")
+
+
+def bench(quick: bool, log=print) -> dict:
+    """The harness's checkpoint part: write the file, run every loader (fresh processes), time it all."""
+    import time
+
+    from .harness import machine
+
+    mode = "quick" if quick else "full"
+    cfg = HARNESS[mode]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "gpt2.safetensors")
+        nbytes = write(path, cfg["layers"])
+        file_bytes = os.path.getsize(path)
+        log(f"checkpoint: {nbytes / 2**20:.0f} MiB of bf16 ({cfg['layers']} layers), {cfg['repeat']} fresh processes "
+            "a loader")
+        results = run(path, cfg["repeat"])
+    for name, r in results.items():
+        log(f"  {name}: " + (f"fails: {r['error']}" if "error" in r else
+                             f"first {r['first_s'] * 1e3:.1f} ms, load {r['load_s'] * 1e3:.1f} ms, "
+                             f"peak extra {r['peak_load'] / 2**20:.0f} MiB"))
+    return {"mode": mode, "machine": machine(), "writer": "safetensors", "layers": cfg["layers"],
+            "repeat": cfg["repeat"], "nbytes": nbytes, "file_bytes": file_bytes, "zero_copy": list(ZERO_COPY),
+            "results": results, "wall_s": time.perf_counter() - t0}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=12, help="transformer blocks (12: GPT-2 small)")

@@ -372,3 +372,143 @@ def function_markdown(fres: dict) -> list[str]:
         if r["case"] == "import":
             lines += ["", f"{r['tool']} did not import: `{r['result']}`."]
     return lines
+
+
+# -- the parts run alone (python -m benchmarks --only dtypes|checkpoints|shards), each from its saved JSON
+
+PARTS = ("dtypes", "checkpoints", "shards")
+CKPT_RSS_SHARE = 0.05
+#: the framework each safetensors loader fills, and the route people use where it fails
+CKPT_PEERS = {"numpy": ("safetensors.numpy", "safetensors.torch + .float().numpy()"),
+              "torch": ("safetensors.torch", None), "jax": ("safetensors.flax", None),
+              "tensorflow": ("safetensors.tensorflow", None)}
+
+
+def _ckpt_ref(results: dict, fw: str):
+    """The loader a bb.load into ``fw`` is judged against: safetensors' own, or where that fails the
+    float32 route; (name, its row, why) or None where both fail."""
+    own, fallback = CKPT_PEERS[fw]
+    if "error" not in results.get(own, {"error": "not run"}):
+        return own, results[own], ""
+    if fallback and "error" not in results.get(fallback, {"error": "not run"}):
+        return fallback, results[fallback], f" ({own} fails: {results[own]['error']})"
+    return None
+
+
+def part_targets(parts: dict) -> list[tuple[str, bool, str]]:
+    """The targets of the parts that have saved results: (what, met?, the measured numbers)."""
+    out: list[tuple[str, bool, str]] = []
+    ck = parts.get("checkpoints")
+    if ck:
+        res, size = ck["results"], ck["nbytes"]
+        for key, what in (("load_s", "full load"), ("first_s", "open + first tensor")):
+            for fw in CKPT_PEERS:
+                ours = res.get(f"bb.load {fw}", {"error": "not run"})
+                ref = _ckpt_ref(res, fw)
+                if "error" in ours:
+                    out.append((f"checkpoint {what} into {fw}: no slower than safetensors'", False,
+                                f"bb.load fails: {ours['error']}"))
+                    continue
+                if ref is None:
+                    out.append((f"checkpoint {what} into {fw}: no slower than safetensors'", True,
+                                f"{_t(ours[key])}; every safetensors loader for {fw} fails on the file"))
+                    continue
+                name, r, why = ref
+                out.append((f"checkpoint {what} into {fw}: no slower than {name}", ours[key] <= r[key],
+                            f"{_t(ours[key])} vs {_t(r[key])} ({_x(ours[key] / r[key])}){why}"))
+        for name in ck["zero_copy"]:
+            r = res.get(name, {"error": "not run"})
+            if "error" in r:
+                out.append((f"checkpoint: peak extra RSS of {name} (zero-copy) under 5% of the file", False, r["error"]))
+                continue
+            share = r["peak_load"] / size
+            out.append((f"checkpoint: peak extra RSS of {name} (zero-copy) under 5% of the file",
+                        share < CKPT_RSS_SHARE, f"{_b(r['peak_load'])} of {_b(size)} ({share:.1%})"))
+    return out
+
+
+def _dtypes_markdown(dt: dict) -> list[str]:
+    lines = ["", "## Narrow dtypes beside bf16 (fp8, fp4)", "",
+             f"Written by `python -m benchmarks{' --quick' if dt['mode'] == 'quick' else ''} --only dtypes` on "
+             f"{dt['machine']['when']} (`benchmarks/results/dtypes{'-quick' if dt['mode'] == 'quick' else ''}.json`). "
+             "Per ordered pair, in one run: `bb.convert` of the narrow tensor, `bb.convert` of a bf16 tensor of "
+             "the same bytes for the same pair, and the usual workaround (widen to float32 in the source, move "
+             "the float32, narrow in the target; for torch's packed fp4, the hand unpacking of the nibbles). "
+             "Ratios are the other's median over the bridge's: above 1, the bridge is faster. Copies: from "
+             "`bb.plan`. Same bits: the workaround's result against the input, bit for bit."]
+    for label in dt["sizes"]:
+        rows = [r for r in dt["rows"] if r["size"] == label]
+        cells = []
+        for r in rows:
+            w = r["workaround"]
+            wcell = (_t(w["median"]), _x(w["median"] / r["bridge"]["median"]), "yes" if w["same_bits"] else "**no**") \
+                if "median" in w else (f"fails: {w['error']}", "", "")
+            cells.append((r["dtype"], f"{r['source']} -> {r['target']}",
+                          "copies" + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else "") if r["copies"]
+                          else "zero-copy", _t(r["bridge"]["median"]), _t(r["bf16"]["median"]),
+                          _x(r["bridge"]["median"] / r["bf16"]["median"]), *wcell, f"`{w['code']}`"))
+        lines += ["", f"### {label} a tensor", "",
+                  table(["dtype", "pair", "route", "bridge", "bf16 bridge", "bridge / bf16", "workaround",
+                         "workaround / bridge", "same bits", "workaround code"], cells, "markdown")]
+    return lines
+
+
+def _checkpoints_markdown(ck: dict) -> list[str]:
+    size = ck["nbytes"]
+    cells = []
+    for name, r in ck["results"].items():
+        if "error" in r:
+            cells.append((name, f"fails: {r['error']}", "", "", "", ""))
+            continue
+        cells.append((name, _t(r["first_s"]), _t(r["load_s"]), _t(r["touch_s"]),
+                      f"{_b(r['peak_load'])} ({r['peak_load'] / size:.1%})",
+                      f"{_b(r['peak_extra'])} ({r['peak_extra'] / size:.1%})"))
+    return ["", "## Checkpoints: bb.load against safetensors' own loaders", "",
+            f"Written by `python -m benchmarks{' --quick' if ck['mode'] == 'quick' else ''} --only checkpoints` on "
+            f"{ck['machine']['when']} in {ck['wall_s']:.0f} s "
+            f"(`benchmarks/results/checkpoints{'-quick' if ck['mode'] == 'quick' else ''}.json`; "
+            "`benchmarks/checkpoints.py` measures). The file: "
+            f"{_b(size)} of bf16 in GPT-2-small shapes with {ck['layers']} blocks, written by {ck['writer']} "
+            "(its data is 8-byte aligned, not 64: jax and tensorflow loads copy each tensor once, numpy and torch "
+            "loads are views of the map); page cache warm. Each loader runs in a fresh process, "
+            f"{ck['repeat']} times: the best time and the largest peak. Peak extra RSS over the process's RSS "
+            "before the load (VmHWM); \"touch\" reads one byte of every page of every result.", "",
+            table(["loader", "open + first tensor", "load", "load + touch", "peak extra RSS: load",
+                   "peak extra RSS: load + touch"], cells, "markdown")]
+
+
+def _shards_markdown(sh: dict) -> list[str]:
+    t, peak = sh["times"], sh["peak_extra_bytes"]
+    code = {"convert_shards": "bb.convert_shards(x, 'torch')",
+            "hand_loop": "[torch.from_dlpack(s.data) for s in x.addressable_shards]",
+            "np_asarray": "np.asarray(x) (a gather into one host copy)",
+            "rewrap": "jax.make_array_from_single_device_arrays over the same buffers (inside np_asarray's time)",
+            "from_shards": "bb.from_shards(shards, 'jax', sharding=x.sharding)",
+            "hand_assemble": "jax.make_array_from_single_device_arrays(shape, sharding, per-shard device_put)",
+            "memcpy": "np.copy of the same bytes"}
+    return ["", "## Shards: a sharded jax array to per-shard torch tensors and back", "",
+            f"Written by `python -m benchmarks{' --quick' if sh['mode'] == 'quick' else ''} --only shards` on "
+            f"{sh['machine']['when']} (`benchmarks/shards.py`, its own process: XLA_FLAGS gives jax "
+            f"{sh['devices']} cpu devices). A bf16 array of {_b(sh['nbytes'])}, shape {tuple(sh['shape'])}, "
+            f"{sh['sharding']}; {sh['shards']} shards.", "",
+            table(["call", "time (median)", "code"], [(k, _t(v["median"]), f"`{code.get(k, k)}`") for k, v in t.items()],
+                  "markdown"), "",
+            table(["ratio", "measured"], [(k, _x(v)) for k, v in sh["ratios"].items()], "markdown"), "",
+            "Peak extra memory: " + ", ".join(f"`{k}` {_b(v)}" for k, v in peak.items()) + "."]
+
+
+def parts_markdown(parts: dict) -> str:
+    """The sections of the parts that have saved results, appended to the page (empty where none)."""
+    lines: list[str] = []
+    judged = part_targets(parts)
+    if judged:
+        lines += ["", "## Targets (narrow dtypes, checkpoints, shards)", "",
+                  table(["target", "met", "measured"], [(w, "yes" if ok else "**no**", how) for w, ok, how in judged],
+                        "markdown")]
+    if parts.get("dtypes"):
+        lines += _dtypes_markdown(parts["dtypes"])
+    if parts.get("checkpoints"):
+        lines += _checkpoints_markdown(parts["checkpoints"])
+    if parts.get("shards"):
+        lines += _shards_markdown(parts["shards"])
+    return "\n".join(lines) + "\n" if lines else ""

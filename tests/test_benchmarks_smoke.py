@@ -13,6 +13,7 @@ from bf16bridge import registry
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ROOT / "benchmarks" / "results" / "full.json"
 FUNCTIONS = ROOT / "benchmarks" / "results" / "functions.json"
+PARTS = ("dtypes", "checkpoints", "shards")
 
 
 def _copying_importers() -> list[str]:
@@ -37,6 +38,34 @@ def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     assert all(not r["copies"] for r in res["pairs"]), "every pair is zero-copy for aligned input"
     assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
     _check_functions(doc, json.loads((tmp_path / "functions-quick.json").read_text()))
+    _check_parts(doc, {p: json.loads((tmp_path / f"{p}-quick.json").read_text()) for p in PARTS})
+
+
+def _check_parts(doc: str, parts: dict) -> None:
+    """The parts run alone too (narrow dtypes, checkpoints, shards): each section on the page, every
+    fp8 pair measured beside bf16 with its workaround, fp4 unpacked bit for bit as by hand, every
+    loader run, the shards' ratios saved."""
+    for head in ("## Targets (narrow dtypes, checkpoints, shards)", "## Narrow dtypes beside bf16 (fp8, fp4)",
+                 "## Checkpoints: bb.load against safetensors' own loaders",
+                 "## Shards: a sharded jax array to per-shard torch tensors and back"):
+        assert head in doc, head
+    n = len(registry.names())
+    rows = parts["dtypes"]["rows"]
+    fp8 = [r for r in rows if r["dtype"].startswith("float8")]
+    assert {(r["dtype"], r["source"], r["target"], r["size"]) for r in fp8} == {
+        (d, s, t, z) for d in ("float8_e4m3fn", "float8_e5m2") for s in registry.names() for t in registry.names()
+        if s != t for z in ("1 KiB", "32 MiB")} and len(fp8) == 2 * 2 * n * (n - 1)
+    assert all(r["bridge"]["best"] > 0 < r["bf16"]["best"] for r in rows)
+    assert all(r["workaround"].get("same_bits") for r in fp8), "a widen-move-narrow workaround changed bits"
+    fp4 = [r for r in rows if r["dtype"] == "float4_e2m1fn_x2"]
+    assert sorted((r["target"], r["size"]) for r in fp4) == [
+        ("jax", "1 KiB"), ("jax", "32 MiB"), ("numpy", "1 KiB"), ("numpy", "32 MiB")]
+    assert all(r["copies"] and r["workaround"]["same_bits"] for r in fp4), "fp4 unpacking differs from the hand one"
+    ck = parts["checkpoints"]["results"]
+    assert all("error" not in ck[f"bb.load {fw}"] for fw in ("numpy", "torch", "jax", "tensorflow"))
+    assert "safetensors.torch" in ck and "error" not in ck["safetensors.torch"]
+    sh = parts["shards"]
+    assert sh["mode"] == "quick" and sh["shards"] == 8 and all(v > 0 for v in sh["ratios"].values())
 
 
 def _check_functions(doc: str, fres: dict) -> None:
@@ -84,14 +113,79 @@ def test_functions_part_runs_alone_and_writes_the_page_from_saved_results(tmp_pa
     assert (tmp_path / "benchmarks.md").read_text() == "page\n"
 
 
+def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeypatch):
+    """--only dtypes (checkpoints, shards alike) runs that part alone and saves it; the page is written
+    from every part's saved results, the others not run again. (Stubbed: this checks the wiring.)"""
+    import benchmarks.__main__ as entry
+    from benchmarks import functions, harness, report
+
+    saved = {"functions-quick.json": {"saved": "functions"}, "quick.json": {"saved": "main"},
+             "shards-quick.json": {"saved": "shards"}}
+    for name, data in saved.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    ran, seen = [], []
+
+    def run_part(part, quick, out, log):
+        ran.append((part, quick, out))
+        out.write_text(json.dumps({"ran": part}))
+        return {"ran": part}
+
+    monkeypatch.setattr(entry, "run_part", run_part)
+    monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail("--only dtypes ran the functions part"))
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("--only dtypes ran the main part"))
+    monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
+    monkeypatch.setattr(report, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
+    monkeypatch.setattr(report, "plot", lambda res, path: False)
+    monkeypatch.setattr(report, "targets", lambda res: [])
+    monkeypatch.setattr(report, "function_targets", lambda f: [])
+    monkeypatch.setattr(report, "part_targets", lambda p: [])
+    assert entry.main(["--quick", "--only", "dtypes", "--out", str(tmp_path)]) == 0
+    assert ran == [("dtypes", True, tmp_path / "dtypes-quick.json")]
+    assert seen == [({"saved": "main"}, {"saved": "functions"}),
+                    {"dtypes": {"ran": "dtypes"}, "checkpoints": None, "shards": {"saved": "shards"}}]
+    for name, data in saved.items():
+        assert json.loads((tmp_path / name).read_text()) == data, f"{name} was rewritten"
+    assert (tmp_path / "benchmarks.md").read_text() == "page\nparts\n"
+
+
+def test_part_targets_judge_against_safetensors_or_the_float32_route():
+    """Checkpoint targets: bb.load against safetensors' own loader for the framework, or where that
+    fails the float32 route people use; a zero-copy load's peak extra RSS against 5% of the file."""
+    from benchmarks import report
+
+    ok = {"first_s": 1e-3, "load_s": 1.0, "touch_s": 1.0, "peak_load": 1 << 20, "peak_extra": 1 << 20}
+    res = {f"bb.load {fw}": dict(ok) for fw in ("numpy", "torch", "jax", "tensorflow")}
+    res.update({"safetensors.numpy": {"error": "TypeError: no bf16"}, "safetensors.flax": {"error": "ValueError"},
+                "safetensors.torch + .float().numpy()": {**ok, "load_s": 0.5},
+                "safetensors.torch": {**ok, "load_s": 2.0}, "safetensors.tensorflow": dict(ok)})
+    res["bb.load torch"]["peak_load"] = 60 << 20
+    got = {what: (met, how) for what, met, how in report.part_targets(
+        {"checkpoints": {"results": res, "nbytes": 1 << 30, "zero_copy": ["bb.load numpy", "bb.load torch"]}})}
+    assert got["checkpoint full load into numpy: no slower than safetensors.torch + .float().numpy()"][0] is False
+    assert "safetensors.numpy fails" in got[
+        "checkpoint full load into numpy: no slower than safetensors.torch + .float().numpy()"][1]
+    assert got["checkpoint full load into torch: no slower than safetensors.torch"][0] is True
+    assert got["checkpoint full load into jax: no slower than safetensors'"] == (
+        True, "1.00 s; every safetensors loader for jax fails on the file")
+    assert got["checkpoint full load into tensorflow: no slower than safetensors.tensorflow"][0] is True
+    assert got["checkpoint: peak extra RSS of bb.load numpy (zero-copy) under 5% of the file"][0] is True
+    assert got["checkpoint: peak extra RSS of bb.load torch (zero-copy) under 5% of the file"] == (
+        False, "60.0 MiB of 1024.0 MiB (5.9%)")
+
+
 def test_the_page_is_generated_from_the_saved_results():
-    """docs/benchmarks.md is what the report makes of benchmarks/results/{full,functions}.json: no
-    number on it is typed by hand, and it was written again after the last run of either part."""
+    """docs/benchmarks.md is what the report makes of benchmarks/results/{full,functions}.json and
+    each part's saved JSON (dtypes, checkpoints, shards): no number on it is typed by hand, and it
+    was written again after the last run of any part."""
     from benchmarks import report
 
     res, fres = report.load(FULL), report.load(FUNCTIONS)
     assert fres is not None, f"{FUNCTIONS} is missing: run python -m benchmarks --only functions"
-    assert (ROOT / "docs" / "benchmarks.md").read_text() == report.markdown(res, "benchmarks.png", fres)
+    parts = {p: report.load(ROOT / "benchmarks" / "results" / f"{p}.json") for p in PARTS}
+    missing = [p for p, v in parts.items() if v is None]
+    assert not missing, f"no saved results for {missing}: run python -m benchmarks --only <part>"
+    assert (ROOT / "docs" / "benchmarks.md").read_text() == (
+        report.markdown(res, "benchmarks.png", fres) + report.parts_markdown(parts))
 
 
 def test_declared_import_copy_cost_agrees_with_the_saved_measurement():
