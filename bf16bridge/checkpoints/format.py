@@ -186,6 +186,22 @@ def _int(v) -> bool:
 
 
 def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+    # the common case, checked with few calls (a header lists hundreds of tensors and open() checks them
+    # all); anything it does not take goes through the checks below, which name the fault
+    if type(entry) is dict and len(entry) == 3:
+        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        spec = CODES.get(code) if type(code) is str else None
+        if spec is not None and type(shape) is list and type(offsets) is list and len(offsets) == 2:
+            begin, end = offsets
+            if type(begin) is int and type(end) is int and 0 <= begin <= end:
+                n = spec[1]
+                for d in shape:
+                    if type(d) is not int or d < 0:
+                        break
+                    n *= d
+                else:
+                    if not n % 8 and end - begin == n // 8:
+                        return TensorInfo(key, spec[0], code, tuple(shape), data_start + begin, end - begin)
     if not isinstance(entry, dict):
         raise _bad(path, f"its entry is a JSON {type(entry).__name__}, not an object", key)
     code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
