@@ -190,8 +190,8 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
     # all); anything it does not take goes through the checks below, which name the fault
     if type(entry) is dict and len(entry) == 3:
         code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        spec = CODES.get(code) if type(code) is str else None
-        if spec is not None and type(shape) is list and type(offsets) is list and len(offsets) == 2:
+        if (type(code) is str and (spec := CODES.get(code)) is not None and type(shape) is list
+                and type(offsets) is list and len(offsets) == 2):
             begin, end = offsets
             if type(begin) is int and type(end) is int and 0 <= begin <= end:
                 n = spec[1]
