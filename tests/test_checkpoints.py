@@ -589,3 +589,64 @@ def test_a_zero_copy_load_reads_nothing(tmp_path):
     base, peak, _ = map(int, run.stdout.split()[-3:])
     assert peak - base < 0.05 * n * elems * 2  # under 5% of the file
 
+
+
+# -- the reviewer's findings (issue 11, R2): writes into views, the read cache, copied tensors --------
+
+
+@pytest.mark.parametrize("expose", ["array", "raw", "get"])
+def test_a_write_into_a_view_survives_a_copying_get_of_the_same_key(tmp_path, expose):
+    # a copying get() drops the pages of what it copied (MADV_DONTNEED): never those of a key
+    # handed out writable, by array() and raw() as by get(), or the write is lost
+    p = tmp_path / "m.safetensors"
+    bb.save({"pad": np.zeros(3, np.uint8), "big": np.arange(4096, dtype=np.int64)}, p)
+    with bb.open(p) as f:
+        v = getattr(f, expose)("big").view(np.int64)
+        v[:] = -1
+        out = f.get("big", to="jax", fallback="auto")  # int64 -> int32: a copy from the map
+        assert (v == -1).all()
+        assert (np.asarray(out) == -1).all()
+
+
+def test_the_read_cache_keys_on_the_address_modulo_64_not_only_on_alignment(tmp_path):
+    # two float32 tensors, neither 64-byte aligned: one on a 4-byte boundary (torch views it), one
+    # on a 2-byte boundary (numpy's ALIGNED is False: read into an aligned array); get() does what
+    # plan() says in either order
+    data = np.arange(4, dtype=np.float32).tobytes() + b"\0\0" + np.arange(4, 8, dtype=np.float32).tobytes()
+    header = {"a": _t("F32", (4,), (0, 16)), "p": _t("U8", (2,), (16, 18)), "b": _t("F32", (4,), (18, 34))}
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(_file(header, data, pad=64))  # the data begins at 8 (mod 64)
+    with bb.open(path) as f:
+        base = np.frombuffer(f._map, np.uint8).ctypes.data
+        assert (base + f.info("a").offset) % 64 == 8 and (base + f.info("b").offset) % 4 == 2
+        assert f.plan("a", "torch").zero_copy and f.plan("b", "torch").copies
+        b = f.get("b", "torch")  # first: a read
+        a = f.get("a", "torch")
+        assert ptr(a) == base + f.info("a").offset
+        assert ptr(b) % 64 == 0
+        assert a.tolist() == [0, 1, 2, 3] and b.tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("target", ["jax", "tensorflow"])
+def test_a_read_from_the_file_sees_this_processs_writes_into_a_view(tmp_path, target):
+    # an unaligned tensor is read into an aligned array for jax and tensorflow; after a write into
+    # a numpy view of it, that read comes from the map (the write), not the file
+    p = tmp_path / "m.safetensors"
+    bb.save({"aligned": np.zeros(32, ml_dtypes.bfloat16), "odd5": np.zeros(5, ml_dtypes.bfloat16),
+             "odd": np.arange(3, dtype=ml_dtypes.bfloat16)}, p)
+    with bb.open(p) as f:
+        assert not f.info("odd").aligned and f.plan("odd", target).copies
+        f.get("odd")[1] = 42
+        assert f.get("odd", "torch")[1].item() == 42
+        assert bits(f.get("odd", target)).tolist() == bits(np.array([0, 42, 2], ml_dtypes.bfloat16)).tolist()
+
+
+def test_load_for_target_says_copied_for_fp8_that_tensorflow_copies(tmp_path):
+    # tensorflow gives no pointer for fp8 (no DLPack): whether the result shares the map is the
+    # plan's answer, not "shared, to be safe" (which kept the pages and said "view of the file")
+    p = tmp_path / "m.safetensors"
+    bb.save({"w": np.arange(64, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)}, p)
+    out, report = bb.load_for_target(p, "tensorflow", for_compute=False)
+    assert report["w"].dtype_out == "float8_e4m3fn" and report["w"].copied
+    assert "copied" in str(report["w"])
+    assert bits(out["w"]).tolist() == list(range(64))

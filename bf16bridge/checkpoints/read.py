@@ -60,8 +60,9 @@ class Checkpoint:
         self._infos = {t.key: t for t in self.header.tensors}
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
-        #: (code, empty, aligned, to, copy, fallback) -> whether get() reads rather than views
-        self._reads: dict[tuple, bool] = {}
+        #: (code, empty, offset % 64, to, copy, fallback) -> (whether get() reads rather than views,
+        #: whether the route copies)
+        self._reads: dict[tuple, tuple[bool, bool]] = {}
         self.closed = False
 
     # the mapping of keys, read from the header only
@@ -92,7 +93,14 @@ class Checkpoint:
                            "keys() lists them)") from None
 
     def array(self, key: str) -> np.ndarray:
-        """The tensor as a numpy view of the private map (nothing read until touched)."""
+        """The tensor as a numpy view of the private map (nothing read until touched). A write into
+        it stays in this process's pages of the map: later ``get`` of the key see it."""
+        a = self._view(key)
+        self._shared.add(key)  # handed out writable: its pages are never dropped (see _release)
+        return a
+
+    def _view(self, key: str) -> np.ndarray:
+        """``array(key)`` without recording the key as handed out (for the routes and reads here)."""
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
@@ -108,11 +116,17 @@ class Checkpoint:
             return np.zeros(t.shape, dtype)
         if t.code in fmt.NIBBLES:  # ml_dtypes holds one value a byte: unpacked, one aligned copy
             out = aligned_empty(t.nbytes * 2, dtype)
-            return kernels.unpack_nibbles(self.raw(key), t.dtype, out=out).reshape(t.shape)
+            return kernels.unpack_nibbles(self._raw(key), t.dtype, out=out).reshape(t.shape)
         return np.frombuffer(self._map, dtype, t.nbytes // dtype.itemsize, t.offset).reshape(t.shape)
 
     def raw(self, key: str) -> np.ndarray:
-        """The tensor's bytes as a uint8 view of the private map (any dtype, packed ones too)."""
+        """The tensor's bytes as a uint8 view of the private map (any dtype, packed ones too); a
+        write into it stays in this process's pages, as ``array``'s."""
+        a = self._raw(key)
+        self._shared.add(key)
+        return a
+
+    def _raw(self, key: str) -> np.ndarray:
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
@@ -135,7 +149,7 @@ class Checkpoint:
             except UnsupportedDtypeError as err:
                 raise UnsupportedDtypeError(f"{self.path}: key {key!r}: {err}") from err
         else:
-            a = self.array(key)
+            a = self._view(key)
         try:
             p = plan(a, to, copy=copy, fallback=fallback)
         except Bf16BridgeError as err:
@@ -160,12 +174,15 @@ class Checkpoint:
     def _read(self, t: fmt.TensorInfo, buf: np.ndarray) -> np.ndarray:
         """The tensor's bytes read into ``buf`` (unpacked first if packed)."""
         if t.code in fmt.NIBBLES:
-            return kernels.unpack_nibbles(self.raw(t.key), t.dtype, out=buf.reshape(-1)).reshape(t.shape)
+            return kernels.unpack_nibbles(self._raw(t.key), t.dtype, out=buf.reshape(-1)).reshape(t.shape)
+        if t.key in self._shared:  # handed out as a view: this process may have written into its pages,
+            np.copyto(buf, self._view(t.key))  # which the file does not hold
+            return buf
         view = buf.reshape(-1).view(np.uint8).data
         done = 0
         while done < t.nbytes:
             if not hasattr(os, "preadv"):  # pragma: no cover - not on Linux or macOS: through the map
-                view[done:] = self.raw(t.key).data[done:]
+                view[done:] = self._raw(t.key).data[done:]
                 break
             n = os.preadv(self._file.fileno(), [view[done:]], t.offset + done)
             if n <= 0:
@@ -185,16 +202,18 @@ class Checkpoint:
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
-        # whether to read depends on what the route depends on: the dtype, the alignment (a map
-        # begins on a page), emptiness and the keywords; asked of the planner once per file
-        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN == 0, to, copy, fallback)
-        read = self._reads.get(decided)
-        if read is None:
-            buf = self._route(key, t, to, copy, fallback)[1]
-            self._reads[decided] = buf is not None
+        # whether to read depends on what the route depends on: the dtype, the address modulo 64
+        # (a map begins on a page; numpy's ALIGNED flag, which decides some routes, needs the
+        # element size's alignment), emptiness and the keywords; asked of the planner once per file
+        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, fallback)
+        known = self._reads.get(decided)
+        if known is None:
+            p, buf = self._route(key, t, to, copy, fallback)
+            read, copies = self._reads[decided] = (buf is not None, p.copies)
         else:
+            read, copies = known
             buf = self._placeholder(t) if read else None
-        a = self._read(t, buf) if buf is not None else self.array(key)
+        a = self._read(t, buf) if buf is not None else self._view(key)
         try:
             if registry.resolve(to) == registry.HUB and copy in (None, True, False):
                 # the map's own array or ours: every dtype ml_dtypes holds (fp8 too), nothing to route
@@ -204,7 +223,7 @@ class Checkpoint:
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
         if buf is None and self._map is not None and a.size:
-            if out is a or _shares(a, out, to):
+            if out is a or _shares(a, out, to, copies):
                 self._shared.add(key)
             else:
                 del a
@@ -254,12 +273,12 @@ def _prefixed(p: Plan, step: Step) -> Plan:
         "read from the file into its own 64-byte aligned array, which only the result holds",))
 
 
-def _shares(a: np.ndarray, out, to: str) -> bool:
+def _shares(a: np.ndarray, out, to: str, copies: bool) -> bool:
     adapter = registry.get(registry.resolve(to))
     try:
         return adapter.data_ptr(out) == a.ctypes.data
-    except Exception:  # noqa: BLE001 - a framework that cannot say: keep the pages, to be safe
-        return True
+    except Exception:  # noqa: BLE001 - a framework that cannot give a pointer (tensorflow's fp8):
+        return not copies  # the plan says whether the route copied
 
 
 def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - bb.open, as the issue asks

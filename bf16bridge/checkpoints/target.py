@@ -177,7 +177,7 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
                 value = f.get(key, target)
                 copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
             else:
-                cast = _cast(f.array(key), dtype_out)
+                cast = _cast(f._view(key), dtype_out)
                 f._release(key)
                 try:
                     value = convert(cast, target, on_alias="allow")
