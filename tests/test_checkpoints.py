@@ -138,6 +138,17 @@ def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
     assert bits(bb.load(tmp_path / "f4.safetensors")["w"]).tobytes() == bits(a).tobytes()
 
 
+def test_torch_packed_fp4_is_saved_as_f4_and_read_back_by_safetensors_torch(tmp_path):
+    import torch
+
+    packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 8)
+    bb.save({"w": packed}, tmp_path / "f4.safetensors")  # planned with the route's result shape [2, 16]
+    assert _st_read(tmp_path / "f4.safetensors")["w"][:2] == ("F4", [2, 16])
+    t = st_torch.load_file(str(tmp_path / "f4.safetensors"))["w"]
+    assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (2, 8)
+    assert t.view(torch.uint8).numpy().tobytes() == packed.view(torch.uint8).numpy().tobytes()
+
+
 @pytest.mark.parametrize("target", ["torch", "jax", "tensorflow"])
 def test_fp4_moves_to_every_framework_as_bb_convert_moves_it(tmp_path, target):
     import torch

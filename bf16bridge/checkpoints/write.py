@@ -25,7 +25,7 @@ def _describe(key: str, x) -> fmt.Entry:
             p = plan(x, registry.HUB)
         except Bf16BridgeError as err:
             raise type(err)(f"key {key!r}: {err}") from err
-        shape, name = p.shape, p.dtype_out
+        shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
     code = fmt.NAMES.get(name)
     if code is None or code in fmt.UNPACKED:
         raise UnsupportedDtypeError(
