@@ -13,9 +13,12 @@ byte) nor torch's packed fp4. A pair NumPy already maps (its own types, or one m
 registered first) is left alone: the first registration wins, and NumPy's built-in
 mappings win over any.
 
-This changes NumPy's process-wide registry, so it runs once, when the numpy adapter is
-first built (``import bf16bridge`` alone does nothing), and ``Registration`` says what it
-did (``bb.probe()`` shows it).
+This changes NumPy's process-wide registry. It runs once, when ``bf16bridge.adapters.numpy``
+is imported, and ``import bf16bridge`` imports it (numpy is the hub every route may pass
+through, and which rows numpy passes over DLPack is found right after): so on NumPy >= 2.5,
+importing bf16bridge registers the rows nobody has. A mapping NumPy or ml_dtypes already has is
+never replaced. ``Registration`` (``adapters.numpy.REGISTRATION``) says what it did, and
+``bb.probe()`` shows it.
 """
 
 from __future__ import annotations
