@@ -661,3 +661,23 @@ def test_load_for_target_says_copied_for_fp8_that_tensorflow_copies(tmp_path):
     assert report["w"].dtype_out == "float8_e4m3fn" and report["w"].copied
     assert "copied" in str(report["w"])
     assert bits(out["w"]).tolist() == list(range(64))
+
+
+@pytest.mark.parametrize("dtype, target, nbytes_out", [("float32", "numpy", 32 * 4), ("bfloat16", "torch", 32 * 2),
+                                                       ("auto", "numpy", 32), ("auto", "torch", 16)])
+def test_load_for_target_casts_fp4_as_a_floating_type_and_counts_the_results_bytes(tmp_path, dtype, target,
+                                                                                   nbytes_out):
+    nibbles = np.arange(32, dtype=np.uint8) & 0xF
+    a = nibbles.view(ml_dtypes.float4_e2m1fn).reshape(4, 8)
+    bb.save({"w": a}, tmp_path / "f4.safetensors")  # 16 bytes in the file
+    out, report = bb.load_for_target(tmp_path / "f4.safetensors", target, dtype=dtype)
+    k = report["w"]
+    assert k.nbytes_in == 16 and k.nbytes_out == nbytes_out
+    assert "not a floating type" not in k.reason
+    if dtype == "auto":
+        assert k.dtype_out == "float4_e2m1fn" and "packed" in k.reason
+        assert bits(out["w"]).tobytes() == bits(bb.convert(a, target)).tobytes()
+    else:
+        assert k.dtype_out == dtype and k.exact and k.copied
+        assert bits(out["w"]).tobytes() == bits(bb.convert(a.astype(_np_dtype(
+            fmt.NAMES[dtype])), target)).tobytes()
