@@ -183,8 +183,10 @@ def _copy_kernel(name: str) -> bool:
         return False
 #: held rows with no bit-view and no DLPack: they cross from and to numpy by tensorflow's own copies
 _BY_NUMPY = _HELD - _VIEWS - _DLPACK_OUT
-#: tf's dtype enums of those: no DLPack capsule, so no data pointer to read
-_NO_POINTER = frozenset(_tf_dtype(n).as_datatype_enum for n in _BY_NUMPY)
+#: tf's dtype enums that DLPack exports, so that a data pointer can be read; an allow-list,
+#: because asking for a capsule of any other (tf.string, resource, variant) aborts the process
+#: ("Check failed: DataTypeCanUseMemcpy") where Python cannot catch it
+_POINTER = frozenset(_tf_dtype(n).as_datatype_enum for n in (*dtypes.ALL, *_DLPACK_OUT))
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,7 +277,8 @@ class TensorflowAdapter(Adapter):
             # tf allocates on 64-byte boundaries, but a tensor imported zero-copy keeps its
             # source's alignment; reading it costs a DLPack capsule, so only when it matters
             # (the storage-only types have no capsule; nothing imports them zero-copy: tf allocated them)
-            aligned=not alignment or nbytes == 0 or name in _BY_NUMPY or self.data_ptr(x) % ALIGN == 0,
+            aligned=(not alignment or nbytes == 0 or x._datatype_enum() not in _POINTER
+                     or self.data_ptr(x) % ALIGN == 0),
             readonly=False, device=_device(x.device), notes=notes,
         )
 
@@ -288,11 +291,17 @@ class TensorflowAdapter(Adapter):
             empty = 0 in tuple(x.shape)
         # the dtype as tf's enum: an int, cheaper to read and hash than the DType object
         enum = x._datatype_enum()
-        if enum in _NO_POINTER:
-            return None  # no DLPack capsule to read a pointer from: the full path (these routes copy)
-        return (enum, x.device, empty, alignment and not empty and self.data_ptr(x) % ALIGN == 0)
+        if enum not in _POINTER:
+            # no DLPack capsule to read a pointer from (asking for one of a tf.string aborts the
+            # process): the full path, which refuses the dtype or routes it by a copy
+            return None
+        return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
+        if x._datatype_enum() not in _POINTER:  # a capsule of it would abort the process
+            raise UnsupportedDtypeError(
+                f"a tf tensor of dtype {x.dtype.name} has no DLPack export, so no data pointer to read; "
+                f"those that have one: {', '.join(sorted(tf.as_dtype(e).name for e in _POINTER))}")
         return _dlpack.data_ptr(_capsule(x))
 
     def bitview(self, x, dtype):
