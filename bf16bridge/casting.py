@@ -340,10 +340,12 @@ class _Decide:
         return self.layers.get(label.rpartition(".")[0]) if self.layers else None
 
 
-def _head_rule(labels: Sequence[str], candidates: Sequence[bool]) -> _Decide:
+def _head_rule(labels: Sequence[str], candidates: Sequence[bool], ndims: Sequence[int]) -> _Decide:
     """The head decision for a tree: HEAD_POLICY, or, where no key is named like a head, the
     last layer: the leaves sharing the label prefix of the last candidate (a floating leaf the
-    policy does not keep already: flax's batch_stats come after its params)."""
+    policy does not keep already: flax's batch_stats come after its params). A flat list (labels
+    "0", "1"...: a Keras get_weights()) has no prefix: its last layer is the trailing run of
+    candidates up to and including the last one of two or more dimensions (kernel and bias)."""
     by_name = _Decide(HEAD_POLICY, labels)
     if any(by_name(lab) for lab in labels):
         return by_name
@@ -351,9 +353,22 @@ def _head_rule(labels: Sequence[str], candidates: Sequence[bool]) -> _Decide:
     if last is None:
         return by_name
     layer = last.rpartition(".")[0]
-    rule = Rule("head (last layer)", "^" + re.escape(layer) + r"\." if layer else "^" + re.escape(last) + "$",
-                f"keep_head=True and no key is named like a head, so the last layer ({layer or last}) is "
-                "taken as the head")
+    if layer:
+        pattern, what = "^" + re.escape(layer) + r"\.", layer
+    else:
+        run: list[str] = []
+        for lab, c, nd in zip(reversed(labels), reversed(candidates), reversed(ndims)):
+            if c:
+                run.append(lab)
+                if nd >= 2:
+                    break
+        else:  # no leaf of two or more dimensions: the last leaf alone
+            run = [last]
+        pattern = "^(?:" + "|".join(map(re.escape, reversed(run))) + ")$"
+        what = ", ".join(reversed(run)) + (": the trailing leaves up to the last one of two or more dimensions"
+                                           if len(run) > 1 else "")
+    rule = Rule("head (last layer)", pattern,
+                f"keep_head=True and no key is named like a head, so the last layer ({what}) is taken as the head")
     return _Decide((rule,), labels)
 
 
@@ -397,7 +412,8 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
     # which leaves the policy keeps; a tensor under several paths is kept if any path is
     keeping: list[Rule | None] = [decide(label) if _is_floating(name) else None for _, label, _, name, _ in found]
     if keep_head:
-        head = _head_rule(labels, [_is_floating(f[3]) and k is None for f, k in zip(found, keeping)])
+        head = _head_rule(labels, [_is_floating(f[3]) and k is None for f, k in zip(found, keeping)],
+                          [len(f[4]) for f in found])
         keeping = [k if k is not None or not _is_floating(f[3]) else head(f[1]) for f, k in zip(found, keeping)]
     same = [adapter.same_data(x) if _is_floating(name) else None for x, _, adapter, name, _ in found]
     tied: dict[Any, tuple[Rule, str]] = {}
@@ -468,7 +484,8 @@ def _type_matchers(keep_types) -> list[tuple[str, str, Any]]:
         if isinstance(k, Rule):
             out.append((f"type {k.name}", k.why, re.compile(k.pattern)))
         elif isinstance(k, str):
-            out.append((f"type {k}", "asked for (keep_types=)", re.compile(k)))
+            rule = Rule(f"type {k}", k, "asked for (keep_types=)")  # a bad pattern: our error, naming it
+            out.append((rule.name, rule.why, re.compile(k)))
         elif isinstance(k, type):
             out.append((f"type {k.__name__}", "asked for (keep_types=)", k))
         else:
@@ -519,7 +536,9 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
     ``Linear``; all of it, submodules included. ``keep``: patterns or ``Rule``s over parameter
     names (``h.0.attn.c_attn.weight``) kept besides. ``keep_types``: classes, class-name
     patterns or ``Rule``s (matched against the names of a module's class and its bases).
-    ``keep_dtype``: the dtype kept leaves end in (float32).
+    ``keep_dtype``: the dtype kept leaves end in (float32; None is refused here: the hooks need one).
+    A ``keep`` pattern that matches some of a module's own floating leaves keeps all of them (its
+    weight and its bias), so the module runs in one dtype behind its hooks; the report says which.
 
     ``inplace=True`` (the default, as torch's ``Module.to``): the model itself changes and is
     returned; ``inplace=False``: a deep copy is cast, the model is untouched.
@@ -528,6 +547,10 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
     ``keep_dtype``), so the model runs on ``dtype`` inputs; a second cast_module replaces them.
     A parameter shared by a kept and a cast module (tied embeddings and head) is kept, and said so."""
     target = _target(dtype, "cast_module")
+    if keep_dtype is None:
+        raise InvalidArgumentError(
+            "cast_module: keep_dtype=None (kept leaves left as they are) is cast_tree's; a kept module's "
+            "hooks cast its inputs to one dtype: pass keep_dtype='float32' (the default) or the dtype to keep")
     kdt = _keep_dtype(keep_dtype, "cast_module") or KEEP_DTYPE
     for flag, value in (("keep_head", keep_head), ("inplace", inplace), ("autocast_kept", autocast_kept)):
         if not isinstance(value, bool):
@@ -552,11 +575,20 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
             by_type.add(s.name)
         if rule is None and head_name is not None and _under(s.name, head_name):
             rule = head_rule
+        own: list[tuple[str, Any, str, tuple, Rule | None]] = []
         for leaf_name, t in s.leaves:
             label = _join(s.name, leaf_name)
             shape, name = adapter.shape_dtype(t)
-            leaf_rule = rule or (by_name(label) if _is_floating(name) else None)
-            found.append((label, t, name, tuple(shape), leaf_rule))
+            own.append((label, t, name, tuple(shape), rule or (by_name(label) if _is_floating(name) else None)))
+        # a keep= pattern that matches some of a module's own floating leaves keeps them all: a
+        # Linear with its weight kept and its bias cast would get no hooks and could not run
+        matched = [(lab, r) for lab, _, name, _, r in own if r is not None and _is_floating(name)]
+        if rule is None and matched and len(matched) < sum(_is_floating(o[2]) for o in own):
+            first, r = matched[0]
+            widened = Rule(r.name, r.pattern, f"{r.why}; kept with {first}, of the same module "
+                           f"({s.name or 'the model'}), so that module computes in one dtype")
+            own = [(o[0], o[1], o[2], o[3], (o[4] or widened) if _is_floating(o[2]) else o[4]) for o in own]
+        found.extend(own)
     tied: dict[int, tuple[Rule, str]] = {}
     for label, t, name, _, rule in found:
         if rule is not None and _is_floating(name):
@@ -590,12 +622,12 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
     if autocast_kept:
         state = {r.path: r.action for r in rows if r.action != "skipped"}
         for s in subs:
-            own = [state[_join(s.name, n)] for n, _ in s.leaves if _join(s.name, n) in state]
+            actions = [state[_join(s.name, n)] for n, _ in s.leaves if _join(s.name, n) in state]
             if head_name is not None and s.name == head_name:
                 hooks.append((s.name, kdt, kdt))
             elif head_name is not None and _under(s.name, head_name):
                 continue
-            elif s.name in by_type or (own and all(a == "kept" for a in own)):
+            elif s.name in by_type or (actions and all(a == "kept" for a in actions)):
                 hooks.append((s.name, kdt, target))
     adapter.cast_module(model, plan, hooks)
     if hooks:

@@ -688,3 +688,66 @@ def test_hooks_cast_keyword_inputs_and_nested_outputs():
     assert seen == [(torch.float32, torch.float32, 3)]
     assert out["out"].dtype == torch.bfloat16 and out["stats"][0].dtype == torch.bfloat16
     assert out["stats"][1].dtype == torch.int64 and out["scale"] == 3
+
+
+# -- the reviewer's findings (issue 11, R2) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [[r"^0\.weight$"], [r"^0\.bias$"]])
+def test_a_keep_pattern_matching_part_of_a_module_keeps_all_of_it_and_the_model_runs(keep):
+    torch = fw("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    _, report = bb.cast_module(seq, "bfloat16", keep_types=(), keep=keep)
+    assert {r.path for r in report.kept} == {"0.weight", "0.bias"}
+    assert seq[0].weight.dtype == seq[0].bias.dtype == torch.float32 and seq[2].weight.dtype == torch.bfloat16
+    widened = next(r for r in report.kept if r.path != keep[0].strip("^$").replace("\\", ""))
+    assert "of the same module (0)" in widened.why
+    assert seq(torch.randn(3, 4).bfloat16()).dtype == torch.bfloat16  # hooked: runs on bf16 inputs
+
+
+def test_keep_head_on_a_flat_weight_list_keeps_the_last_kernel_and_its_bias():
+    # a Keras get_weights(): labels "0", "1"...: the last layer is the trailing bias and the kernel before it
+    weights = [np.ones((4, 8), np.float32), np.ones(8, np.float32), np.ones((8, 2), np.float32), np.ones(2, np.float32)]
+    out, report = bb.cast_tree(weights, "bfloat16", keep_head=True)
+    assert {r.path for r in report.kept} == {"2", "3"}
+    assert [a.dtype for a in out] == [BF16, BF16, np.float32, np.float32]
+    assert "2, 3" in report.kept[0].why
+    out, report = bb.cast_tree([np.ones(3, np.float32), np.ones(2, np.float32)], "bfloat16", keep_head=True)
+    assert {r.path for r in report.kept} == {"1"}  # no leaf of two dimensions: the last leaf alone
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"keep_types": "Batch["}, "'Batch[' is not a regular expression"),
+    ({"keep_dtype": None}, "keep_dtype=None (kept leaves left as they are) is cast_tree's"),
+])
+def test_cast_module_bad_arguments_raise_ours(kwargs, says):
+    torch = fw("torch")
+    with pytest.raises(bb.InvalidArgumentError) as err:
+        bb.cast_module(torch.nn.Linear(2, 2), "bfloat16", **kwargs)
+    assert says in str(err.value)
+
+
+def test_cast_module_casts_inv_freq_that_cast_tree_keeps_unless_asked():
+    # documented: cast_module keeps by type, cast_tree by name; keep= brings them together
+    torch = fw("torch")
+    nn = torch.nn
+
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8), persistent=False)
+
+        def forward(self, x):
+            return x * self.inv_freq[0]
+
+    model = nn.Sequential(Rotary(), nn.Linear(4, 4))
+    _, tree_report = bb.cast_tree({"0.inv_freq": model[0].inv_freq, "1.weight": model[1].weight.detach()})
+    assert {r.path for r in tree_report.kept} == {"0.inv_freq"}
+    bb.cast_module(model, "bfloat16")
+    assert model[0].inv_freq.dtype == torch.bfloat16
+    other = nn.Sequential(Rotary(), nn.Linear(4, 4))
+    _, report = bb.cast_module(other, "bfloat16", keep=[r"(?:^|\.)inv_freq$"])
+    assert other[0].inv_freq.dtype == torch.float32 and {r.path for r in report.kept} == {"0.inv_freq"}
+    assert other(torch.ones(2, 4).bfloat16()).dtype == torch.bfloat16
