@@ -751,3 +751,11 @@ def test_cast_module_casts_inv_freq_that_cast_tree_keeps_unless_asked():
     _, report = bb.cast_module(other, "bfloat16", keep=[r"(?:^|\.)inv_freq$"])
     assert other[0].inv_freq.dtype == torch.float32 and {r.path for r in report.kept} == {"0.inv_freq"}
     assert other(torch.ones(2, 4).bfloat16()).dtype == torch.bfloat16
+
+
+def test_empty_tensors_are_not_tied_to_each_other():
+    # every empty torch tensor has data_ptr 0: two of them are still two tensors
+    torch = fw("torch")
+    out, report = bb.cast_tree({"ln_f.weight": torch.zeros(0), "w": torch.zeros(0)}, "bfloat16")
+    assert [(r.path, r.action) for r in report.leaves] == [("ln_f.weight", "kept"), ("w", "cast")]
+    assert out["w"].dtype == torch.bfloat16 and out["ln_f.weight"].dtype == torch.float32

@@ -393,8 +393,8 @@ class TorchAdapter(Adapter):
 
     def same_data(self, x):
         # state_dict() hands tied weights as two tensors over one storage
-        if x.layout is not torch.strided or x.is_nested or x.device.type == "meta":
-            return id(x)
+        if x.layout is not torch.strided or x.is_nested or x.device.type == "meta" or x.numel() == 0:
+            return id(x)  # empty tensors all have data_ptr 0: not one storage
         return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
 
     def cast_module(self, model, plan, hooks):
