@@ -681,3 +681,28 @@ def test_load_for_target_casts_fp4_as_a_floating_type_and_counts_the_results_byt
         assert k.dtype_out == dtype and k.exact and k.copied
         assert bits(out["w"]).tobytes() == bits(bb.convert(a.astype(_np_dtype(
             fmt.NAMES[dtype])), target)).tobytes()
+
+
+@pytest.mark.parametrize("call, what", [(lambda p: bb.open(3), "bb.open"), (lambda p: bb.load(None), "bb.open"),
+                                        (lambda p: bb.save({"w": np.ones(2)}, None), "bb.save"),
+                                        (lambda p: bb.load_for_target(3.5), "bb.open")])
+def test_a_path_that_is_no_path_is_our_invalid_argument_error(tmp_path, call, what):
+    with pytest.raises(InvalidArgumentError, match=f"^{what}: the path must be a str or an os.PathLike"):
+        call(tmp_path)
+
+
+def test_a_checkpoint_dropped_without_close_closes_its_file(tmp_path):
+    import gc
+
+    p = tmp_path / "m.safetensors"
+    bb.save({"w": np.ones(64, np.float32)}, p)
+    f = bb.open(p)
+    file = f._file
+    w = f.get("w")  # a view keeps the map, not the file
+    del f
+    gc.collect()
+    assert file.closed and w.tolist() == [1.0] * 64
+    g = bb.open(p)
+    g.close()
+    g.close()  # twice: nothing more to do
+    assert g._file.closed and g.closed

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,17 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..errors import CheckpointError, UnsupportedDtypeError
+from ..errors import CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+
+def fspath(path, what: str) -> str:
+    """``path`` as a str, or InvalidArgumentError naming what was given (3, None: no file's path)."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise InvalidArgumentError(f"{what}: the path must be a str or an os.PathLike (pathlib.Path); got "
+                                   f"{type(path).__name__} {path!r}") from None
+    return os.fsdecode(p)
+
 
 #: the largest header read, as safetensors' own cap (MAX_HEADER_SIZE): a length past it is refused
 MAX_HEADER = 100_000_000

@@ -11,6 +11,7 @@ import builtins
 import dataclasses
 import mmap
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -36,7 +37,7 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
+        self.path = fmt.fspath(path, "bb.open")
         try:
             f = builtins.open(self.path, "rb")
         except OSError as err:
@@ -57,6 +58,8 @@ class Checkpoint:
         #: kept open until close(): a copy is read with os.preadv, not through the map (no page faults,
         #: and no page of the map held for it)
         self._file = f
+        #: a Checkpoint dropped without close() closes its file when collected (at once, in CPython)
+        self._finalizer = weakref.finalize(self, f.close)
         self._infos = {t.key: t for t in self.header.tensors}
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
@@ -248,7 +251,7 @@ class Checkpoint:
         """Close the file and drop this object's hold on the map; results that are views keep the map
         (and the descriptor it holds) alive."""
         self.closed = True
-        self._file.close()
+        self._finalizer()  # closes the file, once
         if self._map is not None:
             try:
                 self._map.close()

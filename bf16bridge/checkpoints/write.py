@@ -86,7 +86,7 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
     a 64-byte boundary, and tensors whose size is a multiple of 64 bytes come first (each of
     them then begins aligned, which lets jax and tensorflow load it without a copy).
     """
-    path = os.fspath(path)
+    path = fmt.fspath(path, "bb.save")
     if metadata is not None:
         if not isinstance(metadata, Mapping):
             raise InvalidArgumentError(f"metadata must be a dict of str -> str; got {type(metadata).__name__}")
