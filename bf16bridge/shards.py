@@ -9,6 +9,7 @@ another: each converts the shards it holds (docs/sharding.md says why the result
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
@@ -235,24 +236,88 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
     _check(copy, "error", False, on_alias, "warn")
     target = registry.resolve(to)
     adapter = registry.get(target)
+    dtype = None
     if isinstance(shards, Shards):
-        layout, pieces, shape = shards.layout, list(shards.shards), shards.shape if shape is None else shape
+        layout, pieces, dtype = shards.layout, list(shards.shards), shards.dtype
+        shape = shards.shape if shape is None else shape
     else:
         layout, pieces = None, list(shards)
         for p in pieces:
             if not isinstance(p, Shard):
                 raise UnsupportedTypeError(f"from_shards takes Shards or Shard objects; got a {type(p).__name__}")
-        if shape is None:
-            if not pieces:
-                raise InvalidArgumentError("from_shards: no shards, and no shape= to say what they make")
-            shape = tuple(max(p.index[d].stop for p in pieces) for d in range(len(pieces[0].index)))
+    for p in pieces:
+        _check_index(p)
+    if shape is None:
+        if not pieces:
+            raise InvalidArgumentError("from_shards: no shards, and no shape= to say what they make")
+        shape = tuple(max(p.index[d].stop for p in pieces) for d in range(len(pieces[0].index)))
+    shape = _check_shape(shape)
     if not adapter.assembles:
         raise UnsupportedTypeError(
             f"{target} has no sharded tensor type; from_shards builds a jax.Array or a torch DTensor. "
             f"For one {target} tensor of the whole array, gather it (which copies): e.g. "
             "np.asarray(jax_array), dtensor.full_tensor()")
-    return adapter.assemble(tuple(shape), [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
+    _check_pieces(pieces, shape, dtype)
+    return adapter.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
                             on_alias)
+
+
+def _whole(n) -> int | None:
+    """``n`` as an int where it is a whole number (no bool), else None."""
+    if isinstance(n, bool):
+        return None
+    try:
+        return operator.index(n)
+    except TypeError:
+        return None
+
+
+def _check_shape(shape) -> tuple[int, ...]:
+    try:
+        dims = tuple(_whole(n) for n in shape)
+    except TypeError:
+        dims = (None,)
+    if any(n is None or n < 0 for n in dims):
+        raise InvalidArgumentError(f"from_shards: shape= is the global shape, whole numbers >= 0; got {shape!r}")
+    return dims  # type: ignore[return-value]
+
+
+def _check_index(p: Shard) -> None:
+    """A shard's index: a tuple of slices with explicit whole bounds, start <= stop, step 1."""
+    index = p.index
+    if isinstance(index, tuple) and all(
+            isinstance(s, slice) and s.step in (None, 1) and _whole(s.start) is not None
+            and _whole(s.stop) is not None and 0 <= s.start <= s.stop for s in index):
+        return
+    raise InvalidArgumentError(
+        f"the shard on {p.device} has index {index!r}; a shard's index is a tuple of slices, one per dimension, "
+        "with explicit bounds 0 <= start <= stop and no step (bb.shards.bounds(index, shape) writes one)")
+
+
+def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None) -> None:
+    """Every shard's tensor has its index's shape, within ``shape``, and one dtype across shards
+    (the frameworks' own assembly would build a wrong tensor silently, or raise their own errors)."""
+    for p in pieces:
+        where = f"the shard {_show(p.index)} on {p.device}"
+        if len(p.index) != len(shape) or any(s.stop > n for s, n in zip(p.index, shape)):
+            raise InvalidArgumentError(
+                f"{where} does not lie in the global shape {shape}: its index must have {len(shape)} "
+                "slices, each within its dimension; pass the shape= the shards were cut from")
+        try:
+            got_shape, got_dtype = registry.get(registry.framework_of(p.tensor)).shape_dtype(p.tensor)
+        except Bf16BridgeError as err:
+            raise type(err)(f"{where}: {err}") from err
+        want = tuple(s.stop - s.start for s in p.index)
+        if tuple(got_shape) != want:
+            raise InvalidArgumentError(
+                f"{where} holds a tensor of shape {tuple(got_shape)}; its index spans {want}: give each shard "
+                "the tensor of its index (global_tensor[index])")
+        if dtype is None:
+            dtype = got_dtype
+        elif got_dtype != dtype:
+            raise InvalidArgumentError(
+                f"{where} holds {got_dtype}, and the other shards {dtype}: a sharded tensor has one dtype; "
+                "convert the odd shard first")
 
 
 def layout_of(x) -> Layout | None:

@@ -126,6 +126,37 @@ def test_from_shards_asks_for_what_it_lacks(target, sharding, words):
         bb.from_shards([_one_shard("torch")], target, sharding=sharding)
 
 
+def _piece(shape=(4, 2), dtype=BF16, index=(slice(0, 4), slice(0, 2))):
+    return Shard(index, "cpu:0", make("numpy", np.zeros(shape, dtype)))
+
+
+#: shards that do not make the array they claim, and what from_shards says (before the check,
+#: jax raised its own ValueError and torch built a DTensor whose local tensor was not its part)
+BAD_SHARDS = [
+    ("a tensor smaller than its index", [_piece((3, 2))], None, "of shape (3, 2); its index spans (4, 2)"),
+    ("a tensor of another rank", [_piece((8,))], None, "of shape (8,); its index spans (4, 2)"),
+    ("two dtypes", [_piece(), _piece(dtype=np.float16)], None, "holds float16, and the other shards bfloat16"),
+    ("a negative shape", [_piece()], (-4, 2), "whole numbers >= 0; got (-4, 2)"),
+    ("a shape of another rank", [_piece()], (4, 2, 1), "does not lie in the global shape (4, 2, 1)"),
+    ("an index past the shape", [_piece((8, 2), index=(slice(0, 8), slice(0, 2)))], (4, 2),
+     "does not lie in the global shape (4, 2)"),
+    ("an index without bounds", [_piece(index=(slice(None), slice(0, 2)))], None, "explicit bounds"),
+    ("an index with a step", [_piece((2, 2), index=(slice(0, 4, 2), slice(0, 2)))], None, "no step"),
+]
+
+
+@pytest.mark.parametrize("target", ["jax", "torch"])
+@pytest.mark.parametrize("what,pieces,shape,words", BAD_SHARDS, ids=[c[0] for c in BAD_SHARDS])
+def test_from_shards_checks_each_shard_against_its_index(target, what, pieces, shape, words):
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec()) if target == "jax" else None
+    with pytest.raises(InvalidArgumentError) as got:
+        bb.from_shards(pieces, target, sharding=sharding, shape=shape)
+    assert words in str(got.value)
+
+
 @pytest.mark.parametrize("call,words", [
     (lambda x: bb.convert_shards(x, "torch", replicas="two"), "replicas must be one of"),
     (lambda x: bb.convert_shards(x, "torch", copy="yes"), "copy"),
@@ -186,7 +217,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 33
+EIGHT_DEVICE_TESTS = 38
 
 
 def test_eight_jax_devices_in_a_child():
@@ -440,7 +471,8 @@ if CHILD == "jax8":
             got = bb.convert_shards(d, "numpy")
             (s,) = got
             assert s.index == tuple(slice(o, o + n) for o, n in zip(offset, local_shape))
-            assert s.tensor.shape == tuple(local_shape) and ptr(s.tensor) == local.data_ptr() or local.numel() == 0
+            assert s.tensor.shape == tuple(local_shape)
+            assert ptr(s.tensor) == local.data_ptr() or local.numel() == 0
             coord = mesh.get_coordinate()
             kept = [c for c, p in zip(coord, placements) if not isinstance(p, Shard)]
             assert (s.replica == 0) == (not any(kept))
@@ -455,6 +487,45 @@ if CHILD == "jax8":
                 bb.convert_shards(x, "torch", as_dtensor=init_device_mesh("cpu", (8,)), on_alias="allow")
             with pytest.raises(InvalidArgumentError, match="as_dtensor makes a torch DTensor"):
                 bb.convert_shards(x, "numpy", as_dtensor=init_device_mesh("cpu", (8,)))
+
+
+        @pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
+        def test_convert_refuses_a_dtensor_naming_the_ways_out(self, fake_rank, to):
+            # a DTensor is a torch.Tensor with data_ptr() 0: convert gave zeros to jax, a plan said zero-copy
+            import torch
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import DTensor
+            from torch.distributed.tensor import Shard as TorchShard
+
+            from bf16bridge import registry
+
+            conv = sys.modules["bf16bridge.convert"]  # bb.convert is the function
+
+            d = DTensor.from_local(torch.arange(4, dtype=torch.bfloat16), init_device_mesh("cpu", (8,)),
+                                   [TorchShard(0)], run_check=False)
+            ways_out = r"DTensor.*bb\.convert_shards\(x, to\).*x\.full_tensor\(\)"
+            for call in (lambda: bb.plan(d, to), lambda: bb.convert(d, to), lambda: bb.convert(d, to),
+                         lambda: bb.convert_tree({"w": d}, to)):
+                with pytest.raises(UnsupportedTypeError, match=ways_out):
+                    call()
+            assert bb.convert_tree({"w": d}, to, on_unsupported="keep")["w"] is d
+            assert registry.get("torch").fast_key(d, True) is None
+            assert not any(issubclass(key[0], DTensor) for key in conv._FAST)
+
+        def test_dtensor_from_shards_checks_the_local_shard(self, fake_rank):
+            import torch
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import Shard as TorchShard
+
+            mesh = init_device_mesh("cpu", (8,))
+            index = (slice(10, 12),)  # rank 5's part of a (16,) tensor over 8 ranks
+            d = bb.from_shards([Shard(index, "cpu", torch.ones(2, dtype=torch.bfloat16))], "torch",
+                               sharding=(mesh, [TorchShard(0)]), shape=(16,))
+            assert tuple(d.shape) == (16,) and tuple(d.to_local().shape) == (2,)
+            for bad, words in [(torch.ones(1, dtype=torch.bfloat16), r"of shape \(1,\); its index spans \(2,\)"),
+                               (torch.ones(1, 2, dtype=torch.bfloat16), r"of shape \(1, 2\); its index spans")]:
+                with pytest.raises(InvalidArgumentError, match=words):
+                    bb.from_shards([Shard(index, "cpu", bad)], "torch", sharding=(mesh, [TorchShard(0)]), shape=(16,))
 
 
 # -- two processes: torch.distributed (gloo) and jax.distributed (run as a script) -----------------------

@@ -22,6 +22,11 @@ from ..errors import DeviceError, InvalidArgumentError
 versions.require("torch", torch.__version__)
 
 
+def _is_dtensor(x) -> bool:
+    dt = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
+    return dt is not None and isinstance(x, dt.DTensor)
+
+
 def _copies(dt) -> bool:
     try:
         torch.zeros(2, dtype=torch.uint8).view(dt).clone()
@@ -219,6 +224,13 @@ class TorchAdapter(Adapter):
         return _casts(src, dst)
 
     def describe(self, x, *, alignment: bool = True) -> Source:
+        if type(x) is not torch.Tensor and _is_dtensor(x):
+            # a DTensor is a torch.Tensor whose data_ptr() is 0: read as one tensor it gave zeros
+            raise UnsupportedTypeError(
+                f"a torch DTensor (global shape {tuple(x.shape)}, placements {tuple(x.placements)}) is not one "
+                "buffer: bb.convert_shards(x, to) moves the shards this rank holds (no gather), or "
+                "x.full_tensor() gathers the whole tensor onto every rank (communicates and copies) for bb.convert"
+            )
         if x.is_nested:
             raise UnsupportedTypeError(
                 "a torch nested (ragged) tensor has no single strided buffer; convert each of "
@@ -262,6 +274,8 @@ class TorchAdapter(Adapter):
     def fast_key(self, x, alignment):
         # describe detaches, restrides or refuses these: the full path
         if x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape:
+            return None
+        if type(x) is not torch.Tensor and _is_dtensor(x):  # refused by describe: never a cached plan
             return None
         return (x.dtype, x.device, x.is_contiguous(), x.numel() == 0,
                 x.is_conj() or x.is_neg(), alignment and x.data_ptr() % ALIGN == 0)
