@@ -95,8 +95,8 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
         return None
     if not dst.holds(s.dtype):
         return None
-    if copies:
-        return _fresh(dst, s.dtype, s.host)
+    if copies:  # a copy of a carrier still carries that row's bits
+        return _fresh(dst, s.dtype, s.host)._replace(carries=s.carries)
     if s.readonly and not (dst.immutable or dst.marks_readonly):
         return None  # e.g. a read-only numpy array into torch: must copy first
     readonly = s.readonly or (src.immutable and dst.marks_readonly)
@@ -160,10 +160,10 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             # a device tensor is copied on its device; only a host-only target takes it to the host
             bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
             yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
-                                 _copy_reason(s, target, copy), run=a.copy), _fresh(a, s.dtype, s.host)
+                                 _copy_reason(s, target, copy), run=a.copy), _fresh(a, s.dtype, s.host)._replace(carries=s.carries)
         if not s.host and copy and adapters[target].host_only:
             yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
-                          run=a.to_host), _fresh(a, s.dtype, True)
+                          run=a.to_host), _fresh(a, s.dtype, True)._replace(carries=s.carries)
         narrow = dtypes.NARROW.get(s.dtype)
         if narrow is not None and narrow in goal and a.narrows and s.host:
             yield 2, Step("narrow", a.name, f"narrow to {narrow}, checked", narrow, True,
@@ -203,8 +203,13 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
                     run=_via_dlpack(a, b, s.readonly, s.host)), entered
 
 
-def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
-    """Dijkstra over states: the cheapest list of steps reaching the target with a goal dtype."""
+def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None, raw: bool = False):
+    """Dijkstra over states: the cheapest list of steps reaching the target with a goal dtype.
+
+    A carrier state (an unsigned integer holding another row's bits) ends a route only when
+    ``raw`` (fallback='bits'): uint8 is uint4's widening and its carrier too, and a bit-view is
+    not a widening (padding bits would arrive as values).
+    """
     tie = itertools.count()
     heap = [(0, 0, next(tie), start, ())]
     seen = set()
@@ -213,7 +218,7 @@ def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bo
         if s in seen:
             continue
         seen.add(s)
-        if s.framework == target and s.dtype in goal and not (copy and s.shared):
+        if s.framework == target and s.dtype in goal and not (copy and s.shared) and (raw or s.carries is None):
             return steps, s
         for c, step, nxt in _edges(s, adapters, target, goal, copy):
             if nxt not in seen:
@@ -224,7 +229,7 @@ def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bo
 @lru_cache(maxsize=1024)
 def _route(source: str, target: str, start: State, must_copy: str | None,
            copy: bool | None, attempts: tuple, state: tuple) -> Route:
-    """The cheapest route; ``attempts`` are (goal dtypes, decision) tried in order.
+    """The cheapest route; ``attempts`` are (goal dtypes, decision, raw bits accepted) tried in order.
 
     ``state`` is ``registry.state(...)`` of the adapters involved: the registry's
     generation and each adapter's run-time settings (jax's x64 flag). It is part
@@ -241,14 +246,14 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
         start = _fresh(a, start.dtype, start.host)
     dtype = start.dtype
 
-    for goal, decision in attempts:
-        found = _search(start, adapters, target, goal, copy)
+    for goal, decision, raw in attempts:
+        found = _search(start, adapters, target, goal, copy, raw)
         if found:
             steps, final = found
             return Route(prefix + steps, final, final.dtype, decision)
 
     # No route: say why, as precisely as we can.
-    with_copies = next((found for found in (_search(start, adapters, target, goal, None) for goal, _ in attempts)
+    with_copies = next((found for found in (_search(start, adapters, target, goal, None, raw) for goal, _, raw in attempts)
                         if found), None) if copy is False else None
     if with_copies:
         steps, _ = with_copies
@@ -264,18 +269,19 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
     held = adapters[target].cannot_hold(dtype)
     raise UnsupportedDtypeError(
         f"{target} cannot hold {dtype} from {source} bit for bit here"
-        + (f" ({held})" if held else "") + "; " + _way_out(dtype, target))
+        + (f" ({held})" if held else "") + "; "
+        + _way_out(dtype, target, frozenset().union(*(goal for goal, _, _ in attempts))))
 
 
-def _way_out(dtype: str, target: str) -> str:
-    """The fallbacks the table offers for ``dtype``, as an error message ends."""
+def _way_out(dtype: str, target: str, tried: frozenset = frozenset()) -> str:
+    """The fallbacks the table offers for ``dtype`` and not ``tried`` already, as an error message ends."""
     if dtype in dtypes.NARROW:
         return f"or pass fallback='auto' (narrows to {dtypes.NARROW[dtype]} when every value fits, checked)"
     ways = []
     wide = _widenings(dtype)
-    if wide and dtypes.ROWS[dtype].family == "narrow":
+    if wide and dtypes.ROWS[dtype].family == "narrow" and not tried & set(wide):
         ways.append(f"fallback='auto' (the narrowest of {', '.join(wide)} that {target} holds: exact)")
-    if "float32" in wide:
+    if "float32" in wide and "float32" not in tried:
         ways.append("fallback='float32' (exact widening)")
     if dtype in dtypes.BITS_OF:
         ways.append(f"fallback='bits' (raw {dtypes.BITS_OF[dtype]})")
@@ -283,25 +289,26 @@ def _way_out(dtype: str, target: str) -> str:
 
 
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:
-    """The goal dtypes to try in order, each with the decision to report."""
+    """The goal dtypes to try in order, each with the decision to report and whether a raw
+    bit-view (a carrier of the row's bits) may end the route."""
     if dtype in dtypes.PROBED and fallback == "auto":
         from .capabilities import probe  # cached; it imports no framework
 
         d = probe().decide(target, for_compute=for_compute, device=device)
         # the probe answers the row's own name, "float32" or "bits"
         goal = {"float32": "float32", "bits": dtypes.BITS_OF[dtype]}.get(d.dtype, dtype)
-        return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})"),)
+        return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})", d.dtype == "bits"),)
     if dtype in dtypes.NARROW and fallback == "auto":
         narrow = dtypes.NARROW[dtype]
-        return ((frozenset([dtype]), None),
+        return ((frozenset([dtype]), None, False),
                 (frozenset([narrow]), f"{narrow} (fallback='auto': {target} cannot hold {dtype} here; "
-                                      f"narrowed after checking that every value fits in {narrow})"))
+                                      f"narrowed after checking that every value fits in {narrow})", False))
     return _fixed_attempts(dtype, target, fallback)
 
 
 @lru_cache(maxsize=256)
 def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
-    out: tuple = ((frozenset([dtype]), None),)
+    out: tuple = ((frozenset([dtype]), None, False),)
     row = dtypes.ROWS.get(dtype)
     if row is None:
         return out
@@ -311,15 +318,15 @@ def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
     if twin is not None:
         how = "unpacked, one value a byte" if dtype in dtypes.PACKED else \
             f"packed {dtypes.ROWS[twin].packing} values a byte, low nibble first"
-        out += ((frozenset([twin]), f"{twin} ({why}; the same values {how})"),)
+        out += ((frozenset([twin]), f"{twin} ({why}; the same values {how})", False),)
     wide = _widenings(dtype)
     if fallback == "auto" and row.family == "narrow":
-        out += tuple((frozenset([w]), f"{w} (fallback='auto': {why}; {w} holds every {dtype} value exactly)")
+        out += tuple((frozenset([w]), f"{w} (fallback='auto': {why}; {w} holds every {dtype} value exactly)", False)
                      for w in wide)
     elif fallback == "float32" and "float32" in wide:
-        out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly)"),)
+        out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly)", False),)
     elif fallback == "bits" and row.carrier is not None:
-        out += ((frozenset([row.carrier]), f"{row.carrier} (fallback='bits': {why}; raw bit patterns)"),)
+        out += ((frozenset([row.carrier]), f"{row.carrier} (fallback='bits': {why}; raw bit patterns)", True),)
     return out
 
 
@@ -369,10 +376,19 @@ def _check_copy_size(src: Source, source: str, target: str, steps: tuple) -> Non
 
 def _check_packing(src: Source, source: str, target: str, steps: tuple) -> None:
     """A packing step pairs values along the last dimension: refuse an odd one before running
-    (with ``fallback='error'``, or when no fallback reaches the target)."""
+    (with ``fallback='error'``, or when no fallback reaches the target), and an unpacking step a
+    0-d input (its two values have no last dimension to lie along)."""
     for step in steps:
+        if step.kind == "unpack" and not src.shape:
+            raise UnsupportedDtypeError(
+                f"{target} holds {step.dtype} one value a byte ({step.label}), and this 0-d {source} "
+                f"{src.dtype} input holds {dtypes.ROWS[src.dtype].packing} values in its one byte with no "
+                "last dimension to lay them along; reshape it to (1,) first (the result then has shape "
+                f"(2,)), or pass fallback='bits' (raw {dtypes.BITS_OF.get(src.dtype, 'bits')})")
         if step.kind == "pack" and (not src.shape or src.shape[-1] % 2):
             shape = "x".join(map(str, src.shape)) or "scalar"
+            if not src.shape:
+                shape += " (0-d: reshape it to (1,) first, then pad)"
             raise UnsupportedDtypeError(
                 f"{target} holds {src.dtype} packed two values a byte along the last dimension ({step.label}), "
                 f"and this [{shape}] {source} input's last dimension is not even; pad it to an even length "
@@ -387,10 +403,13 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
     start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
     route = _route(source, target, start, src.must_copy, copy, attempts, registry.state(source, target))
-    if any(s.kind == "pack" for s in route.steps) and (not src.shape or src.shape[-1] % 2):
-        # packing pairs values along the last dimension: an odd one takes the next fallback asked
-        # for, if any, else is refused
-        later = tuple(a for a in attempts if not (a[0] & dtypes.PACKED.keys()))
+    kinds = {s.kind for s in route.steps}
+    if ("pack" in kinds and (not src.shape or src.shape[-1] % 2)) or ("unpack" in kinds and not src.shape):
+        # packing pairs values along the last dimension: an odd one, or a 0-d input either way
+        # (a 0-d packed tensor holds two values), takes the next fallback asked for, if any, else
+        # is refused
+        twins = dtypes.PACKED.keys() | dtypes.UNPACKED.keys()
+        later = tuple(a for a in attempts if not (a[0] & twins))
         try:
             route = _route(source, target, start, src.must_copy, copy, later, registry.state(source, target))
         except UnsupportedDtypeError:

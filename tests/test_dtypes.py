@@ -351,6 +351,28 @@ def test_an_odd_last_dimension_is_refused_for_packing(shape):
     assert str(y.dtype) == "torch.uint8" and tuple(y.shape) == shape
 
 
+@pytest.mark.parametrize("target", ["numpy", "jax", "tensorflow"])
+def test_a_0d_packed_tensor_is_refused_for_unpacking_and_its_way_out_works(target):
+    """A 0-d float4_e2m1fn_x2 holds two values and has no last dimension to lay them along: plan
+    and convert refuse it with our error naming reshape to (1,), and the reshaped one arrives as (2,)."""
+    t = _packed_torch((1,)).reshape(())
+    for call in (bb.plan, bb.convert):
+        with pytest.raises(bb.UnsupportedDtypeError) as err:
+            call(t, target)
+        assert "0-d" in str(err.value) and "reshape it to (1,)" in str(err.value)
+    p = bb.plan(t.reshape(1), target)
+    y = bb.convert(t.reshape(1), target)
+    assert tuple(y.shape) == p.result_shape == (2,)
+    np.testing.assert_array_equal(bits(y).reshape(-1), _torch_unpacked(t.reshape(1)))
+    assert bits(bb.convert(t, target, fallback="bits")).tobytes() == bits(t).tobytes()
+
+
+def test_a_0d_value_is_refused_for_packing_with_the_way_out():
+    x = make("numpy", np.zeros((), np.uint8).view(ml_dtypes.float4_e2m1fn))
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"reshape it to \(1,\) first, then pad"):
+        bb.convert(x, "torch")
+
+
 def test_packing_is_refused_with_copy_false():
     x = make("numpy", np.zeros(4, np.uint8).view(ml_dtypes.float4_e2m1fn))
     with pytest.raises(bb.CopyRequiredError):

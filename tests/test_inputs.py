@@ -429,3 +429,37 @@ def test_narrow_rows_keep_every_bit_or_raise_ours(dtype, src, dst):
             np.testing.assert_array_equal(_nibbles(got), want)
         else:
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dst", ["numpy", "jax", "tensorflow"])
+@pytest.mark.parametrize("dtype", ["int2", "uint2", "int4", "uint4"])
+def test_padded_sub_byte_ints_through_auto_arrive_as_their_values(dtype, dst):
+    """torch's sub-byte ints with their padding bits set, fallback='auto': the row itself (every
+    byte kept), or a widening holding the value the low bits mean (as ml_dtypes reads 0xF3 as uint4
+    3), or a refusal where neither the target nor numpy (the hub) can read the row; never the raw
+    byte as a widened value (uint8 is uint2's widening and its carrier too). A target that stores
+    the row packed (XLA's int4/int2) drops the padding: the values are compared."""
+    import torch
+
+    from bf16bridge import dtypes, registry
+
+    row = dtypes.ROWS[dtype]
+    pats = np.arange(256, dtype=np.uint8)
+    low = (pats & ((1 << row.bits) - 1)).astype(np.int64)
+    values = np.where(low >= 1 << (row.bits - 1), low - (1 << row.bits), low) if row.kind == "int" else low
+    if dtypes.numpy_missing(dtype) is None:  # the expected values are ml_dtypes' own reading
+        np.testing.assert_array_equal(pats.view(dtypes.numpy_dtype(dtype)).astype(np.int64), values)
+    x = torch.from_numpy(aligned_copy(pats)).view(getattr(torch, dtype))
+    try:
+        p = bb.plan(x, to=dst, fallback="auto")
+    except bb.UnsupportedDtypeError:
+        held = [n for n in (dst, "numpy") if registry.get(n).holds(dtype)]
+        assert not held, f"{held} hold {dtype} yet the bridge refused"
+        return
+    y = bb.convert(x, to=dst, fallback="auto")
+    mask = (1 << row.bits) - 1
+    if p.dtype_out == dtype:
+        np.testing.assert_array_equal(bits(y).reshape(-1) & mask, pats & mask)
+    else:
+        assert p.dtype_out in row.widenings
+        np.testing.assert_array_equal(bits(y).view(np.dtype(p.dtype_out)).astype(np.int64), values)
