@@ -438,6 +438,9 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     _check(copy, fallback, for_compute, on_alias, on_grad)
     if on_unsupported not in ("raise", "keep"):
         raise InvalidArgumentError(f"on_unsupported must be 'raise' or 'keep'; got {on_unsupported!r}")
+    # the target once, up front: an unknown or unhashable one is the call's fault, not a leaf's
+    # (a leaf's error would be kept silently under on_unsupported="keep")
+    registry.resolve(to)
 
     pending: dict = {}
     # _one's cache lookup, done once per leaf type for the whole call: the cached plans for

@@ -114,6 +114,19 @@ def test_a_data_leaf_that_cannot_cross_raises_with_its_path_unless_kept():
         bb.convert_tree(tree, "torch", on_unsupported="drop")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("to", [["torch"], {"torch": 1}, None, 3, "nonsense"], ids=repr)
+@pytest.mark.parametrize("on_unsupported", ["raise", "keep"])
+def test_a_bad_target_is_refused_as_convert_refuses_it_even_with_keep(to, on_unsupported):
+    # a list once reached the cached leaf path's dict lookup (a raw TypeError); a name no
+    # framework has was a leaf's error, which on_unsupported="keep" kept silently
+    x = make("numpy", _bf16((4,)))
+    with pytest.raises(bb.UnknownFrameworkError):
+        bb.convert(x, to)
+    bb.convert_tree({"w": x}, "torch")  # the leaf type now has cached plans
+    with pytest.raises(bb.UnknownFrameworkError):
+        bb.convert_tree({"w": x}, to, on_unsupported=on_unsupported)
+
+
 def test_an_array_like_of_no_registered_framework_is_not_passed_through_silently():
     class Foreign:
         def __array__(self, dtype=None, copy=None):
