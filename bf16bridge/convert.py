@@ -251,11 +251,21 @@ def _warn(message: str) -> None:
     even when it shows nothing (it walks the stack and searches the filters each time). So
     what ``warnings`` will not show again is remembered: a message the filters ignore
     wherever it is raised, one shown under "once", and a call site where it was shown under
-    "default" or "module" (or ignored by a filter for that module or line). The memory holds
-    only while the filters are the ones it was made under (the same list, with the same
-    entries, and the same default action): any change (``simplefilter``, ``filterwarnings``,
-    entering or leaving ``catch_warnings``) forgets it, so "always" and "error" see every
-    call, and the first call after a change goes to ``warnings`` as it is."""
+    "default" or "module" (or ignored by a filter for that module or line). A site shown under
+    "default" or "module" stays quiet only while Python's own registry for it (the
+    ``__warningregistry__`` of the frame's globals) is the same dict and still holds the
+    warning's key: code run in fresh globals, or a registry cleared, shows it again, as
+    ``warnings`` does. The memory holds only while the filters are the ones it was made under
+    (the same list object, with the same entries, and the same default action): a change of
+    identity or entries forgets it, so "always" and "error" see every call, and the first call
+    after a change goes to ``warnings`` as it is.
+
+    Where this differs from ``warnings``: a warning shown once from a line stays quiet there
+    until ``warnings.filters`` changes its identity or entries. Python itself would show it
+    again after a ``catch_warnings`` block (entered and left, which restores the same list) or a
+    ``simplefilter``/``filterwarnings`` call that re-adds a filter already first in the list:
+    both bump an internal filters version that Python offers no way to read, and its registries
+    are cleared on the next warning. The warnings module is not patched to see them."""
     quiet = _QUIET
     filters = warnings.filters
     if (quiet.filters is not filters or quiet.snapshot != filters
@@ -278,14 +288,26 @@ def _warn(message: str) -> None:
     # the code object by id (hashing one reads all its bytecode; the entry keeps it alive), and
     # the instruction rather than the line (finding the line reads a table)
     site = (id(frame.f_code), frame.f_lasti, message)
-    if site in quiet.sites:
-        return
+    seen = quiet.sites.get(site)
+    if seen is not None:
+        registry = seen[1]
+        # "ignore" stores nothing in Python's registry; the others skip only while the registry
+        # warnings itself keeps for this frame's globals still says it was shown here
+        if registry is None or (frame.f_globals.get("__warningregistry__") is registry and registry.get(seen[2])):
+            return
     action = everywhere or _action(message, frame.f_globals.get("__name__", "<string>"), frame.f_lineno)
     warnings.warn(message, Bf16BridgeWarning, stacklevel=level)
     if everywhere == "once":
         quiet.remember(message)
-    elif action in _SHOWS_ONCE and len(quiet.sites) < _QUIET_LIMIT:
-        quiet.sites[site] = frame.f_code
+    elif action in _SHOWS_ONCE and (seen is not None or len(quiet.sites) < _QUIET_LIMIT):
+        if action == "ignore":
+            quiet.sites[site] = (frame.f_code, None, None)
+        else:
+            # CPython's key (Lib/warnings.py, Python/_warnings.c): (text, category, line number)
+            key = (message, Bf16BridgeWarning, frame.f_lineno)
+            registry = frame.f_globals.get("__warningregistry__")
+            if registry is not None and registry.get(key):
+                quiet.sites[site] = (frame.f_code, registry, key)
 
 
 class _Quiet:
@@ -302,7 +324,9 @@ class _Quiet:
         self.messages: set = set()
         #: message -> the action for it wherever it is raised, or None where that depends on the site
         self.everywhere: dict = {}
-        #: (id of a code object, instruction, message) -> that code object: a site shown nothing again
+        #: (id of a code object, instruction, message) -> (that code object, the warnings registry of
+        #: the frame's globals and the key warnings keeps in it; None, None for an ignored site): a
+        #: site shown nothing again while that registry holds that key
         self.sites: dict = {}
         _QUIET = self
 
