@@ -290,10 +290,10 @@ def _warn(message: str) -> None:
     site = (id(frame.f_code), frame.f_lasti, message)
     seen = quiet.sites.get(site)
     if seen is not None:
-        registry = seen[1]
+        kept: dict | None = seen[1]
         # "ignore" stores nothing in Python's registry; the others skip only while the registry
         # warnings itself keeps for this frame's globals still says it was shown here
-        if registry is None or (frame.f_globals.get("__warningregistry__") is registry and registry.get(seen[2])):
+        if kept is None or (kept.get(seen[2]) and frame.f_globals.get("__warningregistry__") is kept):
             return
     action = everywhere or _action(message, frame.f_globals.get("__name__", "<string>"), frame.f_lineno)
     warnings.warn(message, Bf16BridgeWarning, stacklevel=level)
@@ -305,9 +305,9 @@ def _warn(message: str) -> None:
         else:
             # CPython's key (Lib/warnings.py, Python/_warnings.c): (text, category, line number)
             key = (message, Bf16BridgeWarning, frame.f_lineno)
-            registry = frame.f_globals.get("__warningregistry__")
-            if registry is not None and registry.get(key):
-                quiet.sites[site] = (frame.f_code, registry, key)
+            held = frame.f_globals.get("__warningregistry__")
+            if held is not None and held.get(key):
+                quiet.sites[site] = (frame.f_code, held, key)
 
 
 class _Quiet:
