@@ -615,3 +615,18 @@ def test_a_remembered_site_follows_pythons_own_registry(action, calls, shown):
         warnings.simplefilter(action, bb.Bf16BridgeWarning)
         calls(j)
     assert [w.category for w in said] == [bb.Bf16BridgeWarning] * shown
+
+
+@pytest.mark.parametrize("implementation", ["pypy", "graalpy"])
+def test_numpy_pointer_reads_no_memory_off_cpython(monkeypatch, implementation):
+    # id(x) is an address only on CPython: elsewhere the pointer comes from __array_interface__
+    import types
+
+    from bf16bridge.adapters import numpy as adapter
+
+    a = aligned_copy(_bf16(64))[2:]
+    monkeypatch.setattr(sys, "implementation", types.SimpleNamespace(name=implementation))
+    assert adapter._data_offset() is None
+    monkeypatch.setattr(adapter, "_DATA_OFFSET", None)
+    monkeypatch.setattr(adapter, "_read_pointer", None)  # any read of memory by address fails
+    assert adapter._pointer(a) == a.__array_interface__["data"][0] == ptr(a)

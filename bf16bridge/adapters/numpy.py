@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import sys
 
 import numpy as np
 
@@ -38,7 +39,11 @@ def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
 
 def _data_offset() -> int | None:
     """Where an ndarray object keeps its data pointer: right after the object header (NumPy's
-    ``PyArrayObject_fields``), checked here once against ``__array_interface__``; None if not."""
+    ``PyArrayObject_fields``), checked here once against ``__array_interface__``; None if not.
+    Only on CPython, where ``id(x)`` is the object's address: elsewhere (PyPy) it is not, and
+    reading memory there could crash the process."""
+    if sys.implementation.name != "cpython":
+        return None
     a = np.arange(16, dtype=np.uint8)
     off = object.__basicsize__
     for x in (a, a[3:], np.empty((2, 3), np.uint16)[:, 1:]):
