@@ -388,7 +388,7 @@ def _narrow_compute(adapter, supports: Mapping) -> tuple:
 # -- frameworks ------------------------------------------------------------------
 
 
-def _framework(name: str, reader: Reader, asked: bool) -> FrameworkCaps:
+def _framework(name: str, reader: Reader, asked: bool, trials: bool = True) -> FrameworkCaps:
     spec = registry.spec(name)
     module = spec.requires or name
     version = reader.version(module)
@@ -400,6 +400,9 @@ def _framework(name: str, reader: Reader, asked: bool) -> FrameworkCaps:
         adapter = registry.get(name)
     except ImportError as err:
         return FrameworkCaps(name, version, False, str(err), tested=tested)
+    if not trials:  # what decide() reads: the devices; no DLPack trial, no narrow-dtype compute
+        return FrameworkCaps(name, version, True, "not tried: probe(trials=False) reads only what decide() needs",
+                             devices=tuple(Device(*d) for d in adapter.devices()), tested=tested)
     from .adapters import _dlpack
 
     try:
@@ -445,11 +448,18 @@ _CACHE: dict = {}
 _LOCK = threading.Lock()
 
 
-def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = False) -> Capabilities:
+def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = False,
+          trials: bool = True) -> Capabilities:
     """What this machine can do with bf16. Cached (``refresh=True`` probes again).
 
     ``frameworks``: names to import and try ("all" for every registered one);
     others are tried only if already imported, and otherwise reported by version.
+
+    ``trials=False``: only what ``decide()`` reads (the CPU, numpy's bf16 storage, the
+    frameworks' devices), none of the trials (DLPack per dtype, the narrow-dtype matmuls under a
+    framework's profiler, numpy's DLPack). ``fallback='auto'`` asks this one: a conversion must not
+    run compute behind the user's back (it stopped a running torch profiler) nor touch devices.
+    A full probe already cached answers it too.
     """
     names = [n for n in registry.names() if n != registry.HUB]
     if frameworks == "all":
@@ -459,21 +469,25 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     key = (asked, frozenset(n for n in names if sys.modules.get(registry.spec(n).requires or n)))
     if reader is None:
         with _LOCK:
-            if not refresh and key in _CACHE:
-                return _CACHE[key]
+            for k in ((*key, True),) if trials else ((*key, True), (*key, False)):
+                if not refresh and k in _CACHE:
+                    return _CACHE[k]
     r = reader or Reader()
     storage, storage_why = r.ml_dtypes()
-    dl, dl_why = r.numpy_bf16_dlpack() if storage else (False, "numpy holds no bf16 here")
+    if not trials:
+        dl, dl_why = False, "not tried: probe(trials=False) reads only what decide() needs"
+    else:
+        dl, dl_why = r.numpy_bf16_dlpack() if storage else (False, "numpy holds no bf16 here")
     caps = Capabilities(
         cpu=read_cpu(r),
         numpy=NumpyCaps(r.version("numpy"), r.version("ml_dtypes"), storage, storage_why, dl, dl_why,
                         r.numpy_dlpack_version(),
                         "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes")),
-                        _hub_dtypes(None if storage else storage_why)),
-        frameworks={n: _framework(n, r, n in asked) for n in names},
+                        _hub_dtypes(None if storage else storage_why) if trials else {}),
+        frameworks={n: _framework(n, r, n in asked, trials) for n in names},
         python=platform.python_version(),
     )
     if reader is None:
         with _LOCK:
-            _CACHE[key] = caps
+            _CACHE[(*key, trials)] = caps
     return caps

@@ -129,6 +129,34 @@ def test_probe_imports_no_framework_unless_asked():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+def test_fallback_auto_runs_no_trial_and_leaves_a_users_profiler_running():
+    """fallback='auto' asks probe(trials=False): no narrow-dtype matmul (run under torch's
+    profiler, it stopped the user's running one) and no DLPack trials; an explicit bb.probe()
+    afterwards still runs them all. A fresh process, so the probe's cache is cold."""
+    code = textwrap.dedent("""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        import bf16bridge as bb
+        from bf16bridge import registry
+        calls = []
+        cls = type(registry.get("torch"))
+        real = cls.narrow_compute
+        cls.narrow_compute = lambda self, dtype: calls.append(dtype) or real(self, dtype)
+        with profile(activities=[ProfilerActivity.CPU]) as outer:
+            y = bb.convert(torch.zeros(4, dtype=torch.bfloat16), "numpy", fallback="auto")
+            torch.ones(3) * 2
+        names = [e.name for e in outer.events()]
+        assert "aten::mul" in names, f"the user's profiler recorded nothing after convert: {len(names)} events"
+        assert calls == [], f"fallback='auto' ran narrow_compute for {calls}"
+        caps = bb.probe()  # explicit: the trials run, not the cached trimmed answer
+        assert calls and caps.frameworks["torch"].narrow_compute and caps.frameworks["torch"].dtypes
+        assert caps.numpy.dtypes and "not tried" not in caps.numpy.bf16_dlpack_why
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 @pytest.fixture
 def machine(monkeypatch):
     """Make convert()'s probe see a machine of the test's choosing."""
