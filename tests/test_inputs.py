@@ -8,7 +8,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge.dtypes import NARROW_DTYPES
-from conftest import BF16, FRAMEWORKS, PAIRS, aligned_copy, bits, make, ptr, type_framework
+from conftest import BF16, FRAMEWORKS, PAIRS, aligned_copy, bits, dtype_name, make, ptr, type_framework
 
 TARGETS = FRAMEWORKS
 
@@ -405,22 +405,39 @@ def _nibbles(b):
 @pytest.mark.parametrize("dtype", NARROW_DTYPES)
 def test_narrow_rows_keep_every_bit_or_raise_ours(dtype, src, dst):
     """Every narrow row from every framework that holds it to every target: every bit pattern
-    arrives (a packed row's values in their order), or the bridge refuses with its own error.
-    Where a framework says it holds a row, a tensor of it can be made through the bridge."""
+    arrives (a packed row's values in their order), or the bridge refuses with its own error, and
+    only where the target holds neither the row nor its packed/unpacked twin. Where a framework
+    says it holds a row, a tensor of it can be made through the bridge; where it does not, the
+    bridge makes none (it refuses, naming the row, or gives the twin)."""
     from bf16bridge import dtypes, registry
 
+    twin = dtypes.PACKED.get(dtype) or dtypes.UNPACKED.get(dtype)
     holds = registry.get(src).holds(dtype)
-    if holds and dtypes.numpy_missing(dtype) is None:
-        y = bb.convert(_narrow_source("numpy", dtype), to=src)  # the probe's "holds" is one the bridge makes
-        assert bits(y).tobytes() == dtypes.all_patterns(dtype).tobytes()
-    x = _narrow_source(src, dtype) if holds else None
-    if x is None:
+    if dtypes.numpy_missing(dtype) is None:
+        if holds:
+            y = bb.convert(_narrow_source("numpy", dtype), to=src)  # the probe's "holds" is one the bridge makes
+            assert bits(y).tobytes() == dtypes.all_patterns(dtype).tobytes()
+        else:
+            try:
+                y = bb.convert(_narrow_source("numpy", dtype), to=src)
+            except bb.UnsupportedDtypeError as err:
+                assert dtype in str(err) and src in str(err)
+            else:
+                assert twin is not None and dtype_name(y) == twin, (src, dtype, dtype_name(y))
+    if not holds:
+        why = registry.get(src).cannot_hold(dtype)
+        assert why and dtype in why, (src, dtype, why)
         return
+    x = _narrow_source(src, dtype)
+    assert x is not None, f"{src} holds {dtype}, yet the test makes none"  # holds implies a way to make one
     want = bits(x).reshape(-1)
+    target = registry.get(dst)
     for copy in (None, True):
         try:
             y = bb.convert(x, to=dst, copy=copy, on_alias="allow")
         except bb.Bf16BridgeError:
+            if target.holds(dtype) or (twin is not None and target.holds(twin)):
+                raise
             continue
         got = bits(y).reshape(-1)
         if got.size == 2 * want.size:
