@@ -409,8 +409,12 @@ if CHILD == "jax8":
             with pytest.raises(DeviceError, match="holds device 'gpu:0', which jax does not have here"):
                 bb.from_shards(foreign, "jax")
             uneven = NamedSharding(jax.make_mesh((8,), ("x",)), PartitionSpec("x"))
-            with pytest.raises(InvalidArgumentError, match="cannot lay out"):
+            with pytest.raises(InvalidArgumentError, match=r"\[56:64\] on cpu:7 does not lie in the global shape \(60,\)"):
                 bb.from_shards(got, "jax", sharding=uneven, shape=(60,))
+            cut = [Shard((slice(i * 8, min(60, i * 8 + 8)),), f"cpu:{i}", np.zeros(min(60, i * 8 + 8) - i * 8, BF16))
+                   for i in range(8)]  # as torch.chunk cuts 60 over 8: jax splits evenly only
+            with pytest.raises(InvalidArgumentError, match="cannot lay out"):
+                bb.from_shards(cut, "jax", sharding=uneven, shape=(60,))
 
         def test_unreduced_values_are_refused(self):
             import jax
