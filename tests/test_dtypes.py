@@ -150,6 +150,18 @@ def test_dlpack_codes_match_what_the_frameworks_export():
                                                     "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"}
 
 
+@pytest.mark.parametrize("dtype", [d for d in NARROW if dtypes.ROWS[d].bits < 8 * dtypes.ROWS[d].itemsize])
+def test_the_pages_bit_exact_column_sees_a_padding_change(dtype):
+    """docs/dtypes.md's bit-exact compares every byte, as these tests do: a route that set a padded
+    row's padding bits (the value's own bits unchanged) would not be called bit-exact."""
+    from bf16bridge import tables
+
+    base = tables._base(dtype)
+    back = base.copy()
+    back.view(np.uint8)[3] |= np.uint8(0x80)  # the top bit: padding in every padded row
+    assert tables._same_bits(base.copy(), base) and not tables._same_bits(back, base)
+
+
 # -- what each framework holds, found by trying ------------------------------------
 
 #: the issue's findings for torch 2.13, jax 0.10, tf 2.21 with ml_dtypes 0.6 (checked here by trying)
