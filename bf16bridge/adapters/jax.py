@@ -42,7 +42,9 @@ def _narrow_rows():
         a = aligned_empty((64,), name)
         a.view(dtypes.BITS_OF[name])[...] = 0
         try:
-            x = jax.device_put(a)
+            # on the host: what is found here is about numpy's memory (a GPU default device would
+            # make every row look copied, and the reason say packed)
+            x = jax.device_put(a, jax.devices("cpu")[0])
             back = np.asarray(x)
         except Exception as err:  # noqa: BLE001 - whatever it raised, jax cannot hold it
             why[name] = f"jax {jax.__version__} cannot hold {name}: {type(err).__name__}: {str(err).splitlines()[0]}"
@@ -218,10 +220,10 @@ class JaxAdapter(Adapter):
             Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, dtypes=_SHARED,
                     verify=True),
             # zero-copy as a rule, but numpy decides (a jax array over foreign strides is copied)
-            Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None, dtypes=_SHARED,
-                    verify=True),
+            Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None,
+                    dtypes=_SHARED - _ASARRAY_COPIES, verify=True),
         ]
-        if _PUT_COPIES:
+        if _PUT_COPIES or _ASARRAY_COPIES:
             out += [Handoff("numpy", "jax", "jax.device_put (packs)", jax.device_put, _packs_copy,
                             dtypes=_PUT_COPIES),
                     # numpy.array: its own writable copy (numpy.asarray's would be read-only)

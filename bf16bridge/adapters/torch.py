@@ -169,6 +169,9 @@ def _narrow_matmul(dt, device: str) -> tuple[str, str]:
     aten matmul on wider copies inside it (its CPU kernel widens to float32), else 'native'."""
     from torch.profiler import ProfilerActivity, profile
 
+    if torch._C._autograd._profiler_enabled():
+        # a profiler of our own would stop the user's session (torch keeps one at a time)
+        return "unknown", "not traced: a torch profiler is already running"
     try:
         a = torch.ones(16, 16, device=device).to(dt)
         b = torch.ones(16, 16, device=device).to(dt).t()  # its second operand must be column-major
