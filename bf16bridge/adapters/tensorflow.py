@@ -181,6 +181,8 @@ def _copy_kernel(name: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - no copy kernel for it
         return False
+
+
 #: held rows with no bit-view and no DLPack: they cross from and to numpy by tensorflow's own copies
 _BY_NUMPY = _HELD - _VIEWS - _DLPACK_OUT
 #: tf's dtype enums that DLPack exports, so that a data pointer can be read; an allow-list,
