@@ -25,6 +25,7 @@ import numpy as np
 
 from . import dtypes, registry, trees
 from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
+from .plans import size
 
 T = TypeVar("T")
 M = TypeVar("M")
@@ -179,12 +180,12 @@ class CastReport:
 
     def __str__(self) -> str:
         lines = [f"cast to {self.dtype}: {len(self.leaves)} leaves, "
-                 f"{_size(self.bytes_before)} -> {_size(self.bytes_after)}"]
+                 f"{size(self.bytes_before)} -> {size(self.bytes_after)}"]
         for action in _ACTIONS:
             rows = self._where(action)
             if rows:
-                lines.append(f"  {action:<9} {len(rows):>5} leaves, {_size(sum(r.nbytes_before for r in rows))}"
-                             f" -> {_size(sum(r.nbytes_after for r in rows))}")
+                lines.append(f"  {action:<9} {len(rows):>5} leaves, {size(sum(r.nbytes_before for r in rows))}"
+                             f" -> {size(sum(r.nbytes_after for r in rows))}")
         rules: dict[str, int] = {}
         for r in self.kept:
             rules[r.rule] = rules.get(r.rule, 0) + 1
@@ -197,14 +198,6 @@ class CastReport:
         if len(ordered) > self.SHOWN:
             lines.append(f"    ... {len(ordered) - self.SHOWN} more (report.leaves lists every one)")
         return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
 
 
 # -- arguments -----------------------------------------------------------------------------------
