@@ -130,6 +130,11 @@ class Adapter:
     label_import: ClassVar[str] = "from_dlpack"
     label_copy: ClassVar[str] = "copy"
 
+    #: the narrow rows (dtypes.NARROW_DTYPES) this framework holds, and why not each of the
+    #: others, found by trying when the adapter is built; the base cannot_hold reads them
+    narrow_held: ClassVar[frozenset] = frozenset()
+    narrow_why: ClassVar[dict[str, str]] = {}
+
     # -- data the planner reads ------------------------------------------
     def holds(self, dtype: str) -> bool:
         """Whether tensors of this framework can hold ``dtype`` at all."""
@@ -137,7 +142,9 @@ class Adapter:
 
     def cannot_hold(self, dtype: str) -> str | None:
         """Why this framework cannot hold ``dtype`` here (and the way out), or None."""
-        return None if dtype in dtypes.ALL else f"{self.name} holds no {dtype}"
+        if dtype in dtypes.ALL or dtype in self.narrow_held:
+            return None
+        return self.narrow_why.get(dtype, f"{self.name} holds no {dtype}")
 
     def views_bits(self, dtype: str) -> bool:
         """Whether a bit-view turns ``dtype`` into its carrier (``dtypes.BITS_OF``) and back

@@ -198,15 +198,12 @@ class JaxAdapter(Adapter):
 
     dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
     dlpack_import = frozenset(dtypes.ALL) | _DLPACK_IN
+    narrow_held, narrow_why = _HELD, _CANNOT
 
     def cannot_hold(self, dtype):
         if dtype in _WIDE and not jax.config.jax_enable_x64:
             return (f"jax narrows {dtype} unless 64-bit mode is on: "
                     "jax.config.update('jax_enable_x64', True)")
-        if dtype in _HELD:
-            return None
-        if dtype in _CANNOT:
-            return _CANNOT[dtype]
         return super().cannot_hold(dtype)
 
     def views_bits(self, dtype):

@@ -232,13 +232,7 @@ class TensorflowAdapter(Adapter):
 
     dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
     dlpack_import = frozenset(dtypes.ALL) | _DLPACK_OUT
-
-    def cannot_hold(self, dtype):
-        if dtype in _HELD:
-            return None
-        if dtype in _CANNOT:
-            return _CANNOT[dtype]
-        return super().cannot_hold(dtype)
+    narrow_held, narrow_why = _HELD, _CANNOT
 
     def views_bits(self, dtype):
         return dtype == "bfloat16" or dtype in _VIEWS
