@@ -47,8 +47,18 @@ def held(names):
 
 
 def test_no_registry_does_nothing():
-    r = registry.register(types.SimpleNamespace(dtypes=types.SimpleNamespace()))
+    mod, calls = fake_numpy()
+    del mod.dtypes.register_dlpack_dtype
+    r = registry.register(mod)
     assert not r.available and not r.registered and "NumPy >= 2.5" in str(r)
+    assert not calls and not r.passes
+
+
+def test_without_a_registry_what_numpy_passes_is_still_found():
+    mod, _ = fake_numpy(pre_registered=["bfloat16"])
+    del mod.dtypes.register_dlpack_dtype
+    r = registry.register(mod)
+    assert not r.available and r.passes == {"bfloat16"}
 
 
 def test_this_numpy_has_none():

@@ -36,12 +36,18 @@ class Registration:
 
     #: numpy has ``np.dtypes.register_dlpack_dtype`` (NumPy >= 2.5)
     available: bool
-    #: rows numpy already passed over DLPack before we looked (ml_dtypes or someone registered them)
+    #: rows numpy already passed over DLPack before we looked (ml_dtypes or someone registered them;
+    #: found by trying numpy's own round trip, with or without a registry)
     already: tuple[str, ...] = ()
     #: rows the bridge registered, each now passing numpy's own DLPack round trip
     registered: tuple[str, ...] = ()
     #: (row, why) for rows left out: not expressible, refused, or still failing after registering
     skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def passes(self) -> frozenset[str]:
+        """The rows beyond numpy's own that this numpy now passes over DLPack, bits kept."""
+        return frozenset(self.already) | frozenset(self.registered)
 
     def __str__(self) -> str:
         if not self.available:
@@ -85,8 +91,6 @@ def register(np_module=np) -> Registration:
     without the registry (the real run is tests/device/test_numpy_dlpack.py, on NumPy 2.5).
     """
     reg = getattr(getattr(np_module, "dtypes", None), "register_dlpack_dtype", None)
-    if reg is None:
-        return Registration(False)
     already, done, skipped = [], [], []
     for row in dtypes.TABLE:
         if row.family == "standard" or dtypes.numpy_missing(row.name) is not None:
@@ -94,6 +98,8 @@ def register(np_module=np) -> Registration:
         dt = dtypes.numpy_dtype(row.name)
         if _round_trips(np_module, dt):
             already.append(row.name)
+            continue
+        if reg is None:
             continue
         why = _expressible(row, dt)
         if why is None:
@@ -108,4 +114,4 @@ def register(np_module=np) -> Registration:
             done.append(row.name)
         else:
             skipped.append((row.name, why))
-    return Registration(True, tuple(already), tuple(done), tuple(skipped))
+    return Registration(reg is not None, tuple(already), tuple(done), tuple(skipped))

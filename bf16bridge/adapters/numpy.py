@@ -77,24 +77,9 @@ class _WritableAlias:
         self.__array_interface__ = iface
 
 
-def _dlpack_dtypes() -> frozenset:
-    """The rows beyond numpy's own that this numpy passes over DLPack, found by trying its
-    own round trip (none in NumPy <= 2.4; 2.5's dtype registry may add some)."""
-    found = set()
-    for name in dtypes.NAMES:
-        if name in dtypes.STANDARD or dtypes.numpy_missing(name) is not None:
-            continue
-        dt = dtypes.numpy_dtype(name)
-        try:
-            if np.from_dlpack(np.zeros(2, dtype=dt)).dtype == dt:
-                found.add(name)
-        except (BufferError, RuntimeError, TypeError, ValueError):
-            pass
-    return frozenset(found)
-
-
 #: NumPy 2.5's DLPack dtype registry: the table's bf16 and fp8 rows registered where ml_dtypes
-#: has not (issue 13; nothing to do on NumPy <= 2.4), before the trying below finds them
+#: has not (issue 13; nothing to register on NumPy <= 2.4), and which rows numpy passes over
+#: DLPack, found by trying its own round trip (none in NumPy <= 2.4)
 REGISTRATION = _numpy_registry.register()
 
 
@@ -102,7 +87,7 @@ class NumpyAdapter(Adapter):
     name = "numpy"
     marks_readonly = True
     host_only = True
-    dlpack_export = frozenset(dtypes.STANDARD) | _dlpack_dtypes()  # no bf16 nor fp8 in NumPy <= 2.4
+    dlpack_export = frozenset(dtypes.STANDARD) | REGISTRATION.passes  # no bf16 nor fp8 in NumPy <= 2.4
     dlpack_import = dlpack_export
     dlpack_accepts = NEGATIVE
     label_bitview = "ndarray.view({dtype})"
