@@ -388,7 +388,7 @@ def _narrow_compute(adapter, supports: Mapping) -> tuple:
 # -- frameworks ------------------------------------------------------------------
 
 
-def _framework(name: str, reader: Reader, asked: bool, trials: bool = True) -> FrameworkCaps:
+def _framework(name: str, reader: Reader, asked: bool, trials: bool = True, devices: bool = True) -> FrameworkCaps:
     spec = registry.spec(name)
     module = spec.requires or name
     version = reader.version(module)
@@ -400,9 +400,10 @@ def _framework(name: str, reader: Reader, asked: bool, trials: bool = True) -> F
         adapter = registry.get(name)
     except ImportError as err:
         return FrameworkCaps(name, version, False, str(err), tested=tested)
-    if not trials:  # what decide() reads: the devices; no DLPack trial, no narrow-dtype compute
-        return FrameworkCaps(name, version, True, "not tried: probe(trials=False) reads only what decide() needs",
-                             devices=tuple(Device(*d) for d in adapter.devices()), tested=tested)
+    if not trials:  # what decide() reads: the devices, when asked; no DLPack trial, no narrow-dtype compute
+        return FrameworkCaps(name, version, True, "not tried: probe(trials=False) reads only what decide() needs"
+                             + ("" if devices else "; devices not read"),
+                             devices=tuple(Device(*d) for d in adapter.devices()) if devices else (), tested=tested)
     from .adapters import _dlpack
 
     try:
@@ -449,7 +450,7 @@ _LOCK = threading.Lock()
 
 
 def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = False,
-          trials: bool = True) -> Capabilities:
+          trials: bool = True, devices: bool | None = None) -> Capabilities:
     """What this machine can do with bf16. Cached (``refresh=True`` probes again).
 
     ``frameworks``: names to import and try ("all" for every registered one);
@@ -458,9 +459,14 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     ``trials=False``: only what ``decide()`` reads (the CPU, numpy's bf16 storage, the
     frameworks' devices), none of the trials (DLPack per dtype, the narrow-dtype matmuls under a
     framework's profiler, numpy's DLPack). ``fallback='auto'`` asks this one: a conversion must not
-    run compute behind the user's back (it stopped a running torch profiler) nor touch devices.
-    A full probe already cached answers it too.
+    run compute behind the user's back (it stopped a running torch profiler).
+
+    ``devices`` (default: ``trials``): read the frameworks' devices. Reading them starts a
+    framework's device runtime (a CUDA context; jax's GPU client, which takes most of the GPU's
+    memory by default), so ``fallback='auto'`` asks for them only when it decides for compute on a
+    device other than the CPU. A cached answer that read as much or more answers too.
     """
+    devices = trials if devices is None else (devices or trials)
     names = [n for n in registry.names() if n != registry.HUB]
     if frameworks == "all":
         asked = frozenset(names)
@@ -469,7 +475,10 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     key = (asked, frozenset(n for n in names if sys.modules.get(registry.spec(n).requires or n)))
     if reader is None:
         with _LOCK:
-            for k in ((*key, True),) if trials else ((*key, True), (*key, False)):
+            # a full probe, then a trimmed one that read devices, answer the trimmed questions too
+            for k in (((*key, True, True),) if trials else
+                      ((*key, True, True), (*key, False, True)) if devices else
+                      ((*key, True, True), (*key, False, True), (*key, False, False))):
                 if not refresh and k in _CACHE:
                     return _CACHE[k]
     r = reader or Reader()
@@ -484,10 +493,10 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
                         r.numpy_dlpack_version(),
                         "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes")),
                         _hub_dtypes(None if storage else storage_why) if trials else {}),
-        frameworks={n: _framework(n, r, n in asked, trials) for n in names},
+        frameworks={n: _framework(n, r, n in asked, trials, devices) for n in names},
         python=platform.python_version(),
     )
     if reader is None:
         with _LOCK:
-            _CACHE[(*key, trials)] = caps
+            _CACHE[(*key, trials, devices)] = caps
     return caps

@@ -296,7 +296,9 @@ def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device:
 
         # no trials: a conversion runs no compute of its own behind the user's back (the narrow
         # dtypes' matmuls run under the framework's profiler, which stopped a user's running one)
-        d = probe(trials=False).decide(target, for_compute=for_compute, device=device)
+        # and no device runtime started unless the decision is for compute on that device
+        d = probe(trials=False, devices=for_compute and device != "cpu").decide(
+            target, for_compute=for_compute, device=device)
         # the probe answers the row's own name, "float32" or "bits"
         goal = {"float32": "float32", "bits": dtypes.BITS_OF[dtype]}.get(d.dtype, dtype)
         return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})", d.dtype == "bits"),)

@@ -142,12 +142,20 @@ def test_fallback_auto_runs_no_trial_and_leaves_a_users_profiler_running():
         cls = type(registry.get("torch"))
         real = cls.narrow_compute
         cls.narrow_compute = lambda self, dtype: calls.append(dtype) or real(self, dtype)
+        import jax
+        read = []  # reading devices starts a device runtime (a CUDA context, jax's GPU client)
+        for name in ("torch", "jax"):
+            kind = type(registry.get(name))
+            kind.devices = (lambda real, name: lambda self: read.append(name) or real(self))(kind.devices, name)
         with profile(activities=[ProfilerActivity.CPU]) as outer:
             y = bb.convert(torch.zeros(4, dtype=torch.bfloat16), "numpy", fallback="auto")
+            y = bb.convert(torch.zeros(4, dtype=torch.bfloat16), "jax", fallback="auto", for_compute=True)
             torch.ones(3) * 2
         names = [e.name for e in outer.events()]
         assert "aten::mul" in names, f"the user's profiler recorded nothing after convert: {len(names)} events"
         assert calls == [], f"fallback='auto' ran narrow_compute for {calls}"
+        assert read == [], f"fallback='auto' on the CPU read the devices of {read}"
+        assert bb.probe(trials=False, devices=True).frameworks["jax"].probed and sorted(read) == ["jax", "torch"]
         caps = bb.probe()  # explicit: the trials run, not the cached trimmed answer
         assert calls and caps.frameworks["torch"].narrow_compute and caps.frameworks["torch"].dtypes
         assert caps.numpy.dtypes and "not tried" not in caps.numpy.bf16_dlpack_why
