@@ -388,7 +388,8 @@ def _narrow_compute(adapter, supports: Mapping) -> tuple:
 # -- frameworks ------------------------------------------------------------------
 
 
-def _framework(name: str, reader: Reader, asked: bool, trials: bool = True, devices: bool = True) -> FrameworkCaps:
+def _framework(name: str, reader: Reader, asked: bool, trials: bool = True,
+               read_devices: bool = True) -> FrameworkCaps:
     spec = registry.spec(name)
     module = spec.requires or name
     version = reader.version(module)
@@ -402,8 +403,9 @@ def _framework(name: str, reader: Reader, asked: bool, trials: bool = True, devi
         return FrameworkCaps(name, version, False, str(err), tested=tested)
     if not trials:  # what decide() reads: the devices, when asked; no DLPack trial, no narrow-dtype compute
         return FrameworkCaps(name, version, True, "not tried: probe(trials=False) reads only what decide() needs"
-                             + ("" if devices else "; devices not read"),
-                             devices=tuple(Device(*d) for d in adapter.devices()) if devices else (), tested=tested)
+                             + ("" if read_devices else "; devices not read"),
+                             devices=tuple(Device(*d) for d in adapter.devices()) if read_devices else (),
+                             tested=tested)
     from .adapters import _dlpack
 
     try:
