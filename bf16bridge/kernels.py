@@ -175,6 +175,9 @@ def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: 
 
 
 _POOLS: dict = {}
+# The cores this process may run on, read once: os.cpu_count() costs 12 to 60 us a call here, more
+# than a 1 KiB conversion (the harness's kernels part measured it on every call before).
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 _POOL_LOCK = threading.Lock()
 
 
@@ -187,7 +190,7 @@ def _spread(kernel, threaded: bool, src, dst, chunk: int, threads: int | None, b
     """Run ``kernel(src piece, dst piece)`` over the flat arrays chunk by chunk, on threads."""
     n = src.size
     # a threaded backend parallelises inside each call; the others get a thread per piece
-    workers = 1 if threaded else max(1, min(threads or os.cpu_count() or 1, 8))
+    workers = 1 if threaded else max(1, min(threads or _CORES, 8))
     if chunk < 1:
         raise InvalidArgumentError(f"chunk must be a positive number of elements; got {chunk}")
     if workers > 1:

@@ -91,6 +91,26 @@ def test_threads_do_not_change_results(backend, f32_inputs):
         kernels.to_bf16(x[:10], chunk=0)
 
 
+def test_the_core_count_is_read_once(monkeypatch, f32_inputs):
+    """os.cpu_count() costs 12 to 60 us a call here, more than a 1 KiB conversion: the kernels read
+    the cores once, at import, and split work over them (every backend, every dtype) without asking
+    again."""
+    x, ref = f32_inputs
+
+    def asked():
+        raise AssertionError("a kernel asked os.cpu_count() during a call")
+
+    monkeypatch.setattr(kernels.os, "cpu_count", asked)
+    monkeypatch.setattr(kernels.os, "sched_getaffinity", asked, raising=False)
+    for backend in ("ml_dtypes", "numpy"):
+        y = kernels.to_bf16(x, backend=backend, chunk=1 << 20)
+        np.testing.assert_array_equal(y.view(np.uint16), ref)
+        np.testing.assert_array_equal(kernels.to_float32(y, backend=backend).view(np.uint32),
+                                      ref.astype(np.uint32) << 16)
+    e4 = kernels.to_dtype(x[:1000], "float8_e4m3fn")
+    assert kernels.to_float32(e4).dtype == np.float32
+
+
 # Run in a fresh process: the peak resident set (Linux VmHWM, reset through
 # /proc/self/clear_refs) sees every allocator, torch's included, which tracemalloc does
 # not (a 32 MiB torch.empty shows 152 bytes there); a fresh process also has no freed heap
