@@ -1,4 +1,4 @@
-"""python -m benchmarks [--quick] [--only {all,functions,dtypes,checkpoints,shards}] [--out DIR]
+"""python -m benchmarks [--quick] [--only {all,functions,dtypes,checkpoints,shards,kernels,casting}] [--out DIR]
 
 Full mode writes docs/benchmarks.md, docs/benchmarks.png, benchmarks/results/full.json and
 benchmarks/results/functions.json (the cost of a call: convert, convert_tree and bridged
@@ -11,9 +11,12 @@ can be run on its own and the page stays generated from saved results.
 
 --only dtypes (fp8 and fp4 routes beside bf16: benchmarks/dtypes.py), --only checkpoints (bb.load
 against safetensors' loaders on a 1 GiB file: benchmarks/checkpoints.py, each loader in fresh
-processes) and --only shards (benchmarks/shards.py, in its own process) do the same: each saves
-benchmarks/results/{dtypes,checkpoints,shards}.json ({name}-quick.json with --quick; in DIR with
---out DIR), and the page gets a section for every part with saved results. --only all runs every part.
+processes), --only shards (benchmarks/shards.py, in its own process), --only kernels (bb.kernels'
+narrow dtypes against ml_dtypes' astype, torch's .to() and the numpy nibble one-liners:
+benchmarks/kernels.py) and --only casting (bb.cast_tree / bb.cast_module against the hand loops:
+benchmarks/casting.py) do the same: each saves benchmarks/results/{part}.json ({part}-quick.json
+with --quick; in DIR with --out DIR), and the page gets a section for every part with saved
+results. --only all runs every part.
 """
 
 from __future__ import annotations
@@ -54,6 +57,14 @@ def run_part(part: str, quick: bool, out: Path, log) -> dict:
         from . import dtypes
 
         data = dtypes.run(quick, log=log)
+    elif part == "kernels":
+        from . import kernels
+
+        data = kernels.run(quick, log=log)
+    elif part == "casting":
+        from . import casting
+
+        data = casting.run(quick, log=log)
     else:
         from . import checkpoints
 
@@ -69,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 KiB and 32 MiB only, short batches (the CI smoke test)")
     ap.add_argument("--only", choices=ONLY, default="all",
                     help="functions: only the cost of a call (convert, convert_tree, bridged functions, peers); "
-                         "dtypes, checkpoints, shards: only that part")
+                         "dtypes, checkpoints, shards, kernels, casting: only that part")
     ap.add_argument("--out", type=Path, help="write the report, plot and JSON into this folder")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parent.parent

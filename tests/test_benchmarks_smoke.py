@@ -13,7 +13,7 @@ from bf16bridge import registry
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ROOT / "benchmarks" / "results" / "full.json"
 FUNCTIONS = ROOT / "benchmarks" / "results" / "functions.json"
-PARTS = ("dtypes", "checkpoints", "shards")
+PARTS = ("dtypes", "checkpoints", "shards", "kernels", "casting")
 
 
 def _copying_importers() -> list[str]:
@@ -42,13 +42,19 @@ def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
 
 
 def _check_parts(doc: str, parts: dict) -> None:
-    """The parts run alone too (narrow dtypes, checkpoints, shards): each section on the page, every
-    fp8 pair measured beside bf16 with its workaround, fp4 unpacked bit for bit as by hand, every
-    loader run, the shards' ratios saved."""
-    for head in ("## Targets (narrow dtypes, checkpoints, shards)", "## Narrow dtypes beside bf16 (fp8, fp4)",
+    """The parts run alone too (narrow dtypes, checkpoints, shards, kernels, casting): each section on
+    the page, every fp8 pair measured beside bf16 with its workaround, fp4 unpacked bit for bit as by
+    hand, every loader run, the shards' ratios saved, every narrow kernel timed against astype with
+    ml_dtypes' bits, every cast timed against its hand loop with the same bits."""
+    for head in ("## Targets (narrow dtypes, checkpoints, shards, narrow kernels, casting)",
+                 "## Narrow dtypes beside bf16 (fp8, fp4)",
                  "## Checkpoints: bb.load against safetensors' own loaders",
-                 "## Shards: a sharded jax array to per-shard torch tensors and back"):
+                 "## Shards: a sharded jax array to per-shard torch tensors and back",
+                 "## Narrow kernels against ml_dtypes' astype and torch's .to()",
+                 "## Casting: cast_tree and cast_module against the loops written by hand"):
         assert head in doc, head
+    _check_kernels(parts["kernels"])
+    _check_casting(parts["casting"])
     n = len(registry.names())
     rows = parts["dtypes"]["rows"]
     fp8 = [r for r in rows if r["dtype"].startswith("float8")]
@@ -66,6 +72,45 @@ def _check_parts(doc: str, parts: dict) -> None:
     assert "safetensors.torch" in ck and "error" not in ck["safetensors.torch"]
     sh = parts["shards"]
     assert sh["mode"] == "quick" and sh["shards"] == 8 and all(v > 0 for v in sh["ratios"].values())
+
+
+def _check_kernels(kr: dict) -> None:
+    """Every narrow float (and bf16) both ways at both quick sizes, ours (default and one thread)
+    against astype with ml_dtypes' bits, torch's .to() beside it exactly where torch holds the dtype."""
+    import torch
+
+    from benchmarks import kernels
+    from bf16bridge.kernels import FORMATS
+
+    assert kr["mode"] == "quick" and kr["sizes"] == ["1 KiB", "1 MiB"]
+    floats = [n for n, f in FORMATS.items() if not f.integer]
+    assert len(floats) == 11 and kernels.DTYPES == ("bfloat16", *floats)
+    rows = kr["rows"]
+    assert sorted((r["dtype"], r["direction"], r["size"]) for r in rows) == sorted(
+        (d, w, z) for d in kernels.DTYPES for w in ("float32 -> dtype", "dtype -> float32") for z in kr["sizes"])
+    for r in rows:
+        ours = "to_dtype" if r["direction"] == "float32 -> dtype" else "to_float32"
+        assert {ours, ours + ", threads=1", "ml_dtypes astype"} <= set(r["times"])
+        assert ("torch .to()" in r["times"]) == hasattr(torch, r["dtype"]), r["dtype"]
+        assert all(r["times"][k]["same_bits"] for k in (ours, ours + ", threads=1", "ml_dtypes astype")), r
+        assert all(t["best"] > 0 for t in r["times"].values())
+    differs = {(r["dtype"], r["direction"]) for r in rows if not r["times"].get("torch .to()", {"same_bits": 1})["same_bits"]}
+    assert ("float8_e4m3fn", "float32 -> dtype") in differs, "torch's saturating fp8 went unseen (kernels.md)"
+    assert sorted((r["kernel"], r["size"]) for r in kr["nibbles"]) == [
+        ("pack_nibbles", "1 KiB"), ("pack_nibbles", "1 MiB"), ("unpack_nibbles", "1 KiB"), ("unpack_nibbles", "1 MiB")]
+    assert all(all(t["same_bits"] for t in r["times"].values()) for r in kr["nibbles"])
+
+
+def _check_casting(cr: dict) -> None:
+    """The three casts timed against their loops, with the same bits; the tie cast once by ours,
+    twice (and untied) by the hand loop; the cast module runs."""
+    sd, mod, jx = cr["state_dict"], cr["module"], cr["jax"]
+    assert set(sd["times"]) == {"cast_tree", "cast_tree, policy=[]", "hand loop"}
+    assert sd["tensors"] == sd["unique_tensors"] + 1 and sd["tied_cast_once"] and sd["hand_loop_unties"]
+    assert set(mod["times"]) == {"cast_module", "module.to(torch.bfloat16)"} and mod["runs_in_bf16"]
+    assert set(jx["times"]) == {"cast_tree", "jax.tree.map astype"} and jx["tensors"] == sd["unique_tensors"]
+    for r in (sd, mod, jx):
+        assert r["same_bits"] and r["kept"] > 0 and all(t["best"] > 0 for t in r["times"].values())
 
 
 def _check_functions(doc: str, fres: dict) -> None:
@@ -142,7 +187,8 @@ def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeyp
     assert entry.main(["--quick", "--only", "dtypes", "--out", str(tmp_path)]) == 0
     assert ran == [("dtypes", True, tmp_path / "dtypes-quick.json")]
     assert seen == [({"saved": "main"}, {"saved": "functions"}),
-                    {"dtypes": {"ran": "dtypes"}, "checkpoints": None, "shards": {"saved": "shards"}}]
+                    {"dtypes": {"ran": "dtypes"}, "checkpoints": None, "shards": {"saved": "shards"}, "kernels": None,
+                     "casting": None}]
     for name, data in saved.items():
         assert json.loads((tmp_path / name).read_text()) == data, f"{name} was rewritten"
     assert (tmp_path / "benchmarks.md").read_text() == "page\nparts\n"
@@ -171,6 +217,97 @@ def test_part_targets_judge_against_safetensors_or_the_float32_route():
     assert got["checkpoint: peak extra RSS of bb.load numpy (zero-copy) under 5% of the file"][0] is True
     assert got["checkpoint: peak extra RSS of bb.load torch (zero-copy) under 5% of the file"] == (
         False, "60.0 MiB of 1024.0 MiB (5.9%)")
+
+
+@pytest.mark.parametrize("part", ["kernels", "casting"])
+def test_run_part_runs_that_parts_module_and_saves_it(tmp_path, monkeypatch, part):
+    """--only kernels runs benchmarks/kernels.py, --only casting benchmarks/casting.py, and each
+    saves what its run returned. (Stubbed: the runs themselves are checked by the quick run.)"""
+    import importlib
+
+    import benchmarks.__main__ as entry
+
+    calls = []
+    for name in ("kernels", "casting"):
+        mod = importlib.import_module(f"benchmarks.{name}")
+        monkeypatch.setattr(mod, "run", lambda quick, log=print, name=name: calls.append((name, quick)) or {"ran": name})
+    out = tmp_path / f"{part}-quick.json"
+    assert entry.run_part(part, True, out, print) == {"ran": part}
+    assert calls == [(part, True)] and json.loads(out.read_text()) == {"ran": part}
+
+
+def test_what_was_timed_is_checked_bit_for_bit():
+    """A contender whose result differs from the reference in one bit is timed, and marked as
+    differing, with the input, the reference's bits and its own: a wrong fast kernel is no win."""
+    import numpy as np
+
+    from benchmarks.kernels import _compare_checked
+
+    x = np.arange(300, dtype=np.float32)
+    ref = x.view(np.uint32).copy()
+
+    def wrong():
+        y = x.copy()
+        y.view(np.uint32)[7] ^= 1
+        return y
+
+    got = _compare_checked({"right": x.copy, "wrong": wrong}, x, ref, quick=True)
+    assert got["right"]["same_bits"] and got["right"]["differ"] == 0 and got["right"]["best"] > 0
+    assert not got["wrong"]["same_bits"] and got["wrong"]["differ"] == 1 and got["wrong"]["best"] > 0
+    assert got["wrong"]["examples"] == [(0x40E00000, 0x40E00000, 0x40E00001)]  # 7.0, and 7.0 with its low bit set
+
+
+def _times(best: dict) -> dict:
+    return {k: {"best": v, "median": v, "calls": 3} for k, v in best.items()}
+
+
+def test_kernel_and_casting_targets_judge_ratios_overheads_and_bits():
+    """Kernels: ours no slower than astype at the large size (10% for noise), at most astype + 10 us
+    at the small one, the nibbles no slower than the one-liners, and every timed call of ours with
+    ml_dtypes' bits. Casting: cast_tree no slower than the hand loop / tree map, cast_module within
+    1.5x of module.to, the same bits."""
+    from benchmarks import report
+
+    def row(dtype, direction, size, ours, astype):
+        o = "to_dtype" if direction == "float32 -> dtype" else "to_float32"
+        t = {o: {"best": ours}, o + ", threads=1": {"best": ours}, "ml_dtypes astype": {"best": astype}}
+        return {"dtype": dtype, "direction": direction, "size": size,
+                "times": {k: {**v, "median": v["best"], "same_bits": True, "differ": 0, "of": 8, "examples": []}
+                          for k, v in t.items()}}
+
+    rows = [row("bfloat16", "float32 -> dtype", "32 MiB", 1.05, 1.0), row("float8_e5m2", "float32 -> dtype", "32 MiB", 1.2, 1.0),
+            row("bfloat16", "dtype -> float32", "32 MiB", 0.5, 1.0), row("bfloat16", "float32 -> dtype", "1 KiB", 11e-6, 1e-6),
+            row("bfloat16", "dtype -> float32", "1 KiB", 12e-6, 1e-6)]
+    rows[2]["times"]["to_float32, threads=1"].update(same_bits=False, differ=3)
+    nib = [{"kernel": "pack_nibbles", "size": "32 MiB", "times": {"pack_nibbles": {"best": 1.0, "same_bits": True},
+                                                                    "numpy: a": {"best": 1.0, "same_bits": True}}},
+           {"kernel": "unpack_nibbles", "size": "32 MiB", "times": {"unpack_nibbles": {"best": 2.0, "same_bits": True},
+                                                                      "numpy: b": {"best": 1.0, "same_bits": True}}}]
+    got = {w: (ok, how) for w, ok, how in report.kernel_targets(
+        {"sizes": ["1 KiB", "32 MiB"], "rows": rows, "nibbles": nib})}
+    bits = next(v for w, v in got.items() if w.startswith("narrow kernels: what was timed"))
+    assert bits == (False, "differs: bfloat16 dtype -> float32 32 MiB (to_float32, threads=1: 3 of 8)")
+    assert got["to_dtype at 32 MiB (of float32): no slower than ml_dtypes' astype, every dtype (at most 1.1x)"] == (
+        False, "worst float8_e5m2: 1.20x (1.20 s vs 1.00 s); over: float8_e5m2 1.20x")
+    assert got["to_float32 at 32 MiB (of float32): no slower than ml_dtypes' astype, every dtype (at most 1.1x)"][0]
+    assert got["to_dtype at 1 KiB: at most ml_dtypes' astype + 10 us, every dtype"][0] is True
+    assert got["to_float32 at 1 KiB: at most ml_dtypes' astype + 10 us, every dtype"][0] is False
+    assert got["pack_nibbles at 32 MiB: no slower than the numpy one-liner (at most 1.1x)"][0] is True
+    assert got["unpack_nibbles at 32 MiB: no slower than the numpy one-liner (at most 1.1x)"][0] is False
+
+    cr = {"state_dict": {"same_bits": True, "times": _times({"cast_tree": 0.7, "cast_tree, policy=[]": 1.15,
+                                                             "hand loop": 1.0})},
+          "module": {"same_bits": False, "times": _times({"cast_module": 1.4, "module.to(torch.bfloat16)": 1.0})},
+          "jax": {"same_bits": True, "times": _times({"cast_tree": 1.0, "jax.tree.map astype": 1.0})}}
+    got = {w: (ok, how) for w, ok, how in report.casting_targets(cr)}
+    assert got["cast_tree of the torch state dict (norms kept, tied weights cast once): no slower than the hand loop "
+               "(at most 1.1x)"] == (True, "0.70x (700.00 ms vs 1.00 s)")
+    assert got["cast_tree(policy=[]) of the torch state dict (every leaf cast): no slower than the hand loop "
+               "(at most 1.1x)"][0] is False
+    assert got["cast_module: at most 1.5x module.to(torch.bfloat16)"][0] is True
+    assert got["cast_tree of jax params: no slower than jax.tree.map astype (at most 1.1x)"][0] is True
+    assert got["casting: every leaf cast has the bits of the loop it is timed against, every kept leaf the input's"] == (
+        False, "differs: nn.Module")
 
 
 def test_the_page_is_generated_from_the_saved_results():
