@@ -430,3 +430,30 @@ def test_how_torchs_own_fp8_casts_relate_to_ours():
     assert set(e5m2[nan].tolist()) == {0x7F, 0xFF}
     for name in ("float8_e4m3fnuz", "float8_e5m2fnuz"):
         np.testing.assert_array_equal(theirs(name), kernels.to_dtype(x, name).view(np.uint8))
+
+
+# torch's .to(torch.float32) of every fp8 byte where it differs from ml_dtypes' widening (and
+# ours, which is ml_dtypes'): NaN only, in another encoding. docs/kernels.md, "torch differs".
+_TORCH_WIDENED_NANS = {
+    "float8_e4m3fn": {0x7F: 0x7FF00000, 0xFF: 0xFFF00000},
+    "float8_e5m2": {0x7D: 0x7FE00000, 0x7F: 0x7FE00000, 0xFD: 0xFFE00000, 0xFF: 0xFFE00000},
+    "float8_e4m3fnuz": {0x80: 0x7F800001},
+    "float8_e5m2fnuz": {0x80: 0x7F800001},
+    "float8_e8m0fnu": {0xFF: 0x7F800001},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_WIDENED_NANS))
+def test_how_torchs_own_fp8_widening_relates_to_ours(name):
+    """torch widens every non-NaN fp8 byte as we (and ml_dtypes) do; its NaNs keep the payload
+    (e5m2) or come out as another NaN (0x7F800001 for the one NaN of fnuz and e8m0), where
+    ml_dtypes gives the canonical quiet NaN."""
+    import torch
+
+    every = np.arange(256, dtype=np.uint8)
+    theirs = torch.from_numpy(every).view(getattr(torch, name)).to(torch.float32).numpy().view(np.uint32)
+    ours = kernels.to_float32(every.view(np.dtype(getattr(ml_dtypes, name)))).view(np.uint32)
+    differ = {int(i): int(theirs[i]) for i in np.nonzero(theirs != ours)[0]}
+    assert differ == _TORCH_WIDENED_NANS[name]
+    assert np.isnan(ours[list(differ)].view(np.float32)).all()
+    assert np.isnan(theirs[list(differ)].view(np.float32)).all()
