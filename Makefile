@@ -12,14 +12,26 @@ LEGACY_STAMP := $(LEGACY)/.installed
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
 OLDEST_TESTS := tests/test_bits.py tests/test_inputs.py tests/test_probe.py
+# a fourth: NumPy 2.5 (its DLPack dtype registry, for real) and jax 0.11.2, the device machine's
+# versions (constraints-numpy25.txt), on Python 3.12 (numpy 2.5 needs it), numpy and jax only
+NUMPY25 := .venv-numpy25
+NUMPY25_STAMP := $(NUMPY25)/.installed
+NUMPY25_TESTS := tests/test_numpy_registry.py tests/test_bits.py tests/test_inputs.py tests/test_probe.py \
+	tests/test_dtypes.py tests/test_environment.py
+# Python 3.12: python3.12 on PATH if it runs (a pyenv shim is on PATH but fails when 3.12 is not
+# selected), else pyenv's own; none is an error, never a skip
+PY312 ?= $(shell for p in python3.12 $$(ls -d /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: setup setup-legacy setup-oldest demo test typecheck test-legacy test-oldest bench parity-docs dtype-docs matrix clean
+.PHONY: setup setup-legacy setup-oldest setup-numpy25 demo test typecheck test-legacy test-oldest test-numpy25 bench parity-docs dtype-docs matrix clean
 
 setup: $(STAMP)
 
 setup-legacy: $(LEGACY_STAMP)
 
 setup-oldest: $(OLDEST_STAMP)
+
+setup-numpy25: $(NUMPY25_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -40,6 +52,12 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 	$(OLDEST)/bin/python -m pip install --quiet -c constraints-oldest.txt -e '.[torch,jax,tensorflow-cpu,test]'
 	touch $(OLDEST_STAMP)
 
+$(NUMPY25_STAMP): pyproject.toml constraints-numpy25.txt
+	@test -n "$(PY312)" || { echo "make: no Python 3.12 found (python3.12 on PATH, or /root/.pyenv/versions/3.12*/bin/python3.12); NumPy 2.5 needs it: install one, or pass PY312=/path/to/python3.12" >&2; exit 1; }
+	$(PY312) -m venv $(NUMPY25)
+	$(NUMPY25)/bin/python -m pip install --quiet -c constraints-numpy25.txt -e '.[jax,test]'
+	touch $(NUMPY25_STAMP)
+
 demo: setup
 	$(BIN)/bf16bridge demo
 
@@ -51,7 +69,7 @@ dtype-docs: setup
 matrix: setup
 	$(BIN)/bf16bridge matrix
 
-test: setup typecheck test-legacy test-oldest
+test: setup typecheck test-legacy test-oldest test-numpy25
 	$(BIN)/python -m pytest -q
 
 # the package's types (mypy.ini): the typed API (convert's overloads, Plan) and the code behind it
@@ -64,6 +82,10 @@ test-legacy: setup-legacy
 test-oldest: setup-oldest
 	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
 
+# torch and tensorflow are not installed there: the tests ask only for numpy and jax (tests/conftest.py)
+test-numpy25: setup-numpy25
+	BF16BRIDGE_TEST_FRAMEWORKS=numpy,jax BF16BRIDGE_TEST_NUMPY=2.5 $(NUMPY25)/bin/python -m pytest -q -p no:cacheprovider $(NUMPY25_TESTS)
+
 bench: setup
 	$(BIN)/python -m benchmarks
 
@@ -72,4 +94,4 @@ parity-docs: setup
 	$(BIN)/python -m bf16bridge.parity.docs
 
 clean:
-	rm -rf $(VENV) $(LEGACY) $(OLDEST) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LEGACY) $(OLDEST) $(NUMPY25) build *.egg-info .pytest_cache

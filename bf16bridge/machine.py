@@ -107,10 +107,15 @@ class Reader:
         registry.get("numpy")
         from .adapters.numpy import REGISTRATION
 
+        a = np.arange(4, dtype=np.uint16).view(dtypes.bfloat16)
         try:
-            np.from_dlpack(np.zeros(2, dtype=dtypes.bfloat16))
+            b = np.from_dlpack(a)
         except Exception as err:  # noqa: BLE001
             return False, f"{type(err).__name__}: {err} (bf16 crosses as uint16 bits instead; {REGISTRATION})"
+        if b.dtype != a.dtype or bytes(b.view(np.uint8)) != bytes(a.view(np.uint8)):
+            # another dtype took DLPack's bf16 code in numpy's registry first (NumPy 2.5)
+            return False, (f"np.from_dlpack of a bf16 array gives {b.dtype}: another dtype holds DLPack's bf16 "
+                           f"code in numpy's registry (bf16 crosses as uint16 bits instead; {REGISTRATION})")
         who = "registered by bf16bridge" if "bfloat16" in REGISTRATION.registered else "mapped by numpy or ml_dtypes"
         return True, f"numpy exchanges bf16 over DLPack ({who})"
 

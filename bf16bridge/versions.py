@@ -1,9 +1,11 @@
 """The versions CI tests, oldest and newest, and what the bridge does with others.
 
-CI runs the bridge in two full environments: ``.venv`` (the newest set,
-``constraints.txt``) and ``.venv-oldest`` (the oldest set,
-``constraints-oldest.txt``); ``pyproject.toml``'s lower bounds are the oldest
-set. ``tests/test_probe.py`` checks that this table, those files and
+CI runs the bridge in two full environments: ``.venv`` (the newest set of all
+four frameworks, ``constraints.txt``) and ``.venv-oldest`` (the oldest set,
+``constraints-oldest.txt``); and in ``.venv-numpy25`` (``constraints-numpy25.txt``:
+NumPy 2.5 and a newer jax, on Python 3.12, numpy and jax only). The newest tested
+of each is the newest of those files; ``pyproject.toml``'s lower bounds are the
+oldest set. ``tests/test_probe.py`` checks that this table, those files and
 ``pyproject.toml`` agree.
 
 A framework older than the oldest tested is refused when its adapter loads,
@@ -18,12 +20,15 @@ import re
 
 from .errors import FrameworkNotInstalledError
 
+#: the Pythons CI runs: the oldest (pyproject.toml's requires-python) and the newest (.venv-numpy25)
+PYTHON = ("3.11", "3.12")
+
 #: import name -> (oldest tested, newest tested)
 TESTED = {
-    "numpy": ("1.25.0", "2.4.6"),
+    "numpy": ("1.25.0", "2.5.5"),
     "ml_dtypes": ("0.3.1", "0.6.0"),
     "torch": ("2.13.0", "2.13.0"),
-    "jax": ("0.4.30", "0.10.2"),
+    "jax": ("0.4.30", "0.11.2"),
     "tensorflow": ("2.16.2", "2.21.0"),
 }
 

@@ -18,6 +18,10 @@ FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow")
 REQUIRED = tuple(
     f.strip() for f in os.environ.get("BF16BRIDGE_TEST_FRAMEWORKS", ",".join(FRAMEWORKS)).split(",") if f.strip()
 )
+#: The frameworks this run leaves out (an environment without them: .venv-numpy25 has numpy and
+#: jax only). A test that needs one is deselected, and the run's header says which: a test is taken
+#: to need every framework named by its parameters, and those its ``frameworks`` mark names.
+EXCLUDED = tuple(f for f in FRAMEWORKS if f not in REQUIRED)
 #: frameworks whose tensors are never written in place
 IMMUTABLE = ("jax", "tensorflow")
 PAIRS = [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d]
@@ -130,6 +134,42 @@ def type_framework(x) -> str:
 def all_bf16():
     """Every bf16 bit pattern, as uint16."""
     return np.arange(1 << 16, dtype=np.uint16)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "frameworks(*names): the frameworks a test needs beyond its parameters "
+        "(deselected where BF16BRIDGE_TEST_FRAMEWORKS leaves one out)")
+
+
+def needs(item) -> set[str]:
+    """The frameworks a collected test needs: named by its parameters or by its ``frameworks`` mark."""
+    out = {v for v in getattr(getattr(item, "callspec", None), "params", {}).values()
+           if isinstance(v, str) and v in FRAMEWORKS}
+    for mark in item.iter_markers("frameworks"):
+        out.update(mark.args)
+    unknown = out - set(FRAMEWORKS)
+    if unknown:
+        raise ValueError(f"{item.nodeid}: frameworks mark names {sorted(unknown)}; known: {FRAMEWORKS}")
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    if not EXCLUDED:
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if needs(item) & set(EXCLUDED) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_header(config):
+    if EXCLUDED:
+        return (f"frameworks: {', '.join(REQUIRED)} (BF16BRIDGE_TEST_FRAMEWORKS); tests that need "
+                f"{', '.join(EXCLUDED)} are deselected")
+    return None
 
 
 # A process that imported torch, tensorflow and jax together has crashed at

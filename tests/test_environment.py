@@ -1,12 +1,53 @@
-"""The frameworks this run names must import: a missing one fails, never skips."""
+"""The frameworks this run names must import: a missing one fails, never skips. A run that names
+the numpy it is for (BF16BRIDGE_TEST_NUMPY, set by `make test-numpy25`) must have that numpy."""
 
 import importlib
+import os
+import types
 
+import numpy as np
 import pytest
 
-from conftest import REQUIRED
+from conftest import EXCLUDED, FRAMEWORKS, REQUIRED, needs
 
 
 @pytest.mark.parametrize("name", REQUIRED)
 def test_required_framework_imports(name):
     importlib.import_module(name)
+
+
+def test_the_numpy_this_run_is_for():
+    """tests/test_numpy_registry.py's registry tests skip on NumPy < 2.5; the run meant for 2.5 must
+    not pass by skipping them on another numpy."""
+    want = os.environ.get("BF16BRIDGE_TEST_NUMPY")
+    if want:
+        assert np.__version__.split(".")[:2] == want.split("."), (np.__version__, want)
+        assert hasattr(np.dtypes, "register_dlpack_dtype") or want.split(".") < ["2", "5"]
+
+
+def test_excluded_is_what_required_leaves_out():
+    assert set(EXCLUDED) == set(FRAMEWORKS) - set(REQUIRED) and "numpy" in REQUIRED
+
+
+def _item(params=None, marks=()):
+    item = types.SimpleNamespace(nodeid="t", iter_markers=lambda name: [types.SimpleNamespace(args=m) for m in marks])
+    if params is not None:
+        item.callspec = types.SimpleNamespace(params=params)
+    return item
+
+
+@pytest.mark.parametrize("params,marks,want", [
+    ({"src": "torch", "dst": "jax"}, (), {"torch", "jax"}),
+    ({"dtype": "bfloat16", "source": "numpy", "n": 3}, (), {"numpy"}),
+    (None, (("tensorflow",),), {"tensorflow"}),
+    ({"target": "jax"}, (("torch", "tensorflow"),), {"jax", "torch", "tensorflow"}),
+    (None, (), set()),
+])
+def test_what_a_test_needs(params, marks, want):
+    """What the conftest reads to deselect a test in a run without some framework (.venv-numpy25)."""
+    assert needs(_item(params, marks)) == want
+
+
+def test_a_mark_naming_no_framework_is_an_error():
+    with pytest.raises(ValueError, match="keras"):
+        needs(_item(None, (("keras",),)))

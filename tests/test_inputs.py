@@ -48,6 +48,7 @@ def test_strided_numpy_inputs(kind, dst):
         assert not p.copies and ptr(y) == ptr(a)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", TARGETS)
 @pytest.mark.parametrize("kind", ["transposed", "sliced"])
 def test_strided_torch_inputs(kind, dst):
@@ -88,6 +89,7 @@ def test_unaligned_buffer_into_jax_copies_and_says_so(src, offset):
         bb.convert(x, "jax", copy=False)
 
 
+@pytest.mark.frameworks("torch")
 def test_unaligned_buffer_into_torch_stays_zero_copy():
     a = aligned_copy(_bf16((1000,)), offset_bytes=2)
     y = bb.convert(a, "torch", copy=False)
@@ -96,6 +98,7 @@ def test_unaligned_buffer_into_torch_stays_zero_copy():
     y.float().sum()  # torch computes on an unaligned tensor too
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("src", ["numpy", "torch"])
 @pytest.mark.parametrize("offset", [2, 32])
 def test_unaligned_buffer_into_tensorflow_is_copied_so_tf_can_compute(src, offset):
@@ -115,6 +118,7 @@ def test_unaligned_buffer_into_tensorflow_is_copied_so_tf_can_compute(src, offse
         bb.convert(x, "tensorflow", copy=False)
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_unaligned_tf_tensor_leaves_without_running_a_tf_kernel():
     import tensorflow as tf
 
@@ -128,6 +132,7 @@ def test_unaligned_tf_tensor_leaves_without_running_a_tf_kernel():
     float(tf.reduce_sum(tf.cast(y, tf.float32)))
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_unaligned_tf_tensor_is_copied_outside_tensorflow_as_plan_shows():
     import tensorflow as tf
 
@@ -141,6 +146,7 @@ def test_unaligned_tf_tensor_is_copied_outside_tensorflow_as_plan_shows():
     float(tf.reduce_sum(tf.cast(y, tf.float32)))  # a tf kernel on the result: aligned, safe
 
 
+@pytest.mark.frameworks("torch")
 def test_readonly_numpy_into_torch_copies():
     a = aligned_copy(_bf16((64,)))
     a.flags.writeable = False
@@ -176,6 +182,7 @@ def test_immutable_sources_give_readonly_numpy(src):
         y[0] = 1
 
 
+@pytest.mark.frameworks("torch")
 def test_readonly_mark_is_not_laundered_through_another_framework():
     # jax -> numpy is read-only; that numpy array into torch must copy
     y = bb.to_numpy(make("jax", _bf16((16,))))
@@ -183,6 +190,7 @@ def test_readonly_mark_is_not_laundered_through_another_framework():
     assert p.copies and p.writable
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", ["numpy", "jax", "tensorflow"])
 def test_torch_requires_grad_moves_data_only(dst):
     import torch
@@ -201,6 +209,7 @@ def test_torch_requires_grad_moves_data_only(dst):
         np.testing.assert_array_equal(bits(bb.convert(t, dst, on_grad="drop")), bits(t))
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_parameter_is_torch():
     import torch
 
@@ -209,6 +218,7 @@ def test_torch_parameter_is_torch():
     np.testing.assert_array_equal(bits(bb.to_numpy(w, on_grad="drop")), bits(w))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", ["numpy", "jax", "tensorflow"])
 def test_torch_conj_and_neg_bits_are_resolved(dst):
     import torch
@@ -227,6 +237,7 @@ def test_torch_conj_and_neg_bits_are_resolved(dst):
             bb.convert(x, dst, copy=False)
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("dst", ["numpy", "torch", "jax"])
 def test_tf_variable_crosses_as_its_current_value(dst):
     import tensorflow as tf
@@ -263,6 +274,7 @@ def test_aligned_empty_makes_numpy_arrays_that_cross_without_a_copy(dst):
     assert bb.aligned_empty(5, np.float32).dtype == np.float32
 
 
+@pytest.mark.frameworks("torch")
 def test_numpy_scalar_is_taken_as_0d():
     s = np.float32(-0.0)
     y = bb.to_torch(s)
@@ -283,6 +295,7 @@ def test_unsupported_type_names_it_and_lists_frameworks():
     assert "builtins.object" in msg and all(f in msg for f in FRAMEWORKS)
 
 
+@pytest.mark.frameworks("torch")
 def test_unsupported_dtype_is_named():
     with pytest.raises(bb.UnsupportedDtypeError, match="datetime64"):
         bb.convert(np.array(["2020-01-01"], dtype="datetime64[D]"), "torch")
@@ -300,6 +313,7 @@ def test_unknown_target(to):
     assert "tensorflow (tf)" in str(err.value) and isinstance(err.value, ValueError)
 
 
+@pytest.mark.frameworks("torch", "tensorflow")
 def test_aliases():
     a = aligned_copy(_bf16((4,)))
     for alias, fw_name in [("np", "numpy"), ("pt", "torch"), ("tf", "tensorflow"), ("JAX", "jax")]:
@@ -316,6 +330,7 @@ def test_jax_tracer_gets_a_clear_error():
         jax.jit(f)(make("jax", _bf16((3,))))
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_sparse_and_meta_get_clear_errors():
     import torch
 
@@ -356,6 +371,7 @@ def test_element_misaligned_numpy_is_copied(dst):
     _expect(bb.convert(a, dst), a)
 
 
+@pytest.mark.frameworks("torch")
 def test_masked_array_is_refused():
     m = np.ma.masked_array(np.ones(3, BF16), mask=[0, 1, 0])
     with pytest.raises(bb.UnsupportedTypeError, match="mask"):
@@ -448,6 +464,7 @@ def test_narrow_rows_keep_every_bit_or_raise_ours(dtype, src, dst):
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", ["numpy", "jax", "tensorflow"])
 @pytest.mark.parametrize("dtype", ["int2", "uint2", "int4", "uint4"])
 def test_padded_sub_byte_ints_through_auto_arrive_as_their_values(dtype, dst):
