@@ -568,11 +568,45 @@ class _Foreign(torch.autograd.Function):
         ctx.call, ctx.pullback = call, pullback
         ctx.set_materialize_grads(False)  # an unused output's cotangent stays None: nothing to convert
         ctx.mark_non_differentiable(*[o for o in outs if not (o.is_floating_point() or o.is_complex())])
+        # the callee's pullback may keep views of these (zero-copy): saved, so that torch's own
+        # check refuses a backward after one was written in place, as it would natively
+        ctx.save_for_backward(*xs, *outs)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *cts):
-        return (None, *ctx.call.backward(ctx.pullback, list(cts), "torch"))
+        saved = ctx.saved_tensors  # raises torch's error if an input or output was written since
+        grads = ctx.call.backward(ctx.pullback, list(cts), "torch")
+        if torch.is_grad_enabled():  # create_graph=True: a gradient of these must be refused, not short
+            grads = _first_order_only(ctx.call, grads, saved[:len(grads)])
+        return (None, *grads)
+
+
+def _first_order_only(call, grads, xs):
+    """``grads`` that raise our error when differentiated (their graph reaches the inputs ``xs``)."""
+    live = [i for i, g in enumerate(grads) if g is not None]
+    if not live:
+        return grads
+    got = _SecondOrder.apply(call, len(live), *[grads[i] for i in live], *xs)
+    out = list(grads)
+    for i, g in zip(live, got):
+        out[i] = g
+    return out
+
+
+class _SecondOrder(torch.autograd.Function):
+    """The gradients of a bridged call as they are; differentiating them raises our error."""
+
+    @staticmethod
+    def forward(ctx, call, n, *ts):
+        ctx.call = call
+        return tuple(t.view_as(t) for t in ts[:n])
+
+    @staticmethod
+    def backward(ctx, *_):
+        from ..functions import second_order_refused
+
+        raise second_order_refused("torch", ctx.call.fn)
 
 
 def _kind(p) -> tuple[str, int | None]:
