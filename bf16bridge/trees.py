@@ -161,7 +161,8 @@ def key(skeleton):
     when some value in it cannot be hashed. Values that compare equal but are not the same
     argument get different keys: ``1``, ``1.0`` and ``True`` by their type (``x * 1`` keeps an
     integer tensor's dtype, ``x * 1.0`` does not), ``0.0`` and ``-0.0`` (and NaN payloads) by their
-    bits: a traced caller reuses what it kept for a key, the callee's arguments included."""
+    bits, inside dataclasses too: a traced caller reuses what it kept for a key, the callee's
+    arguments included. Other objects count by their own ``==`` and hash."""
     try:
         frozen = _freeze(skeleton)
         hash(frozen)
@@ -179,6 +180,8 @@ def _freeze(node):
         return (type(node), struct.pack("<dd", node.real, node.imag))
     if isinstance(node, np.generic):
         return (type(node), node.tobytes())
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):  # its fields, as a tuple's
+        return (type(node), tuple((f.name, _freeze(getattr(node, f.name))) for f in dataclasses.fields(node)))
     return (type(node), node)
 
 

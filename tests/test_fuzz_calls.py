@@ -6,6 +6,7 @@ relies on; docs/functions.md says what is refused and why."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import traceback
 
@@ -164,6 +165,22 @@ def test_static_values_that_compare_equal_are_distinct_signatures(caller, dtype,
         want = make("torch", a) * s
         assert bb.dtypes.name_of_numpy(np.asarray(got).dtype) == str(want.dtype).removeprefix("torch.")
         np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    x: object
+    scale: float
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_static_values_inside_a_dataclass_argument_are_keyed_by_bits_too(caller):
+    """A frozen dataclass compares its fields with ==: Config(x, 0.0) == Config(x, -0.0)."""
+    fn = bb.bridge("torch")(lambda c: c.x * c.scale)
+    a = np.arange(1, 4).astype(np.float32)
+    for s in (0.0, -0.0):
+        got = _traced(caller, lambda x: fn(_Config(x, s)))(make(caller, a))
+        np.testing.assert_array_equal(bits(got), bits(make("torch", a) * s))
 
 
 # -- what is refused, with our error --------------------------------------------------------------
