@@ -6,6 +6,7 @@ relies on; docs/functions.md says what is refused and why."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import traceback
@@ -344,3 +345,82 @@ def test_fp8_arguments_and_results_cross_bit_for_bit(caller, callee, dtype, shap
     for y in (got["same"], got["again"][0]):
         assert type_framework(y) == caller
         np.testing.assert_array_equal(bits(y), a.view(np.uint8))
+
+
+# -- trees: drawn containers through convert_tree and a bridged call --------------------------------
+
+_Pair = collections.namedtuple("_Pair", "left right")
+
+
+@dataclasses.dataclass
+class _Box:
+    item: object
+    label: str = "box"
+
+
+def _trees(leaf):
+    """Nested dicts (OrderedDict, defaultdict too), lists, tuples, namedtuples, dataclasses, with
+    tensor leaves and kept values (None, strings, numbers, -0.0)."""
+    kept = st.sampled_from([None, "s", 3, -0.0, True, b"b"])
+    return st.recursive(
+        st.one_of(leaf, kept),
+        lambda sub: st.one_of(
+            st.lists(sub, max_size=3),
+            st.lists(sub, max_size=3).map(tuple),
+            st.dictionaries(st.sampled_from(["a", "b", 7]), sub, max_size=3),
+            st.dictionaries(st.sampled_from(["a", "b"]), sub, max_size=2).map(collections.OrderedDict),
+            st.dictionaries(st.sampled_from(["a", "b"]), sub, max_size=2).map(
+                lambda d: collections.defaultdict(list, d)),
+            st.builds(_Pair, sub, sub),
+            st.builds(_Box, sub),
+        ),
+        max_leaves=8)
+
+
+def _same_tree(got, want, framework):
+    """The same containers (types, keys, order, kept values) with the leaves' bits."""
+    if isinstance(want, np.ndarray):
+        assert type_framework(got) == framework
+        np.testing.assert_array_equal(bits(got), bits(want))
+        return
+    assert type(got) is type(want)
+    if isinstance(want, dict):
+        assert list(got) == list(want)
+        if isinstance(want, collections.defaultdict):
+            assert got.default_factory is want.default_factory
+        for k in want:
+            _same_tree(got[k], want[k], framework)
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _same_tree(g, w, framework)
+    elif isinstance(want, _Box):
+        assert got.label == want.label
+        _same_tree(got.item, want.item, framework)
+    else:
+        assert repr(got) == repr(want)  # -0.0 stays -0.0, True stays True
+
+
+_LEAVES = st.builds(lambda n, seed: _data((n,), ml_dtypes.bfloat16, seed), st.integers(0, 3), st.integers(0, 99))
+
+
+@given(tree=_trees(_LEAVES), source=st.sampled_from(AUTODIFF), target=st.sampled_from(AUTODIFF))
+def test_drawn_trees_cross_with_their_containers_and_bits(tree, source, target):
+    def to(t, framework):  # numpy leaves as tensors of ``framework``, by the test's own means
+        if isinstance(t, np.ndarray):
+            return make(framework, t)
+        if isinstance(t, dict):
+            out = type(t)(t.default_factory) if isinstance(t, collections.defaultdict) else type(t)()
+            out.update((k, to(v, framework)) for k, v in t.items())
+            return out
+        if isinstance(t, _Pair):
+            return _Pair(*(to(v, framework) for v in t))
+        if isinstance(t, (list, tuple)):
+            return type(t)(to(v, framework) for v in t)
+        if isinstance(t, _Box):
+            return _Box(to(t.item, framework), t.label)
+        return t
+
+    src = to(tree, source)
+    _same_tree(bb.convert_tree(src, to=target, on_alias="allow"), tree, target)
+    _same_tree(bb.bridge(target)(lambda t: t)(src), tree, source)
