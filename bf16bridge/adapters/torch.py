@@ -369,6 +369,12 @@ class TorchAdapter(Adapter):
         return x.requires_grad and torch.is_grad_enabled()
 
     def call_foreign(self, call, leaves):
+        if _functorch_active():
+            raise UnsupportedTypeError(
+                f"the bridged function {getattr(call.fn, '__qualname__', call.fn)!r} called under a torch.func "
+                "transform (grad, vmap, jacrev, vjp, ...): its tensors are torch.func's wrappers, which hold no data to hand to another framework; "
+                "call it under torch.autograd instead (loss.backward(), torch.autograd.grad), one example at a "
+                "time for vmap")
         if not any(call.diff):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
@@ -557,6 +563,10 @@ def _remove_cast_hooks(m):
                 del hooks[k]
                 for extra in extras:
                     extra.pop(k, None)
+
+
+#: torch.func (functorch) transforms active now (a private probe, where this torch has it)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 class _Foreign(torch.autograd.Function):
