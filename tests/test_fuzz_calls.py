@@ -241,6 +241,19 @@ def test_tensorflow_second_order_is_refused_with_our_error(in_function):
     assert isinstance(got.value, UnsupportedTypeError) or "UnsupportedTypeError" in str(got.value)
 
 
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev"])
+def test_torch_func_transforms_are_refused_with_our_error(transform):
+    """torch.func hands its own wrapper tensors: torch said "must override the setup_context
+    staticmethod" (grad, jacrev) or "Cannot access data pointer of Tensor" (vmap)."""
+    import torch
+
+    fn = bb.bridge("jax")(lambda x: x * x)
+    run = {"grad": torch.func.grad(lambda x: fn(x).sum()), "vmap": torch.func.vmap(fn),
+           "jacrev": torch.func.jacrev(fn)}[transform]
+    with pytest.raises(UnsupportedTypeError, match="under a torch.func transform"):
+        run(torch.ones(2, 3))
+
+
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 @pytest.mark.parametrize("written", ["input", "output"])
 def test_a_tensor_written_after_the_call_fails_the_backward_as_it_would_natively(callee, written):
