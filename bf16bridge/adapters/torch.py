@@ -372,9 +372,9 @@ class TorchAdapter(Adapter):
         if _functorch_active():
             raise UnsupportedTypeError(
                 f"the bridged function {getattr(call.fn, '__qualname__', call.fn)!r} called under a torch.func "
-                "transform (grad, vmap, jacrev, vjp, ...): its tensors are torch.func's wrappers, which hold no data to hand to another framework; "
-                "call it under torch.autograd instead (loss.backward(), torch.autograd.grad), one example at a "
-                "time for vmap")
+                "transform (grad, vmap, jacrev, vjp, ...): its tensors are torch.func's wrappers, which hold "
+                "no data to hand to another framework; call it under torch.autograd instead (loss.backward(), "
+                "torch.autograd.grad), one example at a time for vmap")
         if not any(call.diff):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
