@@ -77,7 +77,10 @@ class ForeignCall:
     def _flat_fn(self, *callee_leaves):
         args, kwargs = trees.fill(self.skeleton, callee_leaves)
         out = self.fn(*args, **kwargs)
-        out_leaves, self.out_skeleton = trees.flatten(out)
+        out_leaves, skeleton = trees.flatten(out)
+        if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
+            self._check_declared(skeleton)
+        self.out_skeleton = skeleton
         for x in out_leaves:
             if registry.framework_of(x) != self.callee:
                 raise UnsupportedTypeError(
@@ -85,6 +88,19 @@ class ForeignCall:
                     f"return {self.callee} tensors (the bridge converts them for the caller)"
                 )
         return out_leaves
+
+    def _check_declared(self, skeleton) -> None:
+        """Our error for a run whose non-tensor results differ from the declared ones: a traced
+        caller hands back the results' tree as found by the call on zeros, so a value computed
+        from the inputs (``float(x.sum())``) would come back as it was on zeros, silently."""
+        declared = trees.key(self.out_skeleton)
+        if declared is None or trees.key(skeleton) == declared:
+            return  # (a tree holding unhashable values cannot be compared: taken as declared)
+        raise UnsupportedTypeError(
+            f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
+            f"{_short(skeleton)} around its tensors, but {_short(self.out_skeleton)} when its results were "
+            "declared (under a transformation they are found by one call on zeros): a result that is not a "
+            "tensor must not depend on the inputs' values; return it as a tensor")
 
     def _outputs(self, out_leaves, to):
         fallback = self.fallback
@@ -234,6 +250,11 @@ def _compilers() -> tuple:
         _COMPILERS = (now, tuple(a for a in registry.imported()
                                  if type(a).outside_compiler is not Adapter.outside_compiler))
     return _COMPILERS[1]
+
+
+def _short(skeleton) -> str:
+    text = repr(skeleton)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _caller_of(leaves, fn) -> str | None:
