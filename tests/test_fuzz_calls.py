@@ -184,6 +184,23 @@ def test_static_values_inside_a_dataclass_argument_are_keyed_by_bits_too(caller)
         np.testing.assert_array_equal(bits(got), bits(make("torch", a) * s))
 
 
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_non_tensor_result_computed_from_values_is_refused_when_traced(caller):
+    """Under jit / tf.function the results' tree comes from the call on zeros: {"n": 0.0} came
+    back for every input, silently. Now the run that differs raises ours (inside the compiled
+    computation: the framework's runtime error carries our message)."""
+    callee = "torch" if caller == "jax" else "jax"
+    fn = bb.bridge(callee)(lambda x: {"y": x * 2, "n": float(x.sum()), "tag": "kept"})
+    x = make(caller, np.ones(3, np.float32))
+    eager = fn(x)
+    assert eager["n"] == 3.0 and eager["tag"] == "kept"
+    traced = _traced(caller, lambda x: fn(x)["y"])
+    with pytest.raises(Exception, match="must not depend on the inputs' values"):
+        traced(x)
+    zeros = traced(make(caller, np.zeros(3, np.float32)))  # what was declared: no error
+    np.testing.assert_array_equal(bits(zeros), np.zeros(3, np.uint32))
+
+
 # -- what is refused, with our error --------------------------------------------------------------
 
 
