@@ -32,9 +32,9 @@ import numpy as np
 from . import dtypes, registry, trees
 from .adapters._base import Adapter
 from .convert import Fallback, _one
-from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedTypeError
+from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
 
-__all__ = ["bridge", "BridgedFunction", "ForeignCall"]
+__all__ = ["bridge", "BridgedFunction", "ForeignCall", "second_order_refused"]
 
 
 class ForeignCall:
@@ -50,11 +50,12 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method", "memo")
+                 "vmap_method", "memo", "caller")
 
-    def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method):
+    def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None):
         self.fn = fn
         self.callee = callee
+        self.caller = caller  # the framework whose tensors called (None: not known)
         self.skeleton = skeleton  # (args, kwargs) with the tensor leaves taken out
         self.diff = diff  # per input leaf: does the caller want its gradient?
         self.copy_inputs = copy_inputs
@@ -76,7 +77,10 @@ class ForeignCall:
     def _flat_fn(self, *callee_leaves):
         args, kwargs = trees.fill(self.skeleton, callee_leaves)
         out = self.fn(*args, **kwargs)
-        out_leaves, self.out_skeleton = trees.flatten(out)
+        out_leaves, skeleton = trees.flatten(out)
+        if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
+            self._check_declared(skeleton)
+        self.out_skeleton = skeleton
         for x in out_leaves:
             if registry.framework_of(x) != self.callee:
                 raise UnsupportedTypeError(
@@ -84,6 +88,19 @@ class ForeignCall:
                     f"return {self.callee} tensors (the bridge converts them for the caller)"
                 )
         return out_leaves
+
+    def _check_declared(self, skeleton) -> None:
+        """Our error for a run whose non-tensor results differ from the declared ones: a traced
+        caller hands back the results' tree as found by the call on zeros, so a value computed
+        from the inputs (``float(x.sum())``) would come back as it was on zeros, silently."""
+        declared = trees.key(self.out_skeleton)
+        if declared is None or trees.key(skeleton) == declared:
+            return  # (a tree holding unhashable values cannot be compared: taken as declared)
+        raise UnsupportedTypeError(
+            f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
+            f"{_short(skeleton)} around its tensors, but {_short(self.out_skeleton)} when its results were "
+            "declared (under a transformation they are found by one call on zeros): a result that is not a "
+            "tensor must not depend on the inputs' values; return it as a tensor")
 
     def _outputs(self, out_leaves, to):
         fallback = self.fallback
@@ -121,7 +138,36 @@ class ForeignCall:
             outs, _ = self.forward(zeros, False, "numpy")
             self.out_specs = [registry.get("numpy").shape_dtype(y) for y in outs]
         assert self.out_specs is not None
+        if self.caller is not None:
+            self._check_held(self.out_specs)
         return self.out_specs
+
+    def _check_held(self, specs: list) -> None:
+        """Our error for a declared result the caller cannot hold (jax without 64-bit mode and
+        an int64 result): eagerly ``convert`` refuses it; declared, the caller's own check would
+        (a ValueError of jax's). No fallback applies: what it gives (``auto`` narrows int64 when
+        every value fits) depends on values not yet computed when the results are declared."""
+        caller = registry.get(self.caller)
+        for i, (_, dtype) in enumerate(specs):
+            why = caller.cannot_hold(dtype)
+            if why is not None:
+                raise UnsupportedDtypeError(
+                    f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returns "
+                    f"{dtype} (result leaf {i}), which {self.caller} cannot hold here: {why}. Under a "
+                    f"transformation a result's dtype is declared before the function runs, so no fallback "
+                    f"applies: return a dtype {self.caller} holds (cast in the function), or call it eagerly")
+
+
+def second_order_refused(caller: str, fn) -> UnsupportedTypeError:
+    """Our error for a gradient of a gradient through a bridged call, raised by the caller
+    adapter's autodiff when it differentiates the backward (the backward runs foreign code its
+    autodiff cannot see: without the refusal the callee's part of the second derivative would be
+    missing, silently)."""
+    return UnsupportedTypeError(
+        f"a gradient of a gradient through the bridged function {getattr(fn, '__qualname__', fn)!r} "
+        f"({caller} differentiating its own backward): bf16bridge does not support higher-order gradients "
+        "across frameworks (the callee's backward runs outside the caller's autodiff); compute the "
+        "second-order part in one framework")
 
 
 class BridgedFunction:
@@ -170,14 +216,16 @@ class BridgedFunction:
                 f"function ({self!r}); compute the function in a framework with autodiff to train through it",
                 Bf16BridgeWarning, stacklevel=2)
             diff = [False] * len(leaves)
-        call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method)
+        call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method,
+                           caller)
         # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
         # anything runs: they are found by one call on zeros and kept per input signature
-        # (the arguments' structure, non-tensor values, and each leaf's shape and dtype).
+        # (the arguments' structure, non-tensor values, each leaf's shape and dtype, and the
+        # caller's run-time state: jax's x64 flag decides which results it can hold).
         # An eager call runs the function now and learns its results as it goes: none of this.
         sig = trees.key(skeleton) if adapter.traced(leaves) else None
         if sig is not None:
-            sig = (sig, tuple(adapter.shape_dtype(x) for x in leaves))
+            sig = (sig, adapter.state(), tuple(adapter.shape_dtype(x) for x in leaves))
             call.out_specs, call.out_skeleton = self._specs.get(sig, (None, None))
             with self._lock:
                 call.memo = self._memo.setdefault((caller, sig, tuple(diff)), {})
@@ -202,6 +250,11 @@ def _compilers() -> tuple:
         _COMPILERS = (now, tuple(a for a in registry.imported()
                                  if type(a).outside_compiler is not Adapter.outside_compiler))
     return _COMPILERS[1]
+
+
+def _short(skeleton) -> str:
+    text = repr(skeleton)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _caller_of(leaves, fn) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from . import registry
+from . import dtypes, registry
 from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
 from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
@@ -297,6 +297,7 @@ def _check_index(p: Shard) -> None:
 def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None) -> None:
     """Every shard's tensor has its index's shape, within ``shape``, and one dtype across shards
     (the frameworks' own assembly would build a wrong tensor silently, or raise their own errors)."""
+    dtype = dtypes.PACKED.get(dtype, dtype) if dtype is not None else None  # compared by the values held
     for p in pieces:
         where = f"the shard {_show(p.index)} on {p.device}"
         if len(p.index) != len(shape) or any(s.stop > n for s, n in zip(p.index, shape)):
@@ -308,6 +309,9 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
         except Bf16BridgeError as err:
             raise type(err)(f"{where}: {err}") from err
         want = tuple(s.stop - s.start for s in p.index)
+        if got_dtype in dtypes.PACKED and got_shape:  # torch's packed fp4: two values a byte along the last dimension
+            packing = dtypes.row(got_dtype).packing
+            got_shape, got_dtype = (*got_shape[:-1], got_shape[-1] * packing), dtypes.PACKED[got_dtype]
         if tuple(got_shape) != want:
             raise InvalidArgumentError(
                 f"{where} holds a tensor of shape {tuple(got_shape)}; its index spans {want}: give each shard "

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import copy as _copy
 import dataclasses
+import struct
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from . import registry
 from .errors import UnsupportedTypeError
@@ -31,7 +34,13 @@ def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = F
     new containers of the same types, the input untouched. ``unwrap_values``: a wrapper
     that holds a tensor in ``.value`` (an nnx.Variable, even where it is a tree node)
     is replaced by ``fn(its value, path)``."""
-    return _walk(fn, tree, (), _Walk(unwrap_values))
+    try:
+        return _walk(fn, tree, (), _Walk(unwrap_values))
+    except RecursionError as err:  # the walk recurses, a few frames a level
+        raise UnsupportedTypeError(
+            f"this tree is nested too deeply to walk (Python's recursion limit is {sys.getrecursionlimit()} "
+            "frames, and each level of the tree takes a few): flatten it (a dict of its leaves by path), "
+            "or raise sys.setrecursionlimit") from err
 
 
 class _Walk:
@@ -149,7 +158,11 @@ def _plain(node, leaf, kinds: dict, depth: int):
 
 def key(skeleton):
     """A hashable key for a skeleton (its containers, types and non-tensor values), or None
-    when some value in it cannot be hashed."""
+    when some value in it cannot be hashed. Values that compare equal but are not the same
+    argument get different keys: ``1``, ``1.0`` and ``True`` by their type (``x * 1`` keeps an
+    integer tensor's dtype, ``x * 1.0`` does not), ``0.0`` and ``-0.0`` (and NaN payloads) by their
+    bits, inside dataclasses too: a traced caller reuses what it kept for a key, the callee's
+    arguments included. Other objects count by their own ``==`` and hash."""
     try:
         frozen = _freeze(skeleton)
         hash(frozen)
@@ -160,10 +173,16 @@ def key(skeleton):
 
 def _freeze(node):
     if isinstance(node, Mapping):
-        return (type(node), tuple((k, _freeze(v)) for k, v in node.items()))
+        return (type(node), tuple((_freeze(k), _freeze(v)) for k, v in node.items()))
     if isinstance(node, (list, tuple)):
         return (type(node), tuple(_freeze(v) for v in node))
-    return node
+    if isinstance(node, (float, complex)):
+        return (type(node), struct.pack("<dd", node.real, node.imag))
+    if isinstance(node, np.generic):
+        return (type(node), node.tobytes())
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):  # its fields, as a tuple's
+        return (type(node), tuple((f.name, _freeze(getattr(node, f.name))) for f in dataclasses.fields(node)))
+    return (type(node), node)
 
 
 def _walk(fn, node, path, walk: _Walk):

@@ -67,24 +67,32 @@ def _layer(callee):
 
 def _callee_vjp(callee, w, x, ct):
     """The callee framework's own vjp of _layer at (w, x) with cotangent ct: (dw, dx)."""
-    f = _layer(callee)
-    W, X, C = (make(callee, v) for v in (w, x, ct))
+    return native_vjp(callee, _layer(callee), (w, x), ct)
+
+
+def native_vjp(callee, f, primals, cts):
+    """The callee framework's own vjp of ``f`` (its tensors in, a tensor or a list of them out) at
+    ``primals`` (numpy arrays) with cotangents ``cts`` (numpy, matching f's output): one gradient
+    per primal."""
+    P = [make(callee, v) for v in primals]
+    C = [make(callee, c) for c in cts] if isinstance(cts, list) else make(callee, cts)
     if callee == "torch":
         import torch
 
-        W.requires_grad_(), X.requires_grad_()
-        return torch.autograd.grad(f(W, X), (W, X), C)
+        for p in P:
+            p.requires_grad_()
+        return torch.autograd.grad(f(*P), P, C)
     if callee == "jax":
         import jax
 
-        _, pullback = jax.vjp(f, W, X)
+        _, pullback = jax.vjp(f, *P)
         return pullback(C)
     import tensorflow as tf
 
     with tf.GradientTape() as tape:
-        tape.watch([W, X])
-        y = f(W, X)
-    return tape.gradient(y, [W, X], output_gradients=C)
+        tape.watch(P)
+        y = f(*P)
+    return tape.gradient(y, P, output_gradients=C)
 
 
 def _caller_grads(caller, fn, w, x, ct, *, x_grad=True):

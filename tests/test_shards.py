@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
+from bf16bridge import registry
 from bf16bridge.errors import CopyRequiredError, DeviceError, InvalidArgumentError, UnsupportedTypeError
 from bf16bridge.shards import Layout, Shard, Shards, bounds
 from conftest import BF16, bits, make, ptr
@@ -217,7 +218,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 38
+EIGHT_DEVICE_TESTS = 68
 
 
 def test_eight_jax_devices_in_a_child():
@@ -297,6 +298,8 @@ CASES = [
     ((8,), ("x",), ((), ()), (5, 3)),                     # every device holds all of it
 ]
 TARGETS = ["torch", "numpy", "tensorflow"]
+#: narrow dtypes jax holds (fp8 rows, fp4 one a byte, a sub-byte int), sharded
+NARROW_SHARDED = ["float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn", "int4"]
 
 if CHILD == "jax8":
     from hypothesis import given, settings
@@ -453,6 +456,38 @@ if CHILD == "jax8":
                 assert any(list(s) != sorted(s, key=axes.index) for s in spec)
             else:
                 assert Layout.from_placements(axes, mesh, placements, len(shape), got.layout.devices) == got.layout
+
+        @pytest.mark.parametrize("target", TARGETS)
+        @pytest.mark.parametrize("shape", [(8, 8), (8, 0)], ids=["8x8", "empty"])
+        @pytest.mark.parametrize("dtype", NARROW_SHARDED)
+        def test_narrow_dtypes_cross_shard_by_shard_and_back_bit_exact(self, dtype, shape, target):
+            """Every bit pattern of a narrow dtype, sharded over a partially replicated mesh (and an
+            empty array: 0-size shards), to ``target`` and back: each shard bit for bit, or our
+            error naming the shard. torch holds fp4 packed two a byte (float4_e2m1fn_x2): its
+            shards' tensors have half the columns, which from_shards once refused as the wrong
+            shape."""
+            import jax
+            import ml_dtypes
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            from bf16bridge import Bf16BridgeError, dtypes
+
+            np_dtype = np.dtype(getattr(ml_dtypes, dtype))
+            u8 = np.resize(dtypes.all_patterns(dtype).view(np.uint8), shape)
+            a = u8.view(np_dtype)
+            x = jax.device_put(a, NamedSharding(jax.make_mesh((4, 2), ("x", "y")), PartitionSpec("x")))
+            try:
+                got = bb.convert_shards(x, target, on_alias="allow")
+            except Bf16BridgeError as err:
+                assert f"the shard [0:2, 0:{shape[1]}] on cpu:0" in str(err)
+                assert registry.get(target).cannot_hold(dtype) is not None
+                return
+            assert len(got) == 8 and got.shape == shape
+            for s in got:
+                np.testing.assert_array_equal(np.asarray(bb.convert(s.tensor, "numpy")).view(np.uint8), u8[s.index])
+            y = bb.from_shards(got, "jax", sharding=x.sharding)
+            assert y.dtype == np_dtype and y.sharding.is_equivalent_to(x.sharding, 2)
+            np.testing.assert_array_equal(np.asarray(y).view(np.uint8), u8)
 
         # DTensor in one process: torch's "fake" process group plays one rank of eight (fake_rank)
         @settings(max_examples=40)

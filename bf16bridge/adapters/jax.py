@@ -459,8 +459,20 @@ def _foreign_fn(call, leaves, shape_dtype):
     def f_fwd(*xs):
         return f(*xs), xs
 
+    # the backward's callback under a rule that refuses to be differentiated, with our error
+    # (jax's own says only that a pure_callback has no JVP)
+    @jax.custom_jvp
+    def bwd(*a):
+        return tuple(callback(bwd_cb, [in_avals[i] for i in wanted], *a))
+
+    @bwd.defjvp
+    def bwd_jvp(primals, tangents):
+        from ..functions import second_order_refused
+
+        raise second_order_refused("jax", call.fn)
+
     def f_bwd(xs, cts):
-        got = callback(bwd_cb, [in_avals[i] for i in wanted], *xs, *[cts[i] for i in inexact]) if wanted else []
+        got = bwd(*xs, *[cts[i] for i in inexact]) if wanted else []
         full: list = [None] * n
         for i, g in zip(wanted, got):
             full[i] = g

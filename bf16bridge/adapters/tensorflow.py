@@ -384,7 +384,8 @@ class TensorflowAdapter(Adapter):
             @tf.custom_gradient
             def eager(*xs):
                 outs, pullback = call.forward(list(xs), True, "tensorflow")
-                return outs, lambda *cts: call.backward(pullback, list(cts), "tensorflow")
+                return outs, lambda *cts: _first_order_only(call, call.backward(pullback, list(cts), "tensorflow"),
+                                                            xs)
 
             return list(eager(*leaves))
         # inside tf.function: the callee runs when the graph runs, through py_function;
@@ -405,7 +406,7 @@ class TensorflowAdapter(Adapter):
                     return [tf.zeros_like(x) if g is None else g for x, g in zip(a[:n], grads)]
 
                 gs = tf.py_function(back, [*xs, *cts], Tout=[x.dtype for x in xs])
-                return [g if d else None for g, d in zip(gs, call.diff)]
+                return _first_order_only(call, [g if d else None for g, d in zip(gs, call.diff)], xs)
 
             return outs, grad
 
@@ -426,6 +427,28 @@ class TensorflowAdapter(Adapter):
             return [next(grads) if d else None for d in diff]
 
         return outs, pullback
+
+
+def _first_order_only(call, grads, xs):
+    """``grads`` as they are; where a tape records the inputs ``xs`` while they are computed (a
+    gradient of this gradient may be asked for), through an op whose gradient raises our error."""
+    live = [i for i, g in enumerate(grads) if g is not None]
+    if not live or not _recording(list(xs)):
+        return grads
+
+    @tf.custom_gradient
+    def refuse(*ts):
+        def grad(*_):
+            from ..functions import second_order_refused
+
+            raise second_order_refused("tensorflow", call.fn)
+
+        return [tf.identity(t) for t in ts[:len(live)]], grad
+
+    out = list(grads)
+    for i, g in zip(live, refuse(*[grads[i] for i in live], *xs)):
+        out[i] = g
+    return out
 
 
 def _recording(leaves) -> bool:

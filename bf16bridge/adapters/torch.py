@@ -369,6 +369,12 @@ class TorchAdapter(Adapter):
         return x.requires_grad and torch.is_grad_enabled()
 
     def call_foreign(self, call, leaves):
+        if _functorch_active():
+            raise UnsupportedTypeError(
+                f"the bridged function {getattr(call.fn, '__qualname__', call.fn)!r} called under a torch.func "
+                "transform (grad, vmap, jacrev, vjp, ...): its tensors are torch.func's wrappers, which hold "
+                "no data to hand to another framework; call it under torch.autograd instead (loss.backward(), "
+                "torch.autograd.grad), one example at a time for vmap")
         if not any(call.diff):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
@@ -559,6 +565,10 @@ def _remove_cast_hooks(m):
                     extra.pop(k, None)
 
 
+#: torch.func (functorch) transforms active now (a private probe, where this torch has it)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 class _Foreign(torch.autograd.Function):
     """A bridged function's call as one torch op: its backward is the callee's vjp."""
 
@@ -568,11 +578,45 @@ class _Foreign(torch.autograd.Function):
         ctx.call, ctx.pullback = call, pullback
         ctx.set_materialize_grads(False)  # an unused output's cotangent stays None: nothing to convert
         ctx.mark_non_differentiable(*[o for o in outs if not (o.is_floating_point() or o.is_complex())])
+        # the callee's pullback may keep views of these (zero-copy): saved, so that torch's own
+        # check refuses a backward after one was written in place, as it would natively
+        ctx.save_for_backward(*xs, *outs)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *cts):
-        return (None, *ctx.call.backward(ctx.pullback, list(cts), "torch"))
+        saved = ctx.saved_tensors  # raises torch's error if an input or output was written since
+        grads = ctx.call.backward(ctx.pullback, list(cts), "torch")
+        if torch.is_grad_enabled():  # create_graph=True: a gradient of these must be refused, not short
+            grads = _first_order_only(ctx.call, grads, saved[:len(grads)])
+        return (None, *grads)
+
+
+def _first_order_only(call, grads, xs):
+    """``grads`` that raise our error when differentiated (their graph reaches the inputs ``xs``)."""
+    live = [i for i, g in enumerate(grads) if g is not None]
+    if not live:
+        return grads
+    got = _SecondOrder.apply(call, len(live), *[grads[i] for i in live], *xs)
+    out = list(grads)
+    for i, g in zip(live, got):
+        out[i] = g
+    return out
+
+
+class _SecondOrder(torch.autograd.Function):
+    """The gradients of a bridged call as they are; differentiating them raises our error."""
+
+    @staticmethod
+    def forward(ctx, call, n, *ts):
+        ctx.call = call
+        return tuple(t.view_as(t) for t in ts[:n])
+
+    @staticmethod
+    def backward(ctx, *_):
+        from ..functions import second_order_refused
+
+        raise second_order_refused("torch", ctx.call.fn)
 
 
 def _kind(p) -> tuple[str, int | None]:
