@@ -11,6 +11,12 @@ from __future__ import annotations
 class Bf16BridgeError(Exception):
     """Base class of every error raised by bf16bridge."""
 
+    # Exception's own constructor (one message), not the second base's: tensorflow's autograph
+    # re-raises an error from code it converted (a bridged call inside tf.function) with its
+    # location added only when the error's __init__ is Exception's; any other it turns into its
+    # own StagingError, and `except bb.UnsupportedDtypeError` would miss ours there.
+    __init__ = Exception.__init__
+
 
 class UnsupportedTypeError(Bf16BridgeError, TypeError):
     """The input is not a tensor of any registered framework."""
@@ -22,6 +28,8 @@ class UnknownFrameworkError(Bf16BridgeError, ValueError):
 
 class FrameworkNotInstalledError(Bf16BridgeError, ImportError):
     """The target framework is registered but cannot be imported here."""
+
+    __init__ = ImportError.__init__  # keeps ImportError's msg / name / path
 
 
 class UnsupportedDtypeError(Bf16BridgeError, TypeError):
