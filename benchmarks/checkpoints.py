@@ -2,6 +2,8 @@
 
     python -m benchmarks.checkpoints            # a GPT-2-small-shaped bf16 file (about 250 MB)
     python -m benchmarks.checkpoints --layers 2 # smaller, for a quick look
+    python -m benchmarks.checkpoints --first    # only open + first tensor, bb and safetensors into
+                                                # numpy and torch, 1 GiB file, 7 processes each
 
 Each loader runs in a fresh process (so one run's pages and allocator caches do not help the
 next) on a file already in the page cache (written just before: this measures the loaders, not
@@ -59,7 +61,7 @@ _CHILD = textwrap.dedent("""
     import json, sys, time
     import numpy as np, ml_dtypes
     import bf16bridge as bb
-    path, module, load, first_code = sys.argv[1:5]
+    path, module, load, first_code, first_only = sys.argv[1:6]
     import bf16bridge.checkpoints, safetensors.numpy  # imports are not what is measured
     if module != "numpy":
         __import__(module)
@@ -82,6 +84,9 @@ _CHILD = textwrap.dedent("""
         exec(first_code)
         first_s = time.perf_counter() - t0
         del first
+        if first_only == "1":
+            print(json.dumps({"first_s": first_s}))
+            sys.exit(0)
         t0 = time.perf_counter()
         exec(load)
         for v in out.values():
@@ -131,13 +136,15 @@ def write(path: str, layers: int, ours: bool = False) -> int:
     return sum(a.nbytes for a in tensors.values())
 
 
-def run(path: str, repeat: int = 3) -> dict:
-    """Each loader's best time of ``repeat`` fresh processes, and its largest peak."""
+def run(path: str, repeat: int = 3, loaders=None, first_only: bool = False) -> dict:
+    """Each loader's best time of ``repeat`` fresh processes, and its largest peak (``first_only``:
+    only the time to open the file and have its first tensor; ``loaders``: these of LOADERS)."""
     results = {}
-    for name, (module, load, first) in LOADERS.items():
+    for name in loaders or LOADERS:
+        module, load, first = LOADERS[name]
         best: dict | None = None
         for _ in range(repeat):
-            proc = subprocess.run([sys.executable, "-c", _CHILD, path, module, load, first],
+            proc = subprocess.run([sys.executable, "-c", _CHILD, path, module, load, first, "1" if first_only else "0"],
                                   capture_output=True, text=True, timeout=600)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             r = json.loads(lines[-1]) if lines else {"error": f"exit {proc.returncode}: {proc.stderr[-200:]}"}
@@ -169,7 +176,10 @@ def table(results: dict, nbytes: int, writer: str = "safetensors") -> str:
 
 
 #: the harness's part (``python -m benchmarks --only checkpoints``): about 1 GiB, or a small file in --quick
-HARNESS = {"full": {"layers": 70, "repeat": 2}, "quick": {"layers": 1, "repeat": 1}}
+#: first_repeat: fresh processes for open + first tensor (the ``repeat`` full ones and more that only open and
+#: read the first tensor): a millisecond, which one busy moment of a shared machine can triple
+HARNESS = {"full": {"layers": 70, "repeat": 2, "first_repeat": 6},
+           "quick": {"layers": 1, "repeat": 1, "first_repeat": 1}}
 #: loaders whose load of a safetensors-written file is zero-copy (a view of the map): the RSS target's rows
 ZERO_COPY = ("bb.load numpy", "bb.load torch")
 
@@ -188,15 +198,48 @@ def bench(quick: bool, log=print) -> dict:
         nbytes = write(path, cfg["layers"])
         file_bytes = os.path.getsize(path)
         log(f"checkpoint: {nbytes / 2**20:.0f} MiB of bf16 ({cfg['layers']} layers), {cfg['repeat']} fresh processes "
-            "a loader")
+            f"a loader ({cfg['first_repeat']} for open + first tensor)")
         results = run(path, cfg["repeat"])
+        extra = cfg["first_repeat"] - cfg["repeat"]
+        for _ in range(extra):  # interleaved over the loaders, as first() does
+            for name, r in results.items():
+                if "error" not in r:
+                    again = run(path, 1, (name,), first_only=True)[name]
+                    r["first_s"] = min(r["first_s"], again.get("first_s", r["first_s"]))
     for name, r in results.items():
         log(f"  {name}: " + (f"fails: {r['error']}" if "error" in r else
                              f"first {r['first_s'] * 1e3:.1f} ms, load {r['load_s'] * 1e3:.1f} ms, "
                              f"peak extra {r['peak_load'] / 2**20:.0f} MiB"))
     return {"mode": mode, "machine": machine(), "writer": "safetensors", "layers": cfg["layers"],
-            "repeat": cfg["repeat"], "nbytes": nbytes, "file_bytes": file_bytes, "zero_copy": list(ZERO_COPY),
+            "repeat": cfg["repeat"], "first_repeat": cfg["first_repeat"], "nbytes": nbytes, "file_bytes": file_bytes,
+            "zero_copy": list(ZERO_COPY),
             "results": results, "wall_s": time.perf_counter() - t0}
+
+
+#: the rows of the open + first tensor target (``--first``): ours and safetensors' into numpy and torch
+FIRST = ("bb.load numpy", "safetensors.numpy", "bb.load torch", "safetensors.torch")
+
+
+def first(layers: int = 70, repeat: int = 7) -> str:
+    """Only open + first tensor, ours against safetensors' (numpy, torch), fresh processes: min and
+    median of ``repeat``, a quick look at the one target the full part takes a minute to judge."""
+    import statistics
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "gpt2.safetensors")
+        write(path, layers)
+        rows = {name: [] for name in FIRST}
+        for _ in range(repeat):  # interleaved: a busy moment of a shared machine hits every loader alike
+            for name in FIRST:
+                r = run(path, 1, (name,), first_only=True)[name]
+                rows[name].append(r.get("first_s", float("nan")) if "error" not in r else float("nan"))
+                if "error" in r:
+                    print(f"{name}: {r['error']}", file=sys.stderr)
+    lines = [f"open + first tensor, {layers} layers, {repeat} fresh processes each", "",
+             "| loader | min | median |", "|---|---|---|"]
+    for name, ts in rows.items():
+        lines.append(f"| {name} | {min(ts) * 1e3:.2f} ms | {statistics.median(ts) * 1e3:.2f} ms |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -206,7 +249,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--writer", choices=("safetensors", "bb"), default="safetensors",
                         help="who writes the file (bb.save aligns the data for jax and tensorflow)")
+    parser.add_argument("--first", action="store_true",
+                        help="only open + first tensor into numpy and torch, ours and safetensors' (--layers 70 "
+                             "and --repeat 7 unless given)")
     args = parser.parse_args(argv)
+    if args.first:
+        given = argv if argv is not None else sys.argv[1:]
+        print(first(args.layers if "--layers" in given else 70, args.repeat if "--repeat" in given else 7))
+        return 0
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "gpt2.safetensors")
         nbytes = write(path, args.layers, ours=args.writer == "bb")

@@ -478,7 +478,10 @@ def _checkpoints_markdown(ck: dict) -> list[str]:
             f"{_b(size)} of bf16 in GPT-2-small shapes with {ck['layers']} blocks, written by {ck['writer']} "
             "(its data is 8-byte aligned, not 64: jax and tensorflow loads copy each tensor once, numpy and torch "
             "loads are views of the map); page cache warm. Each loader runs in a fresh process, "
-            f"{ck['repeat']} times: the best time and the largest peak. Peak extra RSS over the process's RSS "
+            f"{ck['repeat']} times: the best time and the largest peak"
+            + (f" (open + first tensor: the best of {ck['first_repeat']}, the processes past {ck['repeat']} only opening "
+               "the file and reading its first tensor)" if ck.get("first_repeat", ck["repeat"]) > ck["repeat"] else "")
+            + ". Peak extra RSS over the process's RSS "
             "before the load (VmHWM); \"touch\" reads one byte of every page of every result.", "",
             table(["loader", "open + first tensor", "load", "load + touch", "peak extra RSS: load",
                    "peak extra RSS: load + touch"], cells, "markdown")]

@@ -17,7 +17,9 @@ import math
 import os
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import itemgetter, lshift, mul, sub
 from typing import Any
 
 import numpy as np
@@ -100,20 +102,41 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class Header:
-    """A checked header: the tensors in file order, the metadata, where the data begins."""
+    """A checked header: the tensors in file order, the metadata, where the data begins.
+
+    Every entry is checked when the header is read; a key's TensorInfo is built the first time it
+    is asked for (``info(key)``), since a file lists hundreds of tensors and a caller often wants one.
+    """
 
     path: str
     length: int  # n, the JSON's bytes
-    tensors: tuple[TensorInfo, ...]
+    keys: tuple[str, ...]  # in file order: by (begin, end), the JSON's order among equals
     metadata: Mapping[str, str]  # read-only
+    #: key -> its entry as the JSON gave it ({"dtype": code, "shape": [...], "data_offsets": [begin, end]}), checked
+    entries: Mapping[str, dict] = field(repr=False)
+    _built: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def data_start(self) -> int:
         return PREFIX + self.length
 
     @property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        return tuple(self.info(k) for k in self.keys)
+
+    @property
     def file_size(self) -> int:
-        return self.data_start + sum(t.nbytes for t in self.tensors)
+        return self.data_start + sum(e["data_offsets"][1] - e["data_offsets"][0] for e in self.entries.values())
+
+    def info(self, key: str) -> TensorInfo:
+        """The entry of ``key`` (KeyError if none), built once."""
+        t = self._built.get(key)
+        if t is None:
+            e = self.entries[key]
+            code, (begin, end) = e["dtype"], e["data_offsets"]
+            t = self._built[key] = TensorInfo(key, CODES[code][0], code, tuple(e["shape"]), self.data_start + begin,
+                                              end - begin)
+        return t
 
 
 def _bad(path: str, what: str, key: str | None = None) -> CheckpointError:
@@ -149,6 +172,17 @@ class _Duplicate(Exception):
     pass
 
 
+def _loads(text: str, path: str, hook=None):
+    try:
+        return json.loads(text, object_pairs_hook=hook)
+    except _Duplicate as dup:
+        raise _bad(path, "the header's JSON names a key twice", str(dup)) from None
+    except RecursionError:
+        raise _bad(path, "the header's JSON nests too deep") from None
+    except ValueError as err:
+        raise _bad(path, f"the header is not JSON ({err})") from None
+
+
 def parse_header(raw: bytes, path: str, file_size: int) -> Header:
     """Check a header's JSON (``raw``: the n bytes after the prefix) against a file of ``file_size``
     bytes. Anything a reader could trip on raises CheckpointError naming the file and the key."""
@@ -156,14 +190,71 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise _bad(path, f"the header is not UTF-8 ({err.reason} at byte {err.start})") from None
-    try:
-        obj = json.loads(text, object_pairs_hook=_pairs)
-    except _Duplicate as dup:
-        raise _bad(path, "the header's JSON names a key twice", str(dup)) from None
-    except RecursionError:
-        raise _bad(path, "the header's JSON nests too deep") from None
-    except ValueError as err:
-        raise _bad(path, f"the header is not JSON ({err})") from None
+    length = len(raw)
+    obj = _loads(text, path)  # json's own dicts: a key named twice keeps its last value, checked below
+    if type(obj) is dict:
+        checked = _all_at_once(obj, text, PREFIX + length, file_size)
+        if checked is not None:
+            keys, entries, metadata = checked
+            return Header(path, length, keys, types.MappingProxyType(metadata), types.MappingProxyType(entries))
+    # something irregular (or a file written otherwise than safetensors and bb.save write): parsed
+    # again, naming a key given twice, and checked key by key, which names the fault
+    return _one_by_one(_loads(text, path, _pairs), path, length, file_size)
+
+
+#: bits a value of each code
+_BITS = {code: bits for code, (_, bits) in CODES.items()}
+
+
+def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
+    """The whole header checked in a few passes over lists (C loops: map, chain, sorted), or None
+    for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one takes of entries with
+    the three fields, and checks the same things: no key named twice; metadata an object of strings;
+    dtype codes known; shapes lists of whole numbers >= 0; offsets two whole numbers with shape x bits
+    = 8 x (end - begin); and the entries, sorted by (begin, end), covering the data from 0 to the end
+    of the file with no hole and no overlap. Returns (the keys in file order, the entries, metadata)."""
+    named = METADATA_KEY in obj
+    metadata = obj.pop(METADATA_KEY, None)
+    if metadata is None:
+        metadata = {}
+    elif type(metadata) is not dict or not set(map(type, metadata.values())) <= {str}:
+        return None
+    n = len(obj)
+    # no key named twice (json kept the last one): without a backslash, each JSON string is two
+    # quotes of the text; if the entries hold the three fields and a string code each (checked
+    # below: anything else is irregular), the text holds exactly the strings parsed unless a
+    # member was dropped, or an entry has a field more
+    if "\\" in text or text.count('"') != 2 * (named + 5 * n + 2 * len(metadata)):
+        return None
+    entries = obj.values()
+    try:  # a missing field (KeyError), an entry that is no object, an unhashable code (TypeError)
+        bits = list(map(_BITS.__getitem__, map(itemgetter("dtype"), entries)))  # an unknown code: KeyError
+        shapes = list(map(itemgetter("shape"), entries))
+        offsets = list(map(itemgetter("data_offsets"), entries))
+    except (KeyError, TypeError):
+        return None
+    if not set(map(type, shapes)) | set(map(type, offsets)) <= {list} or not set(map(len, offsets)) <= {2}:
+        return None
+    dims = list(chain.from_iterable(shapes))
+    flat = list(chain.from_iterable(offsets))  # begin, end, begin, end, ...
+    if not set(map(type, dims)) | set(map(type, flat)) <= {int} or min(dims, default=0) < 0:
+        return None  # type(True) is bool and 2.0 a float: neither is a size
+    begins, ends = flat[0::2], flat[1::2]
+    if list(map(mul, map(math.prod, shapes), bits)) != list(map(lshift, map(sub, ends, begins), repeat(3))):
+        return None  # shape x bits != 8 x (end - begin): a part byte, a wrong size, or end < begin
+    keys = list(obj)
+    in_order = sorted(offsets)  # by (begin, end)
+    if in_order != offsets:  # not written in offset order (safetensors' files and ours are)
+        keys = [k for _, k in sorted(zip(offsets, keys), key=itemgetter(0))]  # stable: the JSON's order among equals
+        flat = list(chain.from_iterable(in_order))
+    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2]):
+        return None  # not from 0, or a begin that is not the end before it (a hole or an overlap)
+    if data_start + (flat[-1] if flat else 0) != file_size:
+        return None
+    return tuple(keys), obj, metadata
+
+
+def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
     if not isinstance(obj, dict):
         raise _bad(path, f"the header is a JSON {type(obj).__name__}, not an object")
     metadata = obj.pop(METADATA_KEY, None)
@@ -172,7 +263,6 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise _bad(path, "__metadata__ is not an object of strings", METADATA_KEY)
     infos = []
-    length = len(raw)
     for key, entry in obj.items():
         infos.append(_entry(path, key, entry, PREFIX + length))
     infos.sort(key=lambda t: (t.offset, t.offset + t.nbytes))
@@ -189,7 +279,8 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
         what = "ends before the end of the file (bytes left over)" if at < file_size else \
             f"runs past the end of the file ({file_size} bytes)"
         raise _bad(path, f"the data {what}", last)
-    return Header(path, length, tuple(infos), types.MappingProxyType(metadata))
+    return Header(path, length, tuple(t.key for t in infos), types.MappingProxyType(metadata),
+                  types.MappingProxyType(obj))
 
 
 def _int(v) -> bool:
@@ -197,22 +288,6 @@ def _int(v) -> bool:
 
 
 def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
-    # the common case, checked with few calls (a header lists hundreds of tensors and open() checks them
-    # all); anything it does not take goes through the checks below, which name the fault
-    if type(entry) is dict and len(entry) == 3:
-        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if (type(code) is str and (spec := CODES.get(code)) is not None and type(shape) is list
-                and type(offsets) is list and len(offsets) == 2):
-            begin, end = offsets
-            if type(begin) is int and type(end) is int and 0 <= begin <= end:
-                n = spec[1]
-                for d in shape:
-                    if type(d) is not int or d < 0:
-                        break
-                    n *= d
-                else:
-                    if not n % 8 and end - begin == n // 8:
-                        return TensorInfo(key, spec[0], code, tuple(shape), data_start + begin, end - begin)
     if not isinstance(entry, dict):
         raise _bad(path, f"its entry is a JSON {type(entry).__name__}, not an object", key)
     code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")

@@ -11,7 +11,6 @@ import builtins
 import dataclasses
 import mmap
 import os
-import weakref
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -58,9 +57,9 @@ class Checkpoint:
         #: kept open until close(): a copy is read with os.preadv, not through the map (no page faults,
         #: and no page of the map held for it)
         self._file = f
-        #: a Checkpoint dropped without close() closes its file when collected (at once, in CPython)
-        self._finalizer = weakref.finalize(self, f.close)
-        self._infos = {t.key: t for t in self.header.tensors}
+        #: the keys in file order; their TensorInfo is built on first use (header.info)
+        self._keys = self.header.keys
+        self._entries = self.header.entries
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
         #: (code, empty, offset % 64, to, copy, fallback) -> (whether get() reads rather than views,
@@ -76,23 +75,23 @@ class Checkpoint:
 
     def keys(self) -> list[str]:
         """The tensors' keys, in file order."""
-        return list(self._infos)
+        return list(self._keys)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._infos)
+        return iter(self._keys)
 
     def __len__(self) -> int:
-        return len(self._infos)
+        return len(self._keys)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._infos
+        return key in self._entries
 
     def info(self, key: str) -> fmt.TensorInfo:
         """Key, dtype, shape, nbytes, file offset and alignment of one tensor (reads no data)."""
         try:
-            return self._infos[key]
+            return self.header.info(key)
         except KeyError:
-            raise KeyError(f"{self.path} has no tensor {key!r} ({len(self._infos)} keys; "
+            raise KeyError(f"{self.path} has no tensor {key!r} ({len(self._keys)} keys; "
                            "keys() lists them)") from None
 
     def array(self, key: str) -> np.ndarray:
@@ -241,7 +240,7 @@ class Checkpoint:
         advise = getattr(mmap, "MADV_DONTNEED", None)
         if advise is None or self._map is None or key in self._shared:
             return
-        t = self._infos[key]
+        t = self.header.info(key)
         start = -(-t.offset // mmap.PAGESIZE) * mmap.PAGESIZE
         stop = (t.offset + t.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if stop > start:
@@ -251,13 +250,20 @@ class Checkpoint:
         """Close the file and drop this object's hold on the map; results that are views keep the map
         (and the descriptor it holds) alive."""
         self.closed = True
-        self._finalizer()  # closes the file, once
+        self._file.close()
         if self._map is not None:
             try:
                 self._map.close()
             except BufferError:
                 pass  # views are alive: they hold the map; it is unmapped when the last one goes
             self._map = None
+
+    def __del__(self) -> None:
+        # dropped without close(): its file is closed when it is collected (at once, in CPython). Not
+        # weakref.finalize: the first one a process makes costs a tenth of a millisecond, a tenth of an open
+        f = self.__dict__.get("_file")
+        if f is not None:
+            f.close()
 
     def __enter__(self) -> Checkpoint:
         return self

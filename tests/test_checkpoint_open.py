@@ -1,0 +1,209 @@
+"""Opening a checkpoint fast without checking less: format.parse_header checks a header in a few
+passes over lists (_all_at_once) and sends anything irregular to the key-by-key checks
+(_one_by_one), which name the fault. Here, for headers built to slip past one check of the fast
+path each, and for drawn headers with one field changed: the fast path either declines or gives
+exactly the key-by-key answer (keys in file order, every TensorInfo, metadata), and parse_header
+raises exactly where the key-by-key checks raise, with their message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import strategies  # noqa: F401 - loads the ci/fuzz profiles
+from bf16bridge.checkpoints import format as fmt
+from bf16bridge.errors import CheckpointError
+
+PATH = "/x/m.safetensors"
+
+
+def _t(code="F32", shape=(2,), offsets=(0, 8)):
+    return {"dtype": code, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+def _text(header) -> str:
+    return header if isinstance(header, str) else json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+
+
+def _size(text: str, data: int) -> int:
+    return fmt.PREFIX + len(text.encode()) + data
+
+
+def _slow(text: str, size: int):
+    """What the key-by-key checks answer: a Header, or the CheckpointError's message."""
+    try:
+        obj = json.loads(text, object_pairs_hook=fmt._pairs)
+    except fmt._Duplicate as dup:
+        return f"twice {dup}"
+    try:
+        return fmt._one_by_one(obj, PATH, len(text.encode()), size)
+    except CheckpointError as err:
+        return str(err)
+
+
+def _fast(text: str, size: int):
+    return fmt._all_at_once(json.loads(text), text, fmt.PREFIX + len(text.encode()), size)
+
+
+def _parsed(text: str, size: int):
+    try:
+        return fmt.parse_header(text.encode(), PATH, size)
+    except CheckpointError as err:
+        return str(err)
+
+
+def _same(a: fmt.Header, b: fmt.Header) -> bool:
+    return (a.keys == b.keys and dict(a.metadata) == dict(b.metadata) and a.length == b.length
+            and [a.info(k) for k in a.keys] == [b.info(k) for k in b.keys])
+
+
+#: name -> (header, data bytes, whether the fast path takes it); each irregular one slips past one
+#: check of the fast path (the check named) were it missing
+CASES = {
+    "written in order": ({"a": _t(), "b": _t("BF16", (3,), (8, 14))}, 14, True),
+    "metadata": ({"__metadata__": {"k": "v", "x:y": "1"}, "a": _t()}, 8, True),
+    "metadata null": ({"__metadata__": None, "a": _t()}, 8, True),
+    "no tensors": ({}, 0, True),
+    "no tensors, data": ({}, 4, False),
+    "scalar and empty": ({"s": _t("I64", (), (0, 8)), "e": _t("F32", (0, 3), (8, 8))}, 8, True),
+    "packed F4": ({"p": _t("F4", (2, 3), (0, 3))}, 3, True),
+    # order: the keys come in (begin, end) order, the JSON's among equals (sorted, stable)
+    "not in offset order": ({"b": _t(offsets=(8, 16)), "a": _t()}, 16, True),
+    "ties at one offset": ({"z": _t("F32", (0,), (8, 8)), "a": _t(), "y": _t("F32", (0,), (8, 8)),
+                            "b": _t(offsets=(8, 16))}, 16, True),
+    # a key named twice: the count of quotes
+    "key twice": ('{"a":' + _text(_t()) + ',"a":' + _text(_t()) + "}", 8, False),
+    "field twice": ('{"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 8, False),
+    "offsets twice": ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4],"data_offsets":[0,8]}}', 8, False),
+    "metadata key twice": ('{"__metadata__":{"k":"v","k":"w"},"a":' + _text(_t()) + "}", 8, False),
+    "metadata twice": ('{"__metadata__":{"k":"v"},"__metadata__":{},"a":' + _text(_t()) + "}", 8, False),
+    # the metadata: an object of strings (a list of one string has the quotes of one)
+    "metadata value a list": ({"__metadata__": {"k": ["v"]}, "a": _t()}, 8, False),
+    "metadata a list": ({"__metadata__": ["k", "v"], "a": _t()}, 8, False),
+    "escaped key": ('{"a\\u0041":' + _text(_t()) + "}", 8, False),  # a backslash: parsed again, read alike
+    "escaped key twice": ('{"aA":' + _text(_t()) + ',"a\\u0041":' + _text(_t()) + "}", 8, False),
+    "a field more": ({"a": {**_t(), "x": 1}}, 8, False),  # safetensors ignores it, and so do we
+    # the checks of types and sizes
+    "unknown code": ({"a": _t("F7")}, 8, False),
+    "code a list": ({"a": _t(["F32"])}, 8, False),
+    "no dtype": ({"a": {"shape": [2], "data_offsets": [0, 8]}}, 8, False),
+    "entry a list": ({"a": [1, 2, 3]}, 0, False),
+    "negative dims": ({"a": _t(shape=(-2, -1))}, 8, False),  # their product is 2
+    "float dim": ({"a": _t(shape=(2.0,))}, 8, False),
+    "bool dim": ({"a": _t(shape=(True,), offsets=(0, 4))}, 4, False),
+    "shape an object": ({"a": {"dtype": "F32", "shape": {}, "data_offsets": [0, 4]}}, 4, False),
+    "shape a string": ({"a": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}, 8, False),
+    "bool offset": ({"a": _t(offsets=(False, 8))}, 8, False),
+    "float offset": ({"a": _t(offsets=(0, 8.0))}, 8, False),
+    "offsets an object": ({"a": {"dtype": "F32", "shape": [0], "data_offsets": {}}}, 0, False),
+    "three offsets": ({"a": _t(offsets=(0, 8, 8))}, 8, False),
+    "reversed offsets": ({"a": _t("F32", (0,), (8, 0)), "b": _t()}, 8, False),
+    "negative offsets": ({"a": _t(offsets=(-8, 0)), "b": _t(offsets=(0, 8))}, 8, False),
+    "huge dim": ({"a": _t(shape=(2**64,))}, 8, False),
+    "odd nibbles": ({"a": _t("F4", (3,), (0, 1))}, 1, False),
+    "wrong size": ({"a": _t(shape=(3,))}, 8, False),
+    # the walk over the data
+    "not from 0": ({"a": _t(offsets=(4, 12))}, 12, False),
+    "hole": ({"a": _t(), "b": _t(offsets=(12, 20))}, 20, False),
+    "overlap": ({"a": _t(), "b": _t(offsets=(4, 12))}, 12, False),
+    "empty inside another": ({"a": _t(), "z": _t("F32", (0,), (4, 4))}, 8, False),
+    "bytes left over": ({"a": _t()}, 9, False),
+    "past the end": ({"a": _t()}, 7, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_fast_path_takes_what_it_should_and_answers_as_the_key_by_key_checks(name):
+    header, data, fast = CASES[name]
+    text = _text(header)
+    size = _size(text, data)
+    slow = _slow(text, size)
+    taken = _fast(text, size)
+    assert (taken is not None) == fast
+    if taken is not None:
+        keys, entries, metadata = taken
+        assert isinstance(slow, fmt.Header), slow
+        assert keys == slow.keys and dict(metadata) == dict(slow.metadata) and dict(entries) == dict(slow.entries)
+    ours = _parsed(text, size)
+    if isinstance(slow, str):
+        assert isinstance(ours, str) and PATH in ours
+        assert ours == slow or (slow.startswith("twice ") and "names a key twice" in ours
+                                and f"(key {slow[6:]!r})" in ours)
+    else:
+        assert isinstance(ours, fmt.Header) and _same(ours, slow)
+
+
+def test_headers_written_by_safetensors_and_bb_save_take_the_fast_path(tmp_path):
+    import ml_dtypes
+    import numpy as np
+    import safetensors.numpy
+
+    import bf16bridge as bb
+
+    tensors = {f"h.{i}.w": np.ones((i % 3, 5), np.float32) for i in range(12)}
+    tensors["e"] = np.arange(6, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    safetensors.numpy.save_file({k: v for k, v in tensors.items() if k != "e"}, str(tmp_path / "st.safetensors"),
+                                metadata={"format": "np"})
+    bb.save(tensors, tmp_path / "bb.safetensors", metadata={"step": "3"})
+    for name in ("st", "bb"):
+        blob = (tmp_path / f"{name}.safetensors").read_bytes()
+        n = int.from_bytes(blob[:8], "little")
+        text = blob[8:8 + n].decode()
+        assert _fast(text, len(blob)) is not None, name
+        with bb.open(tmp_path / f"{name}.safetensors") as f:
+            assert f.keys() == sorted(f.keys(), key=lambda k: f.info(k).offset)
+
+
+_CODES = sorted(fmt.CODES)
+
+
+@st.composite
+def headers(draw):
+    """A valid layout (codes, shapes, offsets in file order; the JSON in a drawn order), then maybe
+    one field of one entry changed as the fuzz test changes them: (JSON text, file size)."""
+    entries = []
+    at = 0
+    for i in range(draw(st.integers(0, 6))):
+        code = draw(st.sampled_from(_CODES))
+        bits = fmt.CODES[code][1]
+        shape = draw(st.lists(st.integers(0, 4), max_size=3))
+        n = 1
+        for d in shape:
+            n *= d
+        if n * bits % 8:
+            shape = [*shape, 8]
+            n *= 8
+        entries.append((f"k{i}", {"dtype": code, "shape": shape, "data_offsets": [at, at + n * bits // 8]}))
+        at += n * bits // 8
+    order = draw(st.permutations(range(len(entries))))
+    header = {entries[i][0]: entries[i][1] for i in order}
+    if draw(st.booleans()):
+        header = {"__metadata__": draw(st.one_of(st.none(), st.dictionaries(st.text("ab:{", max_size=2),
+                                                                             st.text("xy\"", max_size=2),
+                                                                             max_size=2))), **header}
+    if entries and draw(st.booleans()):
+        key = draw(st.sampled_from([k for k, _ in entries]))
+        field = draw(st.sampled_from(["dtype", "shape", "data_offsets"]))
+        odd = st.one_of(st.integers(-3, 40), st.booleans(), st.none(), st.just(2.0), st.just({}))
+        value = draw({
+            "dtype": st.one_of(st.sampled_from(_CODES), odd, st.just("F7")),
+            "shape": st.one_of(st.lists(st.integers(-2, 6), max_size=3), odd,
+                               st.lists(st.one_of(st.integers(0, 4), st.booleans(), st.just(2.0)), max_size=2)),
+            "data_offsets": st.one_of(st.lists(st.integers(-8, 60), min_size=2, max_size=2), odd,
+                                      st.lists(st.one_of(st.integers(0, 60), st.booleans(), st.just(8.0)), max_size=3)),
+        }[field])
+        header[key] = {**header[key], field: value}
+    return _text(header), fmt.PREFIX + len(_text(header).encode()) + at + draw(st.sampled_from([0, 0, 0, 1, -1]))
+
+
+@given(headers())
+def test_drawn_headers_read_as_the_key_by_key_checks_read_them(drawn):
+    text, size = drawn
+    slow, ours = _slow(text, size), _parsed(text, size)
+    if isinstance(slow, str):
+        assert ours == slow
+    else:
+        assert isinstance(ours, fmt.Header) and _same(ours, slow)
