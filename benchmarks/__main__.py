@@ -1,4 +1,4 @@
-"""python -m benchmarks [--quick] [--only {all,functions,dtypes,checkpoints,shards,kernels,casting}] [--out DIR]
+"""python -m benchmarks [--quick] [--only {all,functions,page,dtypes,checkpoints,shards,kernels,casting}] [--out DIR]
 
 Full mode writes docs/benchmarks.md, docs/benchmarks.png, benchmarks/results/full.json and
 benchmarks/results/functions.json (the cost of a call: convert, convert_tree and bridged
@@ -8,6 +8,9 @@ benchmarks/results/quick.{md,json,png} and functions-quick.json; --out DIR write
 --only functions runs the cost-of-a-call part alone, saves its results, and writes the page
 again from those and the main part's saved results (full.json, or quick.json), so each part
 can be run on its own and the page stays generated from saved results.
+
+--only page runs nothing: it rebuilds the page from the saved results (two branches that each
+ran a part merge by rebuilding it).
 
 --only dtypes (fp8 and fp4 routes beside bf16: benchmarks/dtypes.py), --only checkpoints (bb.load
 against safetensors' loaders on a 1 GiB file: benchmarks/checkpoints.py, each loader in fresh
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from . import functions, harness, report
 
-ONLY = ("all", "functions", *report.PARTS)
+ONLY = ("all", "functions", "page", *report.PARTS)
 
 
 def run_shards(quick: bool, out: Path, log) -> dict:
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 KiB and 32 MiB only, short batches (the CI smoke test)")
     ap.add_argument("--only", choices=ONLY, default="all",
                     help="functions: only the cost of a call (convert, convert_tree, bridged functions, peers); "
-                         "dtypes, checkpoints, shards, kernels, casting: only that part")
+                         "dtypes, checkpoints, shards, kernels, casting: only that part; "
+                         "page: run nothing, rebuild the page from the saved results (after a merge)")
     ap.add_argument("--out", type=Path, help="write the report, plot and JSON into this folder")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
@@ -116,8 +120,9 @@ def main(argv=None) -> int:
         res, fres = report.load(js), report.load(fjs)
         report.write(res, doc, png, None, fres, None)
     doc.write_text(doc.read_text() + report.parts_markdown(parts))
-    ran = {"all": [js, fjs, *part_json.values()], "functions": [fjs]}.get(args.only, [part_json.get(args.only)])
-    print(f"wrote {doc}, " + ", ".join(str(p) for p in ran) + (f", {png}" if png.exists() and res is not None else ""))
+    ran = {"all": [js, fjs, *part_json.values()], "functions": [fjs], "page": []}.get(
+        args.only, [part_json.get(args.only)])
+    print(f"wrote {doc}" + "".join(f", {p}" for p in ran) + (f", {png}" if png.exists() and res is not None else ""))
     judged = (report.targets(res) if res else []) + (report.function_targets(fres) if fres else [])
     for what, ok, how in judged + report.part_targets(parts):
         print(f"{'met ' if ok else 'MISS'}  {what}: {how}")

@@ -194,6 +194,35 @@ def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeyp
     assert (tmp_path / "benchmarks.md").read_text() == "page\nparts\n"
 
 
+def test_page_runs_nothing_and_rebuilds_the_page_from_every_saved_result(tmp_path, monkeypatch):
+    """--only page: after two branches each ran a part, the page is rebuilt from the saved results
+    alone; no part runs and no saved result is rewritten."""
+    import benchmarks.__main__ as entry
+    from benchmarks import functions, harness, report
+
+    saved = {"functions-quick.json": {"saved": "functions"}, "quick.json": {"saved": "main"},
+             "kernels-quick.json": {"saved": "kernels"}, "casting-quick.json": {"saved": "casting"}}
+    for name, data in saved.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    seen = []
+    monkeypatch.setattr(entry, "run_part", lambda *a, **k: pytest.fail("--only page ran a part"))
+    monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail("--only page ran the functions part"))
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("--only page ran the main part"))
+    monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
+    monkeypatch.setattr(report, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
+    monkeypatch.setattr(report, "plot", lambda res, path: False)
+    monkeypatch.setattr(report, "targets", lambda res: [])
+    monkeypatch.setattr(report, "function_targets", lambda f: [])
+    monkeypatch.setattr(report, "part_targets", lambda p: [])
+    assert entry.main(["--quick", "--only", "page", "--out", str(tmp_path)]) == 0
+    assert seen == [({"saved": "main"}, {"saved": "functions"}),
+                    {"dtypes": None, "checkpoints": None, "shards": None, "kernels": {"saved": "kernels"},
+                     "casting": {"saved": "casting"}}]
+    for name, data in saved.items():
+        assert json.loads((tmp_path / name).read_text()) == data, f"{name} was rewritten"
+    assert (tmp_path / "benchmarks.md").read_text() == "page\nparts\n"
+
+
 def test_part_targets_judge_against_safetensors_or_the_float32_route():
     """Checkpoint targets: bb.load against safetensors' own loader for the framework, or where that
     fails the float32 route people use; a zero-copy load's peak extra RSS against 5% of the file."""
