@@ -158,6 +158,21 @@ def test_functions_part_runs_alone_and_writes_the_page_from_saved_results(tmp_pa
     assert (tmp_path / "benchmarks.md").read_text() == "page\n"
 
 
+def _page_only(monkeypatch, seen: list, what: str) -> None:
+    """Stub the main and functions parts (running either fails the test) and the page's writers
+    (recording what each got into ``seen``)."""
+    from benchmarks import functions, harness, report
+
+    monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail(f"{what} ran the functions part"))
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail(f"{what} ran the main part"))
+    monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
+    monkeypatch.setattr(report, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
+    monkeypatch.setattr(report, "plot", lambda res, path: False)
+    monkeypatch.setattr(report, "targets", lambda res: [])
+    monkeypatch.setattr(report, "function_targets", lambda f: [])
+    monkeypatch.setattr(report, "part_targets", lambda p: [])
+
+
 def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeypatch):
     """--only dtypes (checkpoints, shards alike) runs that part alone and saves it; the page is written
     from every part's saved results, the others not run again. (Stubbed: this checks the wiring.)"""
@@ -176,14 +191,7 @@ def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeyp
         return {"ran": part}
 
     monkeypatch.setattr(entry, "run_part", run_part)
-    monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail("--only dtypes ran the functions part"))
-    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("--only dtypes ran the main part"))
-    monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
-    monkeypatch.setattr(report, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
-    monkeypatch.setattr(report, "plot", lambda res, path: False)
-    monkeypatch.setattr(report, "targets", lambda res: [])
-    monkeypatch.setattr(report, "function_targets", lambda f: [])
-    monkeypatch.setattr(report, "part_targets", lambda p: [])
+    _page_only(monkeypatch, seen, "--only dtypes")
     assert entry.main(["--quick", "--only", "dtypes", "--out", str(tmp_path)]) == 0
     assert ran == [("dtypes", True, tmp_path / "dtypes-quick.json")]
     assert seen == [({"saved": "main"}, {"saved": "functions"}),
@@ -206,14 +214,7 @@ def test_page_runs_nothing_and_rebuilds_the_page_from_every_saved_result(tmp_pat
         (tmp_path / name).write_text(json.dumps(data))
     seen = []
     monkeypatch.setattr(entry, "run_part", lambda *a, **k: pytest.fail("--only page ran a part"))
-    monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail("--only page ran the functions part"))
-    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("--only page ran the main part"))
-    monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
-    monkeypatch.setattr(report, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
-    monkeypatch.setattr(report, "plot", lambda res, path: False)
-    monkeypatch.setattr(report, "targets", lambda res: [])
-    monkeypatch.setattr(report, "function_targets", lambda f: [])
-    monkeypatch.setattr(report, "part_targets", lambda p: [])
+    _page_only(monkeypatch, seen, "--only page")
     assert entry.main(["--quick", "--only", "page", "--out", str(tmp_path)]) == 0
     assert seen == [({"saved": "main"}, {"saved": "functions"}),
                     {"dtypes": None, "checkpoints": None, "shards": None, "kernels": {"saved": "kernels"},
