@@ -177,7 +177,6 @@ def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeyp
     """--only dtypes (checkpoints, shards alike) runs that part alone and saves it; the page is written
     from every part's saved results, the others not run again. (Stubbed: this checks the wiring.)"""
     import benchmarks.__main__ as entry
-    from benchmarks import functions, harness, report
 
     saved = {"functions-quick.json": {"saved": "functions"}, "quick.json": {"saved": "main"},
              "shards-quick.json": {"saved": "shards"}}
@@ -206,7 +205,6 @@ def test_page_runs_nothing_and_rebuilds_the_page_from_every_saved_result(tmp_pat
     """--only page: after two branches each ran a part, the page is rebuilt from the saved results
     alone; no part runs and no saved result is rewritten."""
     import benchmarks.__main__ as entry
-    from benchmarks import functions, harness, report
 
     saved = {"functions-quick.json": {"saved": "functions"}, "quick.json": {"saved": "main"},
              "kernels-quick.json": {"saved": "kernels"}, "casting-quick.json": {"saved": "casting"}}
