@@ -106,8 +106,8 @@ class Spec:
     offset: int = 0
     readonly: bool = False
     big_endian: bool = False
-    kind: str = "plain"  # numpy: plain, memmap, subclass, scalar; torch: plain, grad, neg;
-    #                     jax: plain, jit; tensorflow: plain, variable
+    kind: str = "plain"  # numpy: plain, memmap, subclass, scalar, broadcast; torch: plain, expand,
+    #                     grad, neg; jax: plain, jit; tensorflow: plain, variable
     seed: int = 0
 
     def _numpy(self) -> np.ndarray:
@@ -133,6 +133,11 @@ class Spec:
             a = a.transpose(self.perm)
         if self.kind == "subclass":
             a = a.view(_Sub)
+        if self.kind == "broadcast":  # a leading axis of stride 0 (as_strided of a void view: its
+            # __array_interface__ cannot name ml_dtypes' types)
+            v = a.view(f"V{a.dtype.itemsize}")
+            v = np.lib.stride_tricks.as_strided(v, (3, *v.shape), (0, *v.strides), writeable=not self.readonly)
+            a = v.view(a.dtype)
         if self.readonly and a.flags.writeable:
             a.flags.writeable = False
         if self.kind == "scalar":
@@ -163,7 +168,9 @@ class Spec:
                 t = base[tuple(slice(None, None, k) for k in steps)]
             if self.perm:
                 t = t.permute(self.perm)
-            if self.kind == "grad":
+            if self.kind == "expand":  # a leading axis of stride 0
+                t = t.as_strided((3, *t.shape), (0, *t.stride()), t.storage_offset())
+            elif self.kind == "grad":
                 t = t.detach().requires_grad_(True)
             elif self.kind == "neg":
                 t = torch._neg_view(t)
@@ -185,6 +192,30 @@ class Spec:
                 x = tf.Variable(x)
             except Exception:  # noqa: BLE001 - tensorflow has no variable kernels for some narrow rows
                 assume(False)
+        return x
+
+
+@dataclass(frozen=True)
+class Chained:
+    """The input ``start`` after the bridge took it to ``via`` (copy=None): a tensor the bridge
+    made (a torch tensor over jax memory, a jax array over torch's), converted again."""
+
+    start: Spec
+    via: tuple
+
+    @property
+    def dtype(self) -> str:
+        return self.start.dtype
+
+    def build(self):
+        x = self.start.build()
+        for to in self.via:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # making the input; the oracle judges the call
+                try:
+                    x = bb.convert(x, to, fallback="bits")
+                except bb.Bf16BridgeError:
+                    pass
         return x
 
 
@@ -385,6 +416,18 @@ def judge(x, x_vals, p, out, to, kw, warned=None):
     assert _framework(y) == registry.resolve(to) and not isinstance(y, np.generic), f"{where}: got a {type(y)}"
     dout = name_of(y)
     assert dout == plan.dtype_out, f"{where}: plan said {plan.dtype_out}, got {dout}"
+    # never a silent widening: another dtype only where the fallback asked allows it, and said why
+    row = bbd.ROWS[din]
+    allowed = {din, bbd.PACKED.get(din), bbd.UNPACKED.get(din)}
+    fallback = kw.get("fallback", "error")
+    if fallback == "bits":
+        allowed.add(row.carrier)
+    elif fallback == "float32":
+        allowed |= {"float32"} & set(row.widenings or bbd.ROWS[row.unpacked or din].widenings)
+    elif fallback == "auto":
+        allowed |= {row.carrier, bbd.NARROW.get(din), *row.widenings, *(bbd.ROWS[row.unpacked].widenings if row.unpacked else ())}
+    assert dout in allowed, f"{where}: {din} arrived as {dout}, which fallback={fallback!r} does not allow"
+    assert dout == din or plan.decision, f"{where}: {din} arrived as {dout} and plan() says no why"
     assert tuple(y.shape) == tuple(plan.result_shape), f"{where}: plan said shape {plan.result_shape}, got {tuple(y.shape)}"
     if _framework(y) == "tensorflow" and _nbytes(y) and dout in bbd.ALL:
         # before any tensorflow call reads it: its first kernel on an unaligned buffer aborts the process
@@ -427,6 +470,8 @@ def specs(draw, frameworks=FRAMEWORKS, rows=None, kinds=True):
     if framework == "jax":
         pool = [d for d in pool if d not in ("int64", "uint64", "float64", "complex128")]
     narrow = [d for d in pool if d in NARROW]
+    if not pool:
+        pool = ["bfloat16"]
     dtype = draw(st.sampled_from(narrow * 3 + pool if narrow else pool))
     ndim = draw(st.integers(0, 3))
     shape = tuple(draw(st.lists(st.integers(0, 4), min_size=ndim, max_size=ndim)))
@@ -445,14 +490,16 @@ def specs(draw, frameworks=FRAMEWORKS, rows=None, kinds=True):
         readonly = draw(st.booleans())
         big_endian = row.itemsize > 1 and draw(st.sampled_from([False, False, True]))
         if kinds:
-            kind = draw(st.sampled_from(["plain", "plain", "memmap", "subclass", "scalar"]))
+            kind = draw(st.sampled_from(["plain", "plain", "memmap", "subclass", "scalar", "broadcast"]))
     elif framework == "torch":
         steps = tuple(draw(st.sampled_from([1, 1, 2])) for _ in shape)
         perm = tuple(draw(st.permutations(range(len(shape)))))
         offset = draw(st.integers(0, 3))
-        floating = dtype in ("bfloat16", "float16", "float32", "float64")
-        if kinds and floating:
-            kind = draw(st.sampled_from(["plain", "grad", "neg"]))
+        floating = ADAPTERS["torch"].holds(dtype) and bbd.ROWS[dtype].kind == "float"
+        if kinds:
+            # torch's fp8 and packed fp4 may require grad too; its lazy neg bit is for the wider floats
+            kind = draw(st.sampled_from(["plain", "expand"] + ["grad"] * floating
+                                        + ["neg"] * (dtype in ("bfloat16", "float16", "float32", "float64"))))
     elif framework == "jax" and kinds:
         kind = draw(st.sampled_from(["plain", "jit"]))
     elif framework == "tensorflow" and kinds:
@@ -461,21 +508,23 @@ def specs(draw, frameworks=FRAMEWORKS, rows=None, kinds=True):
                 draw(st.integers(0, 2**16)))
 
 
+targets = st.sampled_from(FRAMEWORKS)
+chained = st.builds(Chained, specs(kinds=False), st.lists(targets, min_size=1, max_size=2).map(tuple))
+inputs = st.one_of(specs(), chained)
 copies = st.sampled_from([None, True, False])
 on_alias = st.sampled_from(["warn", "copy", "error", "allow"])
 on_grad = st.sampled_from(["warn", "error", "drop"])
 fallbacks = st.sampled_from(["error", "float32", "bits", "auto"])
-targets = st.sampled_from(FRAMEWORKS)
 
 
 # -- the properties ----------------------------------------------------------------------------
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_EXAMPLES", 300)))
-@given(spec=specs(), to=targets, copy=copies, fallback=fallbacks)
-def test_every_row_every_pair_every_layout(spec, to, copy, fallback):
+@given(spec=inputs, to=targets, copy=copies, fallback=fallbacks, compute=st.booleans())
+def test_every_row_every_pair_every_layout(spec, to, copy, fallback, compute):
     x = spec.build()
-    check(x, to, copy=copy, fallback=fallback)
+    check(x, to, copy=copy, fallback=fallback, for_compute=compute and fallback == "auto")
 
 
 def _fresh(fn):
@@ -492,19 +541,27 @@ def _fresh(fn):
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_SEQUENCES", 60)))
 @given(framework=st.sampled_from(FRAMEWORKS), data=st.data(), to=targets, copy=copies, fallback=fallbacks)
 def test_cached_plans_answer_as_a_fresh_plan_does(framework, data, to, copy, fallback):
-    # one input type, many layouts and rows, the same keywords: every call after the first of
-    # a kind is served from the cache, if its key says it is the same kind
-    seq = data.draw(st.lists(specs(frameworks=(framework,)), min_size=2, max_size=6), label="sequence")
+    # one input type, many layouts and rows, the same keywords, jax's x64 flag switched between
+    # calls: every call after the first of a kind is served from the cache, if its key says it is
+    # the same kind
+    seq = data.draw(st.lists(st.tuples(specs(frameworks=(framework,)), st.booleans()), min_size=2, max_size=6),
+                    label="sequence")
+    jax = fw("jax")
+    was = jax.config.jax_enable_x64
     bb_convert._FAST.clear()
-    for spec in seq:
-        x = spec.build()
-        warm = check(x, to, copy=copy, fallback=fallback)
-        cold = _fresh(lambda: check(x, to, copy=copy, fallback=fallback))
-        assert warm == cold, f"{spec} -> {to}: served from the cache {warm}, planned afresh {cold}"
+    try:
+        for spec, x64 in seq:
+            jax.config.update("jax_enable_x64", x64)
+            x = spec.build()
+            warm = check(x, to, copy=copy, fallback=fallback)
+            cold = _fresh(lambda: check(x, to, copy=copy, fallback=fallback))
+            assert warm == cold, f"{spec} -> {to}: served from the cache {warm}, planned afresh {cold}"
+    finally:
+        jax.config.update("jax_enable_x64", was)
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_EXAMPLES", 300)) // 2)
-@given(spec=specs(), to=targets, copy=copies, fallback=fallbacks, alias=on_alias, grad=on_grad)
+@given(spec=inputs, to=targets, copy=copies, fallback=fallbacks, alias=on_alias, grad=on_grad)
 def test_on_alias_and_on_grad_on_every_row(spec, to, copy, fallback, alias, grad):
     if alias == "copy" and copy is False:
         return  # refused as a contradiction before anything runs (test_trust.py)
