@@ -363,9 +363,9 @@ def check(x, to, **kw):
 
 
 def steps_keep_their_word(x, plan) -> None:
-    """Run ``plan``'s steps one by one: each that plan() calls zero-copy keeps the data pointer
-    (a step's claim, not only the route's: a hidden copy inside a route that copies anyway
-    is a cost plan() does not show)."""
+    """Run ``plan``'s steps one by one: each that plan() calls zero-copy keeps the data pointer,
+    each that it calls a copy moves it (a step's claim, not only the route's: a hidden copy inside
+    a route that copies anyway is a cost plan() does not show)."""
     if not plan.nbytes:
         return
     value = registry.get(plan.source).describe(x).value
@@ -374,12 +374,14 @@ def steps_keep_their_word(x, plan) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = step.run(value)
+        try:
+            before, after = registry.get(here).data_ptr(value), registry.get(step.framework).data_ptr(out)
+        except bb.Bf16BridgeError:  # a tensorflow storage-only dtype has no pointer to read
+            before = after = None
         if not step.copies:
-            try:
-                before, after = registry.get(here).data_ptr(value), registry.get(step.framework).data_ptr(out)
-            except bb.Bf16BridgeError:  # a tensorflow storage-only dtype has no pointer to read
-                before = after = None
             assert before == after, f"{plan.source} -> {plan.target}: step {step} copied\n{plan}"
+        elif before is not None:
+            assert before != after, f"{plan.source} -> {plan.target}: step {step} said it copies, and aliases\n{plan}"
         value, here = out, step.framework
 
 
