@@ -250,9 +250,12 @@ def _warn(message: str) -> None:
     ``convert`` may warn on every call of a hot loop, and ``warnings.warn`` costs microseconds
     even when it shows nothing (it walks the stack and searches the filters each time). So
     what ``warnings`` will not show again is remembered: a message the filters ignore
-    wherever it is raised, one shown under "once", and a call site where it was shown under
-    "default" or "module" (or ignored by a filter for that module or line). A site shown under
-    "default" or "module" stays quiet only while Python's own registry for it (the
+    wherever it is raised, and a call site where it was shown under "default", "module" or
+    "once" (or ignored by a filter for that module or line). CPython's "once" is once per
+    registry, as "module" is, not once per process: its C ``warn_explicit`` keeps the key in the
+    caller's ``__warningregistry__`` (``onceregistry`` only where there is none), so a message shown
+    once in one module shows again from another. A site shown under
+    "default", "module" or "once" stays quiet only while Python's own registry for it (the
     ``__warningregistry__`` of the frame's globals) is the same dict and still holds the
     warning's key: code run in fresh globals, or a registry cleared, shows it again, as
     ``warnings`` does. The memory holds only while the filters are the ones it was made under
@@ -297,9 +300,7 @@ def _warn(message: str) -> None:
             return
     action = everywhere or _action(message, frame.f_globals.get("__name__", "<string>"), frame.f_lineno)
     warnings.warn(message, Bf16BridgeWarning, stacklevel=level)
-    if everywhere == "once":
-        quiet.remember(message)
-    elif action in _SHOWS_ONCE and (seen is not None or len(quiet.sites) < _QUIET_LIMIT):
+    if action in _SHOWS_ONCE and (seen is not None or len(quiet.sites) < _QUIET_LIMIT):
         if action == "ignore":
             quiet.sites[site] = (frame.f_code, None, None)
         else:
@@ -320,7 +321,7 @@ class _Quiet:
         self.filters = warnings.filters
         self.snapshot = list(self.filters)
         self.default = warnings.defaultaction  # type: ignore[attr-defined]
-        #: messages shown nowhere again (ignored wherever raised, or shown once under "once")
+        #: messages shown nowhere again (ignored wherever raised)
         self.messages: set = set()
         #: message -> the action for it wherever it is raised, or None where that depends on the site
         self.everywhere: dict = {}

@@ -132,7 +132,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             view = (s.carries, None)
     elif s.dtype in dtypes.BITS_OF and a.views_bits(s.dtype):
         view = (dtypes.BITS_OF[s.dtype], s.dtype)
-    if view is not None:
+    if view is not None and not (copy is False and not a.bitview_free):  # jax's bit-cast copies
         d, carries = view
         copies = not a.bitview_free
         nxt = (_fresh(a, d, s.host) if copies else s)._replace(dtype=d, carries=carries)
@@ -378,6 +378,12 @@ def _check_copy_size(src: Source, source: str, target: str, steps: tuple) -> Non
         )
 
 
+def _packing_fails(src: Source, steps: tuple) -> bool:
+    """Whether a route's packing or unpacking cannot lay out this input's values (see _check_packing)."""
+    kinds = {s.kind for s in steps}
+    return ("pack" in kinds and (not src.shape or src.shape[-1] % 2)) or ("unpack" in kinds and not src.shape)
+
+
 def _check_packing(src: Source, source: str, target: str, steps: tuple) -> None:
     """A packing step pairs values along the last dimension: refuse an odd one before running
     (with ``fallback='error'``, or when no fallback reaches the target), and an unpacking step a
@@ -407,8 +413,7 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
     start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
     route = _route(source, target, start, src.must_copy, copy, attempts, registry.state(source, target))
-    kinds = {s.kind for s in route.steps}
-    if ("pack" in kinds and (not src.shape or src.shape[-1] % 2)) or ("unpack" in kinds and not src.shape):
+    if _packing_fails(src, route.steps):
         # packing pairs values along the last dimension: an odd one, or a 0-d input either way
         # (a 0-d packed tensor holds two values), takes the next fallback asked for, if any, else
         # is refused
@@ -419,6 +424,8 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         except UnsupportedDtypeError:
             _check_packing(src, source, target, route.steps)
             raise
+        # a later fallback may unpack on its way too (a packed row widens as its values, one a byte)
+        _check_packing(src, source, target, route.steps)
     copies, shares, writable, notes, alias = _outcome(
         route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation())
     if copies:

@@ -227,11 +227,16 @@ class NumpyAdapter(Adapter):
         return view
 
     def astype(self, x, dtype):
+        # into an aligned array: the planner takes a widened array as this adapter's own copy
+        # (copies_aligned), and hands it to importers that need alignment (tensorflow's kernels
+        # abort the process on an unaligned buffer); numpy's own allocation of a small array is not
+        out = aligned_empty(x.shape, dtype)
         if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous:
             from ..kernels import to_float32  # chunked: extra memory bounded by a chunk
 
-            return to_float32(x)
-        return x.astype(dtypes.numpy_dtype(dtype))
+            return to_float32(x, out=out)
+        out[...] = x  # numpy's cast, as astype runs it (a same-kind or wider one: exact widenings only)
+        return out
 
 
 ADAPTER = NumpyAdapter()

@@ -198,7 +198,8 @@ def _casts(src: str, dst: str) -> bool:
 
 
 def _numpy(x):
-    return x.numpy()
+    # a 0-d tensor's .numpy() is a numpy scalar, which no next step takes as an array
+    return np.asarray(x.numpy())
 
 
 def _copies(layout, aligned):
@@ -249,7 +250,9 @@ class TensorflowAdapter(Adapter):
         if not _BY_NUMPY:
             return []
         return [Handoff("numpy", "tensorflow", "tf.constant", tf.constant, _copies, dtypes=_BY_NUMPY),
-                Handoff("tensorflow", "numpy", "Tensor.numpy", _numpy, _copies, dtypes=_BY_NUMPY)]
+                # numpy allocates the copy: not 64-byte aligned (32 or 48 past a boundary here)
+                Handoff("tensorflow", "numpy", "Tensor.numpy", _numpy, _copies, dtypes=_BY_NUMPY,
+                        copies_aligned=False)]
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()

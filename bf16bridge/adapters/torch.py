@@ -313,7 +313,9 @@ class TorchAdapter(Adapter):
         return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
     def astype(self, x, dtype):
-        return x.to(_TO_TORCH[dtype])
+        # row-major, as the planner takes a widened tensor to be (a fresh copy): Tensor.to keeps
+        # a strided input's strides, which tensorflow's DLPack import refuses
+        return x.to(_TO_TORCH[dtype], memory_format=torch.contiguous_format)
 
     def to_host(self, x):
         return x.to("cpu", copy=True)
