@@ -55,17 +55,17 @@ class Route(NamedTuple):
 # -- the graph ------------------------------------------------------------------
 
 
-def _copy_reason(s: State, target: str, copy: bool | None) -> str:
+def _copy_reason(s: State, target: Adapter, copy: bool | None) -> str:
     if copy:
         return "copy=True"
     if not s.host:
         return "to host memory"
     why = []
-    if s.readonly:
-        why.append(f"the input is read-only and {target} cannot hold read-only memory")
+    if s.readonly and not (target.immutable or target.marks_readonly):  # as _enter refuses it
+        why.append(f"the input is read-only and {target.name} cannot hold read-only memory")
     if s.layout != CONTIGUOUS:
         why.append(f"the input is {LAYOUT_NAMES[s.layout]}")
-    if not s.aligned:
+    if not s.aligned and target.dlpack_unaligned != "ok":
         why.append("not 64-byte aligned")
     return "; ".join(why) or "needed by the next step"
 
@@ -160,7 +160,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
             # a device tensor is copied on its device; only a host-only target takes it to the host
             bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
             yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
-                                 _copy_reason(s, target, copy), run=a.copy), _fresh(a, s.dtype, s.host)._replace(carries=s.carries)
+                                 _copy_reason(s, adapters[target], copy), run=a.copy), _fresh(a, s.dtype, s.host)._replace(carries=s.carries)
         if not s.host and copy and adapters[target].host_only:
             yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
                           run=a.to_host), _fresh(a, s.dtype, True)._replace(carries=s.carries)

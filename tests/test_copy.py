@@ -1,5 +1,6 @@
 """copy=True always copies; copy=False never does (or raises); inputs are never modified."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -59,3 +60,34 @@ def test_copy_true_copies_a_device_tensor_on_its_device(src, dst):
     s = registry.get(src).describe(make(src, np.zeros(8, BF16)))._replace(device="cuda:0")
     assert [st.kind for st in routes.plan_for(s, src, dst, copy=True).steps if st.copies] == ["copy"]
     assert [st.kind for st in routes.plan_for(s, src, "numpy", copy=True).steps if st.copies] == ["to_host"]
+
+
+def _offset_bf16(readonly: bool, offset: int):
+    raw = np.zeros(200, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    a = raw[start:start + 16].view(ml_dtypes.bfloat16)
+    a.flags.writeable = not readonly
+    return a
+
+
+# (read-only, bytes past a 64-byte boundary, target) -> the reasons plan() gives for its copies:
+# only what forces the copy (torch cannot hold read-only memory; jax and tensorflow take read-only
+# memory but copy or refuse an unaligned buffer; torch takes an unaligned one)
+COPY_REASONS = [
+    (True, 0, "torch", ["the input is read-only and torch cannot hold read-only memory"]),
+    (True, 2, "torch", ["the input is read-only and torch cannot hold read-only memory"]),
+    (True, 0, "jax", []),
+    (True, 2, "jax", ["not 64-byte aligned"]),
+    (True, 2, "tensorflow", ["not 64-byte aligned"]),
+    (False, 2, "torch", []),
+    (False, 2, "tensorflow", ["not 64-byte aligned"]),
+]
+
+
+@pytest.mark.parametrize("readonly, offset, target, reasons", COPY_REASONS)
+def test_a_copy_says_only_what_forces_it(readonly, offset, target, reasons):
+    """A read-only unaligned numpy array copied for tensorflow was said to copy because "tensorflow
+    cannot hold read-only memory" (it can), and for torch because "not 64-byte aligned" (torch takes
+    any alignment)."""
+    p = bb.plan(_offset_bf16(readonly, offset), to=target)
+    assert [s.reason for s in p.steps if s.copies] == reasons, str(p)
