@@ -7,18 +7,22 @@ bytes, bit for bit: we accept no file that safetensors refuses. Derandomized and
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 
 import ml_dtypes
 import numpy as np
+import pytest
 import safetensors
 from hypothesis import given
 from hypothesis import strategies as st
 
 import bf16bridge as bb
-import strategies  # noqa: F401 - loads the ci/fuzz profiles
+import strategies
+from bf16bridge.checkpoints import format as fmt
 from bf16bridge.errors import CheckpointError, UnsupportedDtypeError
+from conftest import FRAMEWORKS
 
 
 def _ours() -> bytes:
@@ -129,3 +133,106 @@ def test_a_mutant_is_refused_or_read_as_safetensors_reads_it(blob):
             return
     assert theirs is not None, f"we read a file safetensors refuses: {ours}"
     assert ours == theirs
+
+
+# -- save -> load round trips: every input layout, every framework, every dtype the format holds ------
+
+#: the dtypes the bridge carries that the format holds (complex128 has no code)
+SAVABLE = tuple(d for d in strategies.DTYPES if d in fmt.NAMES)
+#: jax holds none of these unless x64 is on: a load into jax refuses them (our error, naming the key)
+WIDE = frozenset(strategies.WIDE)
+_inputs = st.one_of(strategies.numpy_specs(SAVABLE), strategies.big_endian_specs.filter(lambda s: s.dtype in SAVABLE),
+                    strategies.zero_stride_specs.filter(lambda s: s.dtype in SAVABLE),
+                    strategies.offset_specs.filter(lambda s: s.dtype in SAVABLE),
+                    strategies.torch_specs(SAVABLE), strategies.torch_expand_specs.filter(lambda s: s.dtype in SAVABLE),
+                    strategies.made_specs().filter(lambda s: s.dtype in SAVABLE),
+                    st.sampled_from([  # 0-d (a torch BatchNorm's num_batches_tracked), once lost its shape
+                        strategies.NumpySpec("int64", (), (), (), seed=1),
+                        strategies.NumpySpec("bfloat16", (), (), (), order=">", seed=2),
+                        strategies.TorchSpec("bfloat16", (), (), (), neg=True, seed=3),
+                        strategies.TorchSpec("float32", (), (), (), grad=True, seed=4),
+                        strategies.MadeSpec("jax", "bfloat16", (), seed=5),
+                        strategies.MadeSpec("tensorflow", "float16", (), seed=6)]))
+
+
+def _le_bytes(bits: np.ndarray) -> bytes:
+    return bits.astype(bits.dtype.newbyteorder("<")).tobytes()
+
+
+@given(st.lists(_inputs, min_size=1, max_size=4), st.sampled_from(FRAMEWORKS))
+def test_a_saved_tree_loads_bit_for_bit_in_every_framework_and_in_safetensors(specs, target):
+    tensors = {f"t{i}": s.build() for i, s in enumerate(specs)}
+    want = {k: strategies.value_bits(strategies.as_numpy(x)) for k, x in tensors.items()}
+    shapes = {k: tuple(x.shape) for k, x in tensors.items()}
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        bb.save(tensors, p)
+        with open(p, "rb") as f:  # safetensors' own reader sees the values, little-endian, in their shapes
+            theirs = {k: (dt, tuple(shape), bytes(data)) for k, (dt, shape, data) in
+                      ((k, (v["dtype"], v["shape"], v["data"])) for k, v in safetensors.deserialize(f.read()))}
+        for k, x in tensors.items():
+            assert theirs[k] == (fmt.NAMES[strategies.as_numpy(x).dtype.name], shapes[k], _le_bytes(want[k])), k
+        with bb.open(p) as ck:
+            for k in tensors:
+                if target == "jax" and ck.info(k).dtype in WIDE:
+                    with pytest.raises(bb.Bf16BridgeError, match=repr(k)):
+                        ck.get(k, target)
+                    continue
+                y = ck.get(k, target)
+                assert tuple(y.shape) == shapes[k], k
+                assert np.array_equal(strategies.result_bits(y), want[k]), k
+
+
+#: the narrow floats the format holds one or two a byte (fp6 is listed only: read raw)
+NARROW = tuple(name for code, (name, bits) in fmt.CODES.items()
+               if name.startswith(("float8", "float4")) and code not in fmt.UNPACKED)
+
+
+@st.composite
+def narrow_arrays(draw):
+    """A numpy array of a narrow float: every byte pattern it has (fp4: 16, one a byte), sliced and
+    transposed; an fp4 array of an odd count has an element appended or is refused (below)."""
+    name = draw(st.sampled_from(NARROW))
+    shape, steps, perm = draw(strategies.shapes_and_steps(max_dims=3))
+    base = tuple(n * abs(k) for n, k in zip(shape, steps))
+    seed = draw(st.integers(0, 2**16))
+    patterns = 16 if name.startswith("float4") else 256
+    raw = np.random.default_rng(seed).integers(0, patterns, math.prod(base), dtype=np.uint8)
+    a = raw.view(fmt.numpy_dtype(name)).reshape(base)
+    return a[(*(slice(None, None, k) for k in steps), ...)].transpose(perm)
+
+
+def _f4_packed(a: np.ndarray) -> bytes:
+    """Two values a byte, element 2i in the low nibble (safetensors' F4, torch's float4_e2m1fn_x2)."""
+    u = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return (u[0::2] | (u[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+@given(narrow_arrays(), st.sampled_from(["numpy", "jax", "torch"]))
+def test_narrow_floats_round_trip_bit_for_bit_and_pack_as_safetensors_does(a, target):
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        if a.dtype.name.startswith("float4") and a.size % 2:
+            with pytest.raises(UnsupportedDtypeError, match="'w'.*inside a byte"):
+                bb.save({"w": a}, p)
+            assert os.listdir(d) == []
+            return
+        bb.save({"w": a}, p)
+        with open(p, "rb") as f:
+            (key, theirs), = safetensors.deserialize(f.read())
+        data = _f4_packed(a) if a.dtype.name.startswith("float4") else np.ascontiguousarray(a).tobytes()
+        assert (theirs["dtype"], list(theirs["shape"]), bytes(theirs["data"])) == (fmt.NAMES[a.dtype.name],
+                                                                                     list(a.shape), data)
+        y = bb.load(p, to=target)["w"]
+        if target == "torch":
+            import torch
+
+            if a.dtype.name.startswith("float4"):  # torch holds fp4 packed, two a byte: the file's bytes
+                assert y.dtype == torch.float4_e2m1fn_x2
+                assert y.contiguous().view(torch.uint8).numpy().tobytes() == data
+                return
+            got = y.contiguous().view(torch.uint8).numpy()
+        else:
+            got = np.asarray(y).view(np.uint8)
+        assert tuple(y.shape) == a.shape
+        assert got.tobytes() == np.ascontiguousarray(a).view(np.uint8).tobytes()

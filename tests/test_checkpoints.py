@@ -246,8 +246,12 @@ def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     ({"a": np.zeros(2, np.complex128)}, None, "'a'.*complex128"),
     ({"a": np.zeros(3, ml_dtypes.float4_e2m1fn)}, None, "'a'.*inside a byte"),
     ({"a": np.zeros(4, ml_dtypes.float6_e2m3fn)}, None, "'a'.*float6"),
+    ({"a": np.zeros(1)}, {"k": "\ud800"}, "metadata key 'k'.*UTF-8"),  # was a bare UnicodeEncodeError
+    ({"a": np.zeros(1)}, {"\udcff": "v"}, "metadata key '\\\\udcff'.*UTF-8"),
+    ({"\ud800": np.zeros(1)}, None, "UTF-8"),
 ], ids=["collision", "number", "string", "metadata-value", "metadata-key", "metadata-type", "reserved",
-        "tuple-key", "complex128", "odd-fp4", "fp6"])
+        "tuple-key", "complex128", "odd-fp4", "fp6", "metadata-surrogate", "metadata-key-surrogate",
+        "key-surrogate"])
 def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     p = tmp_path / "m.safetensors"
     with pytest.raises(bb.Bf16BridgeError, match=match):
@@ -346,6 +350,30 @@ def test_a_save_that_cannot_write_is_a_checkpoint_error(tmp_path, where):
     with pytest.raises(CheckpointError, match="cannot write"):
         bb.save({"a": np.zeros(1)}, p)
     assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
+
+
+@pytest.mark.parametrize("name, says", [("", "empty"), ("m\0.safetensors", "NUL")])
+def test_a_path_naming_no_file_is_our_error(tmp_path, monkeypatch, name, says):
+    monkeypatch.chdir(tmp_path)  # "" once wrote its temporary file into the working directory
+    with pytest.raises(InvalidArgumentError, match=f"no file's path.*{says}"):  # was a bare ValueError for NUL
+        bb.save({"a": np.zeros(1)}, name if not name else str(tmp_path / name))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_long_file_name_is_saved(tmp_path):
+    p = tmp_path / ("m" * 240 + ".safetensors")  # 252 bytes: a valid name; its temporary file's once was not
+    bb.save({"a": np.arange(3, dtype=np.int16)}, p)
+    assert os.listdir(tmp_path) == [p.name]
+    assert _st_read(p) == {"a": ("I16", [3], np.arange(3, dtype="<i2").tobytes())}
+
+
+def test_a_header_past_the_readers_cap_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(fmt, "MAX_HEADER", 4096)  # the real cap is 100 MB of metadata and keys
+    p = tmp_path / "m.safetensors"
+    bb.save({"a": np.zeros(1)}, p, metadata={"k": "v" * 3000})
+    with pytest.raises(InvalidArgumentError, match="header would be .* past the format's cap of 4096"):
+        bb.save({"a": np.zeros(1)}, p, metadata={"k": "v" * 5000})
+    assert list(bb.load(p)) == ["a"] and os.listdir(tmp_path) == ["m.safetensors"]
 
 
 # -- private memory maps, alignment, plans -----------------------------------------------------
