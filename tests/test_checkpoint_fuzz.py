@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
+import subprocess
+import sys
 import tempfile
 
 import ml_dtypes
@@ -236,3 +240,41 @@ def test_narrow_floats_round_trip_bit_for_bit_and_pack_as_safetensors_does(a, ta
             got = np.asarray(y).view(np.uint8)
         assert tuple(y.shape) == a.shape
         assert got.tobytes() == np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+# -- the file changing under an open handle ----------------------------------------------------------
+
+_UNDER = """
+import os, sys, numpy as np, bf16bridge as bb
+p, how = sys.argv[1], sys.argv[2]
+w = np.arange(1 << 16, dtype=np.float32)
+bb.save({"a": w, "b": w + 1}, p)
+f = bb.open(p)
+view = f.get("b")
+if how == "replaced":
+    bb.save({"a": np.zeros(3, np.float32)}, p)  # a new file renamed over the old one
+    assert np.array_equal(view, w + 1) and np.array_equal(f.get("a", copy=True), w)
+    print("old bytes kept", flush=True)
+elif how == "truncated-copy":
+    os.truncate(p, 100)  # another writer rewriting the file in place
+    try:
+        f.get("a", copy=True)
+    except bb.CheckpointError as err:
+        print("ours:", err, flush=True)
+else:
+    os.truncate(p, 100)
+    print("touching", flush=True)
+    print(float(view.sum()), flush=True)  # pages past the new end: SIGBUS
+"""
+
+
+@pytest.mark.parametrize("how, rc, says", [("replaced", 0, "old bytes kept"),
+                                           ("truncated-copy", 0, "ours: .*the file ended .* bytes early"),
+                                           ("truncated-view", -signal.SIGBUS, "touching")])
+def test_a_file_changed_under_an_open_checkpoint(tmp_path, how, rc, says):
+    """docs/checkpoints.md: a replaced file keeps its old bytes for the open handle; a file truncated
+    in place makes a copying read our error and kills a process touching a view (SIGBUS)."""
+    r = subprocess.run([sys.executable, "-c", _UNDER, str(tmp_path / "m.safetensors"), how],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == rc, r.stderr[-2000:]
+    assert re.search(says, r.stdout), r.stdout

@@ -734,3 +734,39 @@ def test_a_checkpoint_dropped_without_close_closes_its_file(tmp_path):
     g.close()
     g.close()  # twice: nothing more to do
     assert g._file.closed and g.closed
+
+
+def test_load_for_target_takes_the_fallback_its_error_names_and_reports_the_dtype_it_gives(tmp_path):
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    p = tmp_path / "bn.safetensors"  # a torch BatchNorm's state: num_batches_tracked is a 0-d int64
+    bb.save({"bn.weight": np.ones(4, ml_dtypes.bfloat16), "bn.num_batches_tracked": np.array(7, np.int64)}, p)
+    with pytest.raises(UnsupportedDtypeError, match="'bn.num_batches_tracked'.*fallback='auto'"):
+        bb.load_for_target(p, "jax")
+    out, report = bb.load_for_target(p, "jax", fallback="auto")  # the way out the error names (once refused)
+    k = report["bn.num_batches_tracked"]
+    assert (k.dtype_in, k.dtype_out, out["bn.num_batches_tracked"].dtype.name) == ("int64", "int32", "int32")
+    assert "fallback='auto'" in k.reason and int(out["bn.num_batches_tracked"]) == 7
+    assert report["bn.weight"].dtype_out == out["bn.weight"].dtype.name == "bfloat16"
+    assert report.changed == (k,)
+
+
+@pytest.mark.parametrize("key", ["", ".", "ünï.日本語", "emoji🙂", "a\x00b", "k" * 100_000, "a..b", " "])
+def test_any_utf8_key_round_trips_and_safetensors_reads_it(tmp_path, key):
+    p = tmp_path / "m.safetensors"
+    a = np.arange(3, dtype=np.int16)
+    bb.save({key: a}, p, metadata={key: key})
+    assert _st_read(p) == {key: ("I16", [3], a.astype("<i2").tobytes())}
+    with safetensors.safe_open(str(p), "np") as f:
+        assert f.metadata() == {key: key}
+    assert list(bb.load(p)) == [key] and bb.load(p)[key].tolist() == [0, 1, 2]
+
+
+def test_a_symlink_at_the_target_is_replaced_not_written_through(tmp_path):
+    real, link = tmp_path / "real.safetensors", tmp_path / "link.safetensors"
+    bb.save({"old": np.zeros(2)}, real)
+    link.symlink_to(real)
+    bb.save({"new": np.ones(2)}, link)
+    assert not link.is_symlink() and list(bb.load(link)) == ["new"]
+    assert list(bb.load(real)) == ["old"]  # docs/checkpoints.md says so
