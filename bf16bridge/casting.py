@@ -501,11 +501,13 @@ def _kept_by_type(matchers, sub) -> Rule | None:
 def _find_head(subs) -> tuple[str | None, Rule | None]:
     """The head module's name for keep_head=True, and the rule that names it."""
     names = [s.name for s in subs if s.name]
-    by_name = _Decide(HEAD_POLICY, names)
-    for n in names:
-        rule = by_name(n)
-        if rule is not None:
-            return n, Rule(rule.name, rule.pattern, "keep_head=True: " + rule.why)
+    # rule by rule, then module by module: a module named like a head wins over a top-level fc
+    # registered before it (a hidden layer named fc; the head's hooks return float32 to what follows)
+    for rule in HEAD_POLICY:
+        by_name = _Decide((rule,), names)
+        for n in names:
+            if by_name(n) is not None:
+                return n, Rule(rule.name, rule.pattern, "keep_head=True: " + rule.why)
     for s in reversed(subs):
         if s.name and set(s.type_names) & set(HEAD_TYPES):
             return s.name, Rule("head (last linear)", "",
