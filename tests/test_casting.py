@@ -16,11 +16,11 @@ import textwrap
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import bf16bridge as bb
-import strategies  # noqa: F401 - loads the derandomized hypothesis profile
+import strategies  # also loads the derandomized hypothesis profile
 from bf16bridge.casting import DEFAULT_POLICY, Rule
 from conftest import BF16, FRAMEWORKS, bits, dtype_name, fw, make
 
@@ -863,3 +863,114 @@ def test_compare_outputs_mismatches_are_our_error_naming_the_path(ref, cand, say
 
     with pytest.raises(OutputMismatchError, match=says):
         bb.parity.compare_outputs(ref, cand, logits=True if says.startswith("logits") else False)
+
+
+# -- cast_tree and cast_module, fuzzed: the policy keeps what it says, and the report says what was done --
+
+_PARTS = ("ln_1", "norm", "attn", "mlp", "lm_head", "fc", "weight", "bias", "0", "Dense_1", "x")
+#: leaf dtypes: floating ones (cast or kept), and what a cast never touches
+_LEAF_DTYPES = ("float32", "float32", "float16", "float64", "bfloat16", "int32", "bool", "complex64",
+                "float8_e4m3fn")
+
+
+@st.composite
+def _cast_trees(draw):
+    """A nested dict of tensors of every framework and many dtypes, some of them the same tensor
+    at two paths (tied), and plain-pattern rules to keep by."""
+    n = draw(st.integers(1, 7))
+    paths = draw(st.lists(st.lists(st.sampled_from(_PARTS), min_size=1, max_size=3).map(tuple),
+                          min_size=n, max_size=n, unique_by=lambda p: p))
+    paths = [p for p in paths if not any(q != p and q == p[:len(q)] for q in paths)]  # no leaf above a dict
+    leaves = []
+    for i, _ in enumerate(paths):
+        if leaves and draw(st.integers(0, 4)) == 0:
+            leaves.append(leaves[draw(st.integers(0, len(leaves) - 1))])  # tied: the same spec again
+            continue
+        framework = draw(st.sampled_from(FRAMEWORKS))
+        name = draw(st.sampled_from(_LEAF_DTYPES if framework != "jax" else
+                                    [d for d in _LEAF_DTYPES if d not in ("float64", "complex64")]))
+        shape = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
+        leaves.append((framework, name, shape, draw(st.integers(0, 2**16)), i))
+    rules = draw(st.lists(st.sampled_from(_PARTS[:6]), max_size=2))
+    return paths, leaves, rules, draw(st.sampled_from(["bfloat16", "float16", "float32"])), \
+        draw(st.sampled_from(["float32", None]))
+
+
+def _leaf(framework, name, shape, seed):
+    rng = np.random.default_rng(seed)
+    if name == "bool":
+        a = rng.integers(0, 2, shape).astype(bool)
+    elif name in ("int32",):
+        a = rng.integers(-9, 9, shape).astype(np.int32)
+    elif name == "float8_e4m3fn":
+        a = rng.standard_normal(shape).astype(ml_dtypes.float8_e4m3fn)
+    else:  # finite values: NaN bits differ by framework (tested above), values do not
+        a = (rng.standard_normal(shape) * 100).astype(np.float64).astype(
+            BF16 if name == "bfloat16" else np.dtype(name))
+    if framework == "torch" and name == "float8_e4m3fn":
+        torch = fw("torch")
+        return torch.from_numpy(a.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    return make(framework, a)
+
+
+def _raw(x) -> bytes:
+    """Any framework's tensor's bytes, 0-d complex and torch's fp8 too, by the framework's own calls."""
+    if bb.framework_of(x) == "torch" and x.dtype.itemsize == 1:
+        torch = fw("torch")
+        return x.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return np.ascontiguousarray(strategies.as_numpy(x)).reshape(-1).view(np.uint8).tobytes()
+
+
+def _set(tree: dict, path: tuple, value) -> None:
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+@given(_cast_trees())
+@example(([("lm_head", "weight"), ("x", "weight"), ("norm",)],  # a head tied to an embedding, kept by its rule
+          [("torch", "float32", (2, 3), 1, 0), ("torch", "float32", (2, 3), 1, 0), ("jax", "bfloat16", (2,), 2, 2)],
+          ["lm_head", "norm"], "bfloat16", "float32"))
+def test_cast_tree_keeps_what_the_policy_says_and_the_report_says_what_it_did(case):
+    import re
+
+    paths, specs, rules, target, keep_dtype = case
+    made: dict = {}
+    tree: dict = {}
+    for path, spec in zip(paths, specs):
+        x = made.setdefault(spec[4], _leaf(*spec[:4]))
+        _set(tree, path, x)
+    flat = {".".join(p): made[s[4]] for p, s in zip(paths, specs)}
+    before = {k: _raw(x) for k, x in flat.items()}
+    out, report = bb.cast_tree(tree, target, policy=[Rule(r, re.escape(r), "test") for r in rules],
+                               keep_dtype=keep_dtype)
+    rows = {r.path: r for r in report.leaves}
+    assert set(rows) == set(flat)
+    kept_data = {id(flat[k]) for k in flat if any(re.search(re.escape(r), k, re.IGNORECASE) for r in rules)}
+    for key, x in flat.items():
+        y, row = out, rows[key]
+        for part in key.split("."):
+            y = y[part]
+        name = dtype_name(x)
+        assert (row.before, row.after) == (name, dtype_name(y)), key  # the report says what came out
+        assert _raw(x) == before[key], key  # the input is untouched
+        if name not in ("float32", "float16", "float64", "bfloat16"):
+            assert row.action == "skipped" and y is x, key
+            continue
+        kept = id(x) in kept_data  # by a rule on this path, or tied to a path a rule keeps
+        want = (keep_dtype or name) if kept else target
+        assert row.action == ("kept" if kept else "unchanged" if name == target else "cast"), key
+        assert row.after == want, key
+        if want == name:
+            assert y is x, key  # no copy of what needs no cast
+        else:  # rounded as ml_dtypes rounds (float64 through float32, as every framework does)
+            a = np.asarray(bb.convert(x, "numpy", on_alias="allow"))
+            src = a.astype(np.float32) if a.dtype == np.float64 and want == "bfloat16" else a
+            assert _raw(y) == src.astype(BF16 if want == "bfloat16" else np.dtype(want)).reshape(-1).tobytes(), key
+        for other, z in flat.items():  # tied stays tied: one result for one tensor
+            if z is x:
+                w = out
+                for part in other.split("."):
+                    w = w[part]
+                assert w is y, (key, other)
+    assert report.bytes_before == sum(r.nbytes_before for r in report.leaves)
