@@ -974,3 +974,85 @@ def test_cast_tree_keeps_what_the_policy_says_and_the_report_says_what_it_did(ca
                     w = w[part]
                 assert w is y, (key, other)
     assert report.bytes_before == sum(r.nbytes_before for r in report.leaves)
+
+
+_MIDDLE = ("proj", "norm", "block", "mlp", "0")
+_LAST = ("head", "classifier", "lm_head", "proj", "out")
+
+
+@st.composite
+def _models(draw):
+    """A torch Sequential of Linear (with and without bias), norms of every kind (affine or not,
+    with and without running statistics), ReLU, Dropout and nested Sequentials; the last Linear
+    sometimes tied to the first; a floating and an integer buffer; a user's hooks; and the
+    cast_module keywords. Only the last module may be named like a head: a head's hooks return
+    float32, so a head in the middle feeds float32 to what follows (docs/casting.md)."""
+    kinds = draw(st.lists(st.sampled_from(["linear", "linear-nobias", "layernorm", "layernorm-plain", "batchnorm",
+                                           "batchnorm-nostats", "rmsnorm", "groupnorm", "relu", "dropout",
+                                           "nested"]), min_size=1, max_size=6))
+    names = [f"{draw(st.sampled_from(_MIDDLE))}{i}" for i in range(len(kinds) - 1)]
+    names.append(draw(st.sampled_from(_LAST)))
+    return (tuple(zip(names, kinds)), draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
+            dict(dtype=draw(st.sampled_from(["bfloat16", "float16"])), keep_head=draw(st.booleans()),
+                 inplace=draw(st.booleans()),
+                 keep=draw(st.sampled_from([None, ["weight"], ["bias"], ["proj"], ["0"], ["out"]]))))
+
+
+def _build(layers, tie, buffers, user_hooks):
+    torch = fw("torch")
+    nn = torch.nn
+    make_one = {"linear": lambda: nn.Linear(8, 8), "linear-nobias": lambda: nn.Linear(8, 8, bias=False),
+                "layernorm": lambda: nn.LayerNorm(8), "layernorm-plain": lambda: nn.LayerNorm(8, elementwise_affine=False),
+                "batchnorm": lambda: nn.BatchNorm1d(8), "batchnorm-nostats": lambda: nn.BatchNorm1d(
+                    8, track_running_stats=False), "rmsnorm": lambda: nn.RMSNorm(8), "groupnorm": lambda: nn.GroupNorm(2, 8),
+                "relu": nn.ReLU, "dropout": lambda: nn.Dropout(0.1),
+                "nested": lambda: nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))}
+    torch.manual_seed(0)
+    model = nn.Sequential(collections.OrderedDict((name, make_one[kind]()) for name, kind in layers)).eval()
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if tie and len(linears) >= 2:
+        linears[-1].weight = linears[0].weight
+    if buffers:
+        model.register_buffer("scale", torch.tensor(1.5))
+        model.register_buffer("steps", torch.tensor(3))
+    if user_hooks and linears:
+        linears[0].register_forward_hook(lambda m, i, o: o + 0)
+        linears[-1].register_forward_pre_hook(lambda m, i: None)
+    return model
+
+
+@given(_models())
+@example(((("block0", "nested"), ("proj", "linear-nobias")), True, False, False,  # proj tied to block0.0's weight
+          dict(dtype="bfloat16", keep_head=False, inplace=True, keep=["proj"])))
+@example(((("norm0", "batchnorm"), ("norm1", "batchnorm"), ("norm2", "batchnorm"), ("out", "linear-nobias")),
+          False, False, False, dict(dtype="float16", keep_head=False, inplace=False, keep=None)))  # mostly kept
+def test_cast_module_runs_reports_what_it_did_and_a_second_call_changes_nothing(case):
+    """Once failed: a Linear whose weight was kept only through a tie (to a kept module's) and
+    whose bias was cast got no hooks, and the model raised 'self and mat2 must have the same dtype'."""
+    import copy
+
+    torch = fw("torch")
+    layers, tie, buffers, user_hooks, kw = case
+    model = _build(layers, tie, buffers, user_hooks)
+    reference = copy.deepcopy(model)
+    before = {k: _raw(v) for k, v in model.state_dict().items()}
+    x = torch.randn(3, 8)
+    cast, report = bb.cast_module(model, **kw)
+    dt = getattr(torch, kw["dtype"])
+    held = dict(cast.named_parameters(remove_duplicate=False)) | dict(cast.named_buffers(remove_duplicate=False))
+    assert {r.path for r in report.leaves} == set(held)
+    for r in report.leaves:
+        assert dtype_name(held[r.path]) == r.after, r  # the report says what the model holds
+        assert r.action == ("skipped" if r.before == "int64" else "kept" if r.after == "float32"
+                            else "cast"), r
+    if not kw["inplace"]:
+        assert cast is not model
+        assert {k: _raw(v) for k, v in model.state_dict().items()} == before  # the original untouched
+    y = cast(x.to(dt))  # the promise: the cast model runs on inputs of the dtype it was cast to
+    again, report2 = bb.cast_module(cast, **{**kw, "inplace": True})
+    assert again is cast and not report2.cast
+    assert [(r.path, r.after) for r in report2.leaves] == [(r.path, r.after) for r in report.leaves]
+    assert torch.equal(cast(x.to(dt)), y)  # hooks replaced, not stacked
+    rep = bb.parity.check_cast(reference, cast, x)  # feeds the cast model its cast dtype, however much is kept
+    if report.cast:
+        assert rep.leaves[0].candidate_dtype == dtype_name(y) and f"cast to {kw['dtype']}" in rep.fed

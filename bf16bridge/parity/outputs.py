@@ -385,8 +385,11 @@ def assert_outputs_close(reference, candidate, *, logits=False, max_abs: float |
 # -- running both models ---------------------------------------------------------------------------
 
 def _model_dtype(model) -> str | None:
-    """The floating dtype holding most of a model object's floating parameter elements (what its
-    first layers compute in), or None for a plain function or a model with no floating leaves."""
+    """The dtype a model object's floating inputs should have: bf16 or float16 where any of its
+    parameters or buffers has one (what its cast layers compute in; cast_module's kept layers cast
+    their inputs up in their hooks, so a model that is mostly kept norms still takes the cast
+    dtype), else the floating dtype holding most of its elements; the one holding more elements
+    where both narrow ones are there. None for a plain function or a model with no floating leaves."""
     count: Counter = Counter()
     for adapter in registry.imported():
         subs = adapter.submodules(model)
@@ -402,11 +405,13 @@ def _model_dtype(model) -> str | None:
                 if name in _INPUT_DTYPES:
                     count[name] += math.prod(shape)
         break
-    return count.most_common(1)[0][0] if count else None
+    narrow = Counter({name: n for name, n in count.items() if name in _NARROW})
+    return (narrow or count).most_common(1)[0][0] if count else None
 
 
-#: the dtypes check_cast casts floating inputs between
+#: the dtypes check_cast casts floating inputs between, narrowest first
 _INPUT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+_NARROW = ("bfloat16", "float16")
 
 
 def _feed(args: tuple, kwargs: dict, dtype: str | None) -> tuple[tuple, dict, int]:
@@ -446,9 +451,10 @@ def check_cast(reference, candidate, inputs, *, logits=False, kwargs: dict | Non
 
     ``inputs``: one tensor (or tree) passed as the single argument, or a tuple of positional
     arguments; ``kwargs``: keyword arguments. ``cast_inputs=True``: each side gets the floating
-    input leaves cast to the dtype most of its floating parameters have (a model object of an
-    imported framework, a torch ``nn.Module``: a bf16 cast model gets bf16 inputs, its float32
-    original float32 ones, both rounded from the same values); a plain function gets the inputs
+    input leaves cast to bf16 or float16 where its parameters have it, else to the dtype most of
+    them have (a model object of an imported framework, a torch ``nn.Module``: a bf16 cast model
+    gets bf16 inputs, its float32 original float32 ones, both rounded from the same values, however
+    many of the cast model's layers were kept in float32); a plain function gets the inputs
     as they are. ``cast_inputs=False``: both get the inputs as they are. Both run under each
     imported framework's no-gradient context where its adapter has one. Put a model with
     dropout in evaluation mode first (torch: ``model.eval()``): a random layer differs anyway.
