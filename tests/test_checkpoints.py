@@ -770,3 +770,19 @@ def test_a_symlink_at_the_target_is_replaced_not_written_through(tmp_path):
     bb.save({"new": np.ones(2)}, link)
     assert not link.is_symlink() and list(bb.load(link)) == ["new"]
     assert list(bb.load(real)) == ["old"]  # docs/checkpoints.md says so
+
+
+def test_tied_weights_and_views_of_one_storage_are_written_under_each_key(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(8, 4).to(torch.bfloat16)
+    head = torch.nn.Linear(4, 8, bias=False).to(torch.bfloat16)
+    head.weight = emb.weight
+    tree = {"wte.weight": emb.weight, "lm_head.weight": head.weight, "row": emb.weight[3], "col": emb.weight[:, 1]}
+    bb.save(tree, tmp_path / "m.safetensors")
+    theirs = st_torch.load_file(tmp_path / "m.safetensors")
+    for k, t in tree.items():
+        assert theirs[k].shape == t.shape and torch.equal(theirs[k].view(torch.int16), t.detach().view(torch.int16)), k
+    ours = bb.load(tmp_path / "m.safetensors", to="torch")
+    assert ours["wte.weight"].data_ptr() != ours["lm_head.weight"].data_ptr()  # separate tensors, as docs say
