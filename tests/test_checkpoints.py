@@ -249,9 +249,13 @@ def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     ({"a": np.zeros(1)}, {"k": "\ud800"}, "metadata key 'k'.*UTF-8"),  # was a bare UnicodeEncodeError
     ({"a": np.zeros(1)}, {"\udcff": "v"}, "metadata key '\\\\udcff'.*UTF-8"),
     ({"\ud800": np.zeros(1)}, None, "UTF-8"),
+    # objects the walk kept as they were: once saved as an empty file, without a word
+    ({"a": np.zeros(1), "ids": {1, 2}}, None, r"\['ids'\]: builtins.set is neither a tensor nor a container"),
+    ({"a": np.zeros(1), "o": object()}, None, r"\['o'\]: builtins.object is neither"),
+    ({"gen": (i for i in range(2))}, None, r"\['gen'\]: builtins.generator"),
 ], ids=["collision", "number", "string", "metadata-value", "metadata-key", "metadata-type", "reserved",
         "tuple-key", "complex128", "odd-fp4", "fp6", "metadata-surrogate", "metadata-key-surrogate",
-        "key-surrogate"])
+        "key-surrogate", "set", "object", "generator"])
 def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     p = tmp_path / "m.safetensors"
     with pytest.raises(bb.Bf16BridgeError, match=match):
@@ -786,3 +790,13 @@ def test_tied_weights_and_views_of_one_storage_are_written_under_each_key(tmp_pa
         assert theirs[k].shape == t.shape and torch.equal(theirs[k].view(torch.int16), t.detach().view(torch.int16)), k
     ours = bb.load(tmp_path / "m.safetensors", to="torch")
     assert ours["wte.weight"].data_ptr() != ours["lm_head.weight"].data_ptr()  # separate tensors, as docs say
+
+
+def test_a_model_object_is_refused_naming_its_weights(tmp_path):
+    import torch
+
+    for tree, where in ((torch.nn.Linear(2, 2), "the root"), ({"model": torch.nn.Linear(2, 2)}, r"\['model'\]")):
+        with pytest.raises(InvalidArgumentError, match=f"at {where}: torch.nn.modules.linear.Linear is a model "
+                                                       "object.*state_dict"):  # once: an empty file
+            bb.save(tree, tmp_path / "m.safetensors")
+    assert os.listdir(tmp_path) == []
