@@ -805,16 +805,17 @@ def _oracle(r: np.ndarray, c: np.ndarray) -> tuple[float, float]:
     """rel_norm and cosine over the elements finite on both sides, by math.hypot and math.fsum
     (no overflow: hypot scales, and the dot product is summed of scaled terms)."""
     both = np.isfinite(r) & np.isfinite(c)
-    vr, vc = r[both], c[both]
-    s = max(np.abs(vr).max(initial=0.0), np.abs(vc).max(initial=0.0)) or 1.0
-    nr, nc, nd = math.hypot(*(vr / s)), math.hypot(*(vc / s)), math.hypot(*(vc / s - vr / s))
-    dot = math.fsum((vr / s) * (vc / s))
+    vr, vc = r[both].tolist(), c[both].tolist()
+    nr, nc = math.hypot(*vr), math.hypot(*vc)  # hypot scales: no overflow, no underflow
+    nd = math.hypot(*(b - a for a, b in zip(vr, vc)))  # |values| <= 2**1000 * 1e3: no overflow
     rel = (nd / nr) if nr else (0.0 if nd == 0 else math.inf)
-    cos = max(-1.0, min(1.0, dot / (nr * nc))) if nr and nc else (1.0 if nr == nc else 0.0)
-    return rel, cos
+    if not (nr and nc):
+        return rel, (1.0 if nr == nc else 0.0)
+    return rel, max(-1.0, min(1.0, math.fsum((a / nr) * (b / nc) for a, b in zip(vr, vc))))
 
 
 @given(st.lists(_output_pairs(), min_size=1, max_size=3))
+@example([(np.array([0.0, 0.0, 2.0]), np.array([0.0, 0.0, 5e-324]), 600)])  # vectors 1e300 apart in size
 def test_compare_outputs_is_right_at_any_scale_with_nan_and_inf_around(pairs):
     """Leaves scaled to 2**1000 (float64 outputs; squares past float64's range) once overflowed the
     sums of squares (a RuntimeWarning, then rel_norm and cosine NaN); at 2**-1000 they underflowed."""

@@ -282,3 +282,71 @@ def test_a_file_changed_under_an_open_checkpoint(tmp_path, how, rc, says):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == rc, r.stderr[-2000:]
     assert re.search(says, r.stdout), r.stdout
+
+
+# -- load_for_target: its decisions, the probe's, and its report against what it returned -----------
+
+#: the file dtypes drawn (one a byte or wider, and F4), and the dtypes load_for_target may be asked for
+_FILE_DTYPES = ("bfloat16", "bfloat16", "float16", "float32", "float64", "int32", "int64", "bool", "uint8",
+                "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn")
+
+
+@st.composite
+def _target_cases(draw):
+    names = draw(st.lists(st.sampled_from(_FILE_DTYPES), min_size=1, max_size=5))
+    shapes = [tuple(draw(st.lists(st.integers(0, 3), max_size=2))) + (2,) for _ in names]  # F4: an even count
+    return (names, shapes, draw(st.integers(0, 2**16)), draw(st.sampled_from(FRAMEWORKS)),
+            draw(st.sampled_from(["auto", "bfloat16", "float16", "float32", "float64"])), draw(st.booleans()))
+
+
+@given(_target_cases())
+def test_load_for_target_does_what_its_report_says(case):
+    from bf16bridge.capabilities import probe
+    from bf16bridge.checkpoints.target import FP8
+
+    names, shapes, seed, target, dtype, for_compute = case
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for i, (name, shape) in enumerate(zip(names, shapes)):  # every bit pattern: NaN, inf, -0 included
+        dt = fmt.numpy_dtype(name)
+        if name in ("int32", "int64"):  # values int32 holds: jax's fallback narrows int64 to them (checked)
+            tensors[f"t{i}"] = rng.integers(-2**31, 2**31, shape).astype(dt)
+            continue
+        top = 16 if name.startswith("float4") else 2 if name == "bool" else 256
+        tensors[f"t{i}"] = rng.integers(0, top, math.prod(shape) * dt.itemsize, dtype=np.uint8).view(dt).reshape(shape)
+    floating = [n for n in names if n not in ("int32", "int64", "bool", "uint8")]
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        bb.save(tensors, p)
+        if target == "jax" and floating and (dtype == "float64" or (dtype == "auto" and "float64" in names)):
+            with pytest.raises(UnsupportedDtypeError, match="float64.*jax_enable_x64"):  # no fallback exists
+                bb.load_for_target(p, target, dtype=dtype, for_compute=for_compute, fallback="auto")
+            return
+        out, report = bb.load_for_target(p, target, dtype=dtype, for_compute=for_compute, fallback="auto")
+    assert [k.key for k in report.keys] == list(out)
+    for k in report.keys:
+        a, y = tensors[k.key], out[k.key]
+        assert k.dtype_in == a.dtype.name
+        if target == "torch" and k.dtype_out.startswith("float4"):  # torch holds fp4 packed (x2): tested above
+            continue
+        held = y if target == "numpy" else strategies.as_numpy(bb.convert(y, "numpy", on_alias="allow"))
+        assert (held.dtype.name, held.shape) == (k.dtype_out, a.shape), k  # the report says what came back
+        if a.dtype.name in ("int32", "int64", "bool", "uint8"):  # never cast (int64 into jax: the fallback)
+            assert k.dtype_out == a.dtype.name or (target == "jax" and k.dtype_out == "int32"), k
+            assert np.array_equal(held.astype(a.dtype), a), k
+            continue
+        if dtype != "auto":
+            assert k.dtype_out == dtype, k
+        elif a.dtype.name == "bfloat16":
+            assert k.dtype_out == probe().decide(target, for_compute=for_compute).dtype, k
+        elif a.dtype.name in FP8:  # float32 for compute; for storage as it is where the target holds it
+            assert k.dtype_out == "float32" if for_compute else k.dtype_out in (a.dtype.name, "float32"), k
+        else:
+            assert k.dtype_out == a.dtype.name, k
+        with np.errstate(all="ignore"):  # values as ml_dtypes casts them (out of range: inf)
+            expect = a.astype(held.dtype)
+            back = held.astype(a.dtype)
+            nan = np.isnan(a.astype(np.float64))
+        assert np.array_equal(held[~nan], expect[~nan]) and np.isnan(held[nan].astype(np.float64)).all(), k
+        if k.exact:  # every value of the file's dtype survives: the way back gives the file's values
+            assert np.array_equal(back[~nan].view(np.uint8), a[~nan].view(np.uint8)), k
