@@ -501,11 +501,13 @@ def _kept_by_type(matchers, sub) -> Rule | None:
 def _find_head(subs) -> tuple[str | None, Rule | None]:
     """The head module's name for keep_head=True, and the rule that names it."""
     names = [s.name for s in subs if s.name]
-    by_name = _Decide(HEAD_POLICY, names)
-    for n in names:
-        rule = by_name(n)
-        if rule is not None:
-            return n, Rule(rule.name, rule.pattern, "keep_head=True: " + rule.why)
+    # rule by rule, then module by module: a module named like a head wins over a top-level fc
+    # registered before it (a hidden layer named fc; the head's hooks return float32 to what follows)
+    for rule in HEAD_POLICY:
+        by_name = _Decide((rule,), names)
+        for n in names:
+            if by_name(n) is not None:
+                return n, Rule(rule.name, rule.pattern, "keep_head=True: " + rule.why)
     for s in reversed(subs):
         if s.name and set(s.type_names) & set(HEAD_TYPES):
             return s.name, Rule("head (last linear)", "",
@@ -560,7 +562,8 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
     by_name = _Decide(name_rules, labels)
 
     # each leaf: kept (its module's type, the head above it, a name pattern) or cast
-    found: list[tuple[str, Any, str, tuple, Rule | None]] = []
+    found: list[list] = []  # [label, tensor, dtype name, shape, rule or None, why]
+    members: list[list[int]] = []  # per module, its own leaves' places in found
     by_type: set[str] = set()
     for s in subs:
         rule = _kept_by_type(matchers, s)
@@ -568,39 +571,52 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
             by_type.add(s.name)
         if rule is None and head_name is not None and _under(s.name, head_name):
             rule = head_rule
-        own: list[tuple[str, Any, str, tuple, Rule | None]] = []
+        own = []
         for leaf_name, t in s.leaves:
             label = _join(s.name, leaf_name)
             shape, name = adapter.shape_dtype(t)
-            own.append((label, t, name, tuple(shape), rule or (by_name(label) if _is_floating(name) else None)))
-        # a keep= pattern that matches some of a module's own floating leaves keeps them all: a
-        # Linear with its weight kept and its bias cast would get no hooks and could not run
-        matched = [(lab, r) for lab, _, name, _, r in own if r is not None and _is_floating(name)]
-        if rule is None and matched and len(matched) < sum(_is_floating(o[2]) for o in own):
-            first, r = matched[0]
-            widened = Rule(r.name, r.pattern, f"{r.why}; kept with {first}, of the same module "
-                           f"({s.name or 'the model'}), so that module computes in one dtype")
-            own = [(o[0], o[1], o[2], o[3], (o[4] or widened) if _is_floating(o[2]) else o[4]) for o in own]
-        found.extend(own)
-    tied: dict[int, tuple[Rule, str]] = {}
-    for label, t, name, _, rule in found:
-        if rule is not None and _is_floating(name):
-            tied.setdefault(id(t), (rule, label))
+            r = rule or (by_name(label) if _is_floating(name) else None)
+            own.append(len(found))
+            found.append([label, t, name, tuple(shape), r, r.why if r else ""])
+        members.append(own)
+    # to a fixed point: a leaf tied to a kept one is kept with it (a parameter shared by a kept and a
+    # cast module: tied embeddings and head); a module with some of its own floating leaves kept keeps
+    # them all (a Linear with its weight kept and its bias cast would get no hooks and could not run),
+    # which may keep a leaf tied to another module's, and so on
+    notes: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        tied: dict[int, tuple[Rule, str]] = {}
+        for label, t, name, _, rule, _ in found:
+            if rule is not None and _is_floating(name):
+                tied.setdefault(id(t), (rule, label))
+        for f in found:
+            if f[4] is None and _is_floating(f[2]) and id(f[1]) in tied:
+                rule, other = tied[id(f[1])]
+                f[4], f[5] = rule, f"the same tensor as {other}, which {rule.name} keeps: {rule.why}"
+                notes.append(f"{f[0]} is tied to {other}: kept in {kdt} with it")
+                changed = True
+        for s, own in zip(subs, members):
+            floating = [found[i] for i in own if _is_floating(found[i][2])]
+            kept = [f for f in floating if f[4] is not None]
+            if kept and len(kept) < len(floating):
+                first, r = kept[0][0], kept[0][4]
+                for f in floating:
+                    if f[4] is None:
+                        f[4] = r
+                        f[5] = (f"{kept[0][5]}; kept with {first}, of the same module ({s.name or 'the model'}), "
+                                "so that module computes in one dtype")
+                changed = True
 
     rows: list[LeafCast] = []
     plan: dict[int, str] = {}
-    notes: list[str] = []
-    for label, t, name, shape, rule in found:
+    for label, t, name, shape, rule, why in found:
         n0 = _nbytes(t, shape, name)
         if not _is_floating(name):
             rows.append(LeafCast(label, "skipped", name, name, n0, n0,
                                  why=_skip_why(name)))
             continue
-        why = rule.why if rule else ""
-        if rule is None and id(t) in tied:
-            rule, other = tied[id(t)]
-            why = f"the same tensor as {other}, which {rule.name} keeps: {rule.why}"
-            notes.append(f"{label} is tied to {other}: kept in {kdt} with it")
         to = target if rule is None else kdt
         action = "kept" if rule is not None else ("unchanged" if name == to else "cast")
         if name != to:

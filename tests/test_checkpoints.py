@@ -246,8 +246,16 @@ def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     ({"a": np.zeros(2, np.complex128)}, None, "'a'.*complex128"),
     ({"a": np.zeros(3, ml_dtypes.float4_e2m1fn)}, None, "'a'.*inside a byte"),
     ({"a": np.zeros(4, ml_dtypes.float6_e2m3fn)}, None, "'a'.*float6"),
+    ({"a": np.zeros(1)}, {"k": "\ud800"}, "metadata key 'k'.*UTF-8"),  # was a bare UnicodeEncodeError
+    ({"a": np.zeros(1)}, {"\udcff": "v"}, "metadata key '\\\\udcff'.*UTF-8"),
+    ({"\ud800": np.zeros(1)}, None, "UTF-8"),
+    # objects the walk kept as they were: once saved as an empty file, without a word
+    ({"a": np.zeros(1), "ids": {1, 2}}, None, r"\['ids'\]: builtins.set is neither a tensor nor a container"),
+    ({"a": np.zeros(1), "o": object()}, None, r"\['o'\]: builtins.object is neither"),
+    ({"gen": (i for i in range(2))}, None, r"\['gen'\]: builtins.generator"),
 ], ids=["collision", "number", "string", "metadata-value", "metadata-key", "metadata-type", "reserved",
-        "tuple-key", "complex128", "odd-fp4", "fp6"])
+        "tuple-key", "complex128", "odd-fp4", "fp6", "metadata-surrogate", "metadata-key-surrogate",
+        "key-surrogate", "set", "object", "generator"])
 def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     p = tmp_path / "m.safetensors"
     with pytest.raises(bb.Bf16BridgeError, match=match):
@@ -346,6 +354,30 @@ def test_a_save_that_cannot_write_is_a_checkpoint_error(tmp_path, where):
     with pytest.raises(CheckpointError, match="cannot write"):
         bb.save({"a": np.zeros(1)}, p)
     assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
+
+
+@pytest.mark.parametrize("name, says", [("", "empty"), ("m\0.safetensors", "NUL")])
+def test_a_path_naming_no_file_is_our_error(tmp_path, monkeypatch, name, says):
+    monkeypatch.chdir(tmp_path)  # "" once wrote its temporary file into the working directory
+    with pytest.raises(InvalidArgumentError, match=f"no file's path.*{says}"):  # was a bare ValueError for NUL
+        bb.save({"a": np.zeros(1)}, name if not name else str(tmp_path / name))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_long_file_name_is_saved(tmp_path):
+    p = tmp_path / ("m" * 240 + ".safetensors")  # 252 bytes: a valid name; its temporary file's once was not
+    bb.save({"a": np.arange(3, dtype=np.int16)}, p)
+    assert os.listdir(tmp_path) == [p.name]
+    assert _st_read(p) == {"a": ("I16", [3], np.arange(3, dtype="<i2").tobytes())}
+
+
+def test_a_header_past_the_readers_cap_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(fmt, "MAX_HEADER", 4096)  # the real cap is 100 MB of metadata and keys
+    p = tmp_path / "m.safetensors"
+    bb.save({"a": np.zeros(1)}, p, metadata={"k": "v" * 3000})
+    with pytest.raises(InvalidArgumentError, match="header would be .* past the format's cap of 4096"):
+        bb.save({"a": np.zeros(1)}, p, metadata={"k": "v" * 5000})
+    assert list(bb.load(p)) == ["a"] and os.listdir(tmp_path) == ["m.safetensors"]
 
 
 # -- private memory maps, alignment, plans -----------------------------------------------------
@@ -706,3 +738,65 @@ def test_a_checkpoint_dropped_without_close_closes_its_file(tmp_path):
     g.close()
     g.close()  # twice: nothing more to do
     assert g._file.closed and g.closed
+
+
+def test_load_for_target_takes_the_fallback_its_error_names_and_reports_the_dtype_it_gives(tmp_path):
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    p = tmp_path / "bn.safetensors"  # a torch BatchNorm's state: num_batches_tracked is a 0-d int64
+    bb.save({"bn.weight": np.ones(4, ml_dtypes.bfloat16), "bn.num_batches_tracked": np.array(7, np.int64)}, p)
+    with pytest.raises(UnsupportedDtypeError, match="'bn.num_batches_tracked'.*fallback='auto'"):
+        bb.load_for_target(p, "jax")
+    out, report = bb.load_for_target(p, "jax", fallback="auto")  # the way out the error names (once refused)
+    k = report["bn.num_batches_tracked"]
+    assert (k.dtype_in, k.dtype_out, out["bn.num_batches_tracked"].dtype.name) == ("int64", "int32", "int32")
+    assert "fallback='auto'" in k.reason and int(out["bn.num_batches_tracked"]) == 7
+    assert report["bn.weight"].dtype_out == out["bn.weight"].dtype.name == "bfloat16"
+    assert report.changed == (k,)
+
+
+@pytest.mark.parametrize("key", ["", ".", "ünï.日本語", "emoji🙂", "a\x00b", "k" * 100_000, "a..b", " "])
+def test_any_utf8_key_round_trips_and_safetensors_reads_it(tmp_path, key):
+    p = tmp_path / "m.safetensors"
+    a = np.arange(3, dtype=np.int16)
+    bb.save({key: a}, p, metadata={key: key})
+    assert _st_read(p) == {key: ("I16", [3], a.astype("<i2").tobytes())}
+    with safetensors.safe_open(str(p), "np") as f:
+        assert f.metadata() == {key: key}
+    assert list(bb.load(p)) == [key] and bb.load(p)[key].tolist() == [0, 1, 2]
+
+
+def test_a_symlink_at_the_target_is_replaced_not_written_through(tmp_path):
+    real, link = tmp_path / "real.safetensors", tmp_path / "link.safetensors"
+    bb.save({"old": np.zeros(2)}, real)
+    link.symlink_to(real)
+    bb.save({"new": np.ones(2)}, link)
+    assert not link.is_symlink() and list(bb.load(link)) == ["new"]
+    assert list(bb.load(real)) == ["old"]  # docs/checkpoints.md says so
+
+
+def test_tied_weights_and_views_of_one_storage_are_written_under_each_key(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(8, 4).to(torch.bfloat16)
+    head = torch.nn.Linear(4, 8, bias=False).to(torch.bfloat16)
+    head.weight = emb.weight
+    tree = {"wte.weight": emb.weight, "lm_head.weight": head.weight, "row": emb.weight[3], "col": emb.weight[:, 1]}
+    bb.save(tree, tmp_path / "m.safetensors")
+    theirs = st_torch.load_file(tmp_path / "m.safetensors")
+    for k, t in tree.items():
+        assert theirs[k].shape == t.shape and torch.equal(theirs[k].view(torch.int16), t.detach().view(torch.int16)), k
+    ours = bb.load(tmp_path / "m.safetensors", to="torch")
+    assert ours["wte.weight"].data_ptr() != ours["lm_head.weight"].data_ptr()  # separate tensors, as docs say
+
+
+def test_a_model_object_is_refused_naming_its_weights(tmp_path):
+    import torch
+
+    for tree, where in ((torch.nn.Linear(2, 2), "the root"), ({"model": torch.nn.Linear(2, 2)}, r"\['model'\]")):
+        with pytest.raises(InvalidArgumentError, match=f"at {where}: torch.nn.modules.linear.Linear is a model "
+                                                       "object.*state_dict"):  # once: an empty file
+            bb.save(tree, tmp_path / "m.safetensors")
+    assert os.listdir(tmp_path) == []

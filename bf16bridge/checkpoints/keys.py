@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import trees
+from .. import registry, trees
 from ..errors import CheckpointError, InvalidArgumentError
 from . import format as fmt
 
@@ -27,7 +27,8 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 
 def _refuse_values(node, path: tuple) -> None:
-    """Refuse what the walk kept as it was (numbers, strings, None): a file holds tensors only."""
+    """Refuse what the walk kept as it was (numbers, strings, None, a model object, a set, any other
+    object): a file holds tensors only, and a leaf left out would be lost without a word."""
     if node is trees.SLOT:
         return
     if isinstance(node, Mapping):
@@ -40,6 +41,19 @@ def _refuse_values(node, path: tuple) -> None:
         raise InvalidArgumentError(
             f"at {trees.where(path)}: {type(node).__name__} {node!r:.40} is not a tensor; a checkpoint holds "
             "tensors only: put strings in metadata={...}, make numbers arrays, or leave them out")
+    else:  # a container the walk rebuilt (a dataclass, a jax pytree node), or an object it kept as it was
+        if (registry.tree_children(node) or trees._optree_children(node)
+                or trees._dataclass_children(node)) is not None:
+            return  # its non-tensor fields are its own (an nnx.Module's state, a struct's static fields)
+        t = type(node)
+        what = f"{t.__module__}.{t.__qualname__}"
+        if any(adapter.submodules(node) is not None for adapter in registry.imported()):
+            raise InvalidArgumentError(
+                f"at {trees.where(path)}: {what} is a model object, not a tree of tensors; save its weights "
+                "(a torch module's state_dict(), a flax model's parameters)")
+        raise InvalidArgumentError(
+            f"at {trees.where(path)}: {what} is neither a tensor nor a container bf16bridge walks (dicts, "
+            "lists, tuples, dataclasses, jax pytrees); a checkpoint holds tensors only: convert it or leave it out")
 
 
 def leaves(tree) -> list[tuple[str, Any]]:

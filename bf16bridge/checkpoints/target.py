@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
-from ..convert import convert, plan
+from ..convert import Fallback, convert, plan
 from ..errors import Bf16BridgeError, InvalidArgumentError
 from ..plans import size
 from . import format as fmt
@@ -165,7 +165,7 @@ def _nbytes(value, info: fmt.TensorInfo, dtype_out: str) -> int:
 
 
 def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = "auto", for_compute: bool = True,
-                    device: str = "cpu", nested: bool = False) -> tuple[dict, LoadReport]:
+                    device: str = "cpu", nested: bool = False, fallback: Fallback = "error") -> tuple[dict, LoadReport]:
     """Every tensor of a safetensors file in framework ``to``, in the dtype it should be used in there.
 
     ``dtype="auto"``: bf16 tensors stay bf16 where ``to`` holds bf16 and (``for_compute=True``)
@@ -176,6 +176,9 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
     it (rounding to nearest even where it narrows; float64 -> bfloat16 rounds through float32, as
     ml_dtypes does). Integer and bool tensors are never cast. Returns ``(tensors, report)``: the
     report says, per key, the dtype in and out, why, whether it was exact, and whether copied.
+    ``fallback``: ``convert``'s, for a tensor the target cannot hold as it is (jax's int64 without
+    x64: "auto" narrows it to int32 when every value fits, checked); the report gives the dtype
+    the result has, and says so in the reason.
     """
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype must be one of {', '.join(map(repr, DTYPES))}; got {dtype!r}")
@@ -189,16 +192,21 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
             info = f.info(key)
             dtype_out, reason = _choose(info, target, dtype, for_compute, device)
             if dtype_out == info.dtype:
-                value = f.get(key, target)
+                value = f.get(key, target, fallback=fallback)
                 copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
             else:
                 cast = _cast(f._view(key), dtype_out)
                 f._release(key)
                 try:
-                    value = convert(cast, target, on_alias="allow")
+                    value = convert(cast, target, on_alias="allow", fallback=fallback)
                 except Bf16BridgeError as err:
                     raise type(err)(f"{f.path}: key {key!r}: {err}") from err
                 copied = True
+            if fallback != "error" and dtype_out not in PACKED:  # torch holds fp4 packed: not a fallback
+                held = registry.get(target).shape_dtype(value)[1]
+                if held != dtype_out:
+                    reason = f"{reason}; then fallback={fallback!r}: {target} cannot hold {dtype_out}, so {held}"
+                    dtype_out = held
             out[key] = value
             nbytes_out = _nbytes(value, info, dtype_out)
             reports.append(KeyReport(key, info.dtype, dtype_out, reason, exact(info.dtype, dtype_out)

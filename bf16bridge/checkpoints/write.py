@@ -53,7 +53,8 @@ def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
         raise type(err)(f"key {key!r}: {err}") from err
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    a = np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:  # not np.ascontiguousarray: it makes a 0-d array 1-d (shape [] -> [1])
+        a = a.copy(order="C")
     if fmt.NAMES.get(a.dtype.name) != entry.code or a.shape != entry.shape:
         raise CheckpointError(
             f"key {key!r}: the tensor changed while it was saved ({entry.code} {list(entry.shape)} planned, "
@@ -87,6 +88,9 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
     them then begins aligned, which lets jax and tensorflow load it without a copy).
     """
     path = fmt.fspath(path, "bb.save")
+    if not path or "\0" in path:
+        raise InvalidArgumentError(f"bb.save: {path!r} is no file's path ("
+                                   + ("empty" if not path else "it holds a NUL character") + "); pass the file to write")
     if metadata is not None:
         if not isinstance(metadata, Mapping):
             raise InvalidArgumentError(f"metadata must be a dict of str -> str; got {type(metadata).__name__}")
@@ -95,13 +99,25 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
                 raise InvalidArgumentError(
                     f"metadata key {k!r}: keys and values must be strings (got {type(k).__name__} -> "
                     f"{type(v).__name__}); write numbers as str(...) or json.dumps(...)")
+            for what, text in (("key", k), ("value", v)):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as err:
+                    raise InvalidArgumentError(f"metadata key {k!r}: its {what} cannot be written as UTF-8 "
+                                               f"({err.reason}); the header is UTF-8 JSON") from None
     pairs = leaves(tree)
     entries = fmt.order([_describe(k, x) for k, x in pairs])
     tensors = dict(pairs)
     head = fmt.header_bytes(entries, metadata)
+    if len(head) - fmt.PREFIX > fmt.MAX_HEADER:  # every reader (ours, safetensors') refuses such a file
+        raise InvalidArgumentError(
+            f"{path}: the header would be {len(head) - fmt.PREFIX} bytes, past the format's cap of "
+            f"{fmt.MAX_HEADER} that readers refuse; shorten the metadata or the keys, or save fewer tensors a file")
     directory = os.path.dirname(os.path.abspath(path))
+    # the temporary name stays within a directory entry's 255 bytes whatever the target's length
+    stem = os.path.basename(path).encode("utf-8", "surrogateescape")[:100].decode("utf-8", "ignore")
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".tmp")
     except OSError as err:
         raise CheckpointError(f"{path}: cannot write a file beside it ({err.strerror}); check that "
                               f"{directory} exists and is writable") from err

@@ -212,7 +212,7 @@ def _axis(logits) -> int | None:
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     """log softmax along the last axis, float64, rows with a finite maximum (no exp overflow)."""
     m = np.max(x, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore"):  # -inf - m: -inf, fine
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf - m, or -1e308 - 1e308: -inf, fine
         z = x - m
     return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
 
@@ -221,8 +221,9 @@ def _logits(r: np.ndarray, c: np.ndarray, axis: int, path: str) -> dict:
     if r.ndim == 0 or not -r.ndim <= axis < r.ndim:
         raise OutputMismatchError(f"logits axis {axis} is out of range for the leaf at {path} of shape {r.shape}")
     k = r.shape[axis]
-    r2 = np.moveaxis(r, axis, -1).reshape(-1, k)
-    c2 = np.moveaxis(c, axis, -1).reshape(-1, k)
+    n_rows = r.size // k if k else math.prod(np.delete(np.array(r.shape), axis))  # reshape(-1, 0) fails
+    r2 = np.moveaxis(r, axis, -1).reshape(n_rows, k)
+    c2 = np.moveaxis(c, axis, -1).reshape(n_rows, k)
     ok = ~(np.isnan(r2).any(1) | np.isnan(c2).any(1) | (r2 == np.inf).any(1) | (c2 == np.inf).any(1))
     ok &= np.isfinite(r2).any(1) & np.isfinite(c2).any(1)  # a row of -inf has no softmax
     r2, c2 = r2[ok], c2[ok]
@@ -267,7 +268,7 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
             + "; compare the same model's outputs (or pass the matching subtrees)")
     rows_out = []
     tot: Counter[str] = Counter()
-    dot = nr = nc = nd = 0.0
+    sums = _Sums()  # over all leaves
     kl_sum = 0.0
     kl_max: float | None = None
     agree = rows = 0.0
@@ -282,15 +283,17 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
         with np.errstate(invalid="ignore"):  # inf == inf with NaN around
             differ = (rf != cf) | (~rf & ~cf & ~(np.isnan(r) & np.isnan(c)) & (r != c))
         vr, vc = r[both], c[both]
-        d = np.abs(vc - vr)
-        l_nr, l_nc, l_nd, l_dot = (float(np.dot(vr, vr)), float(np.dot(vc, vc)), float(np.dot(d, d)),
-                                   float(np.dot(vr, vc)))
-        dot, nr, nc, nd = dot + l_dot, nr + l_nr, nc + l_nc, nd + l_nd
+        with np.errstate(over="ignore"):  # a difference past float64's range: inf, as it is
+            d = np.abs(vc - vr)
+        own = _Sums.of(vr, vc)
+        sums.add(own)
+        with np.errstate(over="ignore"):  # past float64's range (2**1000 against a zero): inf
+            rel_each = d / np.maximum(np.abs(vr), TINY)
         leaf: dict[str, Any] = dict(
             path=path, shape=tuple(r.shape), reference_dtype=rname, candidate_dtype=cname, size=int(r.size),
             finite_compared=int(vr.size), max_abs=float(d.max()) if d.size else 0.0,
-            max_rel=float((d / np.maximum(np.abs(vr), TINY)).max()) if d.size else 0.0,
-            rel_norm=_rel(l_nd, l_nr), cosine=_cos(l_dot, l_nr, l_nc),
+            max_rel=float(rel_each.max()) if d.size else 0.0,
+            rel_norm=own.rel_norm(), cosine=own.cosine(),
             new_nonfinite=int(np.count_nonzero(rf & ~cf)), nonfinite_mismatches=int(np.count_nonzero(differ)))
         if axis is not None:
             lg = _logits(r, c, axis, path)
@@ -306,22 +309,62 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
             tot[k] += leaf[k]
     return OutputReport(
         leaves=tuple(rows_out), max_abs=max(x.max_abs for x in rows_out), max_rel=max(x.max_rel for x in rows_out),
-        rel_norm=_rel(nd, nr), cosine=_cos(dot, nr, nc), new_nonfinite=tot["new_nonfinite"],
+        rel_norm=sums.rel_norm(), cosine=sums.cosine(), new_nonfinite=tot["new_nonfinite"],
         nonfinite_mismatches=tot["nonfinite_mismatches"], rows=int(rows),
         kl_mean=kl_sum / rows if axis is not None and rows else None, kl_max=kl_max,
         top1=agree / rows if axis is not None and rows else None)
 
 
-def _rel(nd: float, nr: float) -> float:
-    if nr > 0:
-        return math.sqrt(nd / nr)
-    return 0.0 if nd == 0 else math.inf
+class _Sums:
+    """||r||^2, ||c||^2, ||c - r||^2 and r.c, each kept divided by its scale: the largest |r| (sr), the
+    largest |c| (sc), max(sr, sc) for c - r, sr * sc for r.c. Outputs of any magnitude (float64
+    values near 1e154 and past, whose squares overflow; or near 1e-154, whose squares underflow)
+    then give rel_norm and cosine as plain sums would where those do not fail."""
 
+    def __init__(self):
+        self.sr = self.sc = 0.0
+        self.nr = self.nc = self.nd = self.dot = 0.0
 
-def _cos(dot: float, nr: float, nc: float) -> float:
-    if nr > 0 and nc > 0:
-        return max(-1.0, min(1.0, dot / math.sqrt(nr * nc)))
-    return 1.0 if nr == nc else 0.0  # both zero: the same direction (none); one zero: none shared
+    @classmethod
+    def of(cls, vr: np.ndarray, vc: np.ndarray) -> _Sums:
+        out = cls()
+        if not vr.size:
+            return out
+        out.sr, out.sc = float(np.abs(vr).max()), float(np.abs(vc).max())
+        r = vr / out.sr if out.sr else vr
+        c = vc / out.sc if out.sc else vc
+        s = max(out.sr, out.sc)
+        d = vc / s - vr / s if s else vc - vr
+        out.nr, out.nc, out.nd, out.dot = float(np.dot(r, r)), float(np.dot(c, c)), float(np.dot(d, d)), \
+            float(np.dot(r, c))
+        return out
+
+    def add(self, o: _Sums) -> None:
+        """Take in another's sums, rescaled to the larger scales."""
+        sr, sc = max(self.sr, o.sr), max(self.sc, o.sc)
+        sd, od = max(self.sr, self.sc), max(o.sr, o.sc)
+        s = max(sd, od)
+
+        def f(a: float, b: float) -> float:  # a / b, 0 where b is (nothing summed at that scale)
+            return a / b if b else 0.0
+
+        self.nr = self.nr * f(self.sr, sr) ** 2 + o.nr * f(o.sr, sr) ** 2
+        self.nc = self.nc * f(self.sc, sc) ** 2 + o.nc * f(o.sc, sc) ** 2
+        self.nd = self.nd * f(sd, s) ** 2 + o.nd * f(od, s) ** 2
+        self.dot = self.dot * f(self.sr, sr) * f(self.sc, sc) + o.dot * f(o.sr, sr) * f(o.sc, sc)
+        self.sr, self.sc = sr, sc
+
+    def rel_norm(self) -> float:
+        """||c - r|| / ||r||; 0 where both are zero, inf where only r is."""
+        if self.nr > 0:
+            with np.errstate(over="ignore"):
+                return float(np.float64(max(self.sr, self.sc)) / self.sr * math.sqrt(self.nd / self.nr))
+        return 0.0 if self.nd == 0 else math.inf
+
+    def cosine(self) -> float:
+        if self.nr > 0 and self.nc > 0:
+            return max(-1.0, min(1.0, self.dot / math.sqrt(self.nr * self.nc)))
+        return 1.0 if self.nr == self.nc else 0.0  # both zero: the same direction (none); one zero: none shared
 
 
 def assert_outputs_close(reference, candidate, *, logits=False, max_abs: float | None = None,
@@ -342,8 +385,11 @@ def assert_outputs_close(reference, candidate, *, logits=False, max_abs: float |
 # -- running both models ---------------------------------------------------------------------------
 
 def _model_dtype(model) -> str | None:
-    """The floating dtype holding most of a model object's floating parameter elements (what its
-    first layers compute in), or None for a plain function or a model with no floating leaves."""
+    """The dtype a model object's floating inputs should have: bf16 or float16 where any of its
+    parameters or buffers has one (what its cast layers compute in; cast_module's kept layers cast
+    their inputs up in their hooks, so a model that is mostly kept norms still takes the cast
+    dtype), else the floating dtype holding most of its elements; the one holding more elements
+    where both narrow ones are there. None for a plain function or a model with no floating leaves."""
     count: Counter = Counter()
     for adapter in registry.imported():
         subs = adapter.submodules(model)
@@ -359,11 +405,13 @@ def _model_dtype(model) -> str | None:
                 if name in _INPUT_DTYPES:
                     count[name] += math.prod(shape)
         break
-    return count.most_common(1)[0][0] if count else None
+    narrow = Counter({name: n for name, n in count.items() if name in _NARROW})
+    return (narrow or count).most_common(1)[0][0] if count else None
 
 
-#: the dtypes check_cast casts floating inputs between
+#: the dtypes check_cast casts floating inputs between, narrowest first
 _INPUT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+_NARROW = ("bfloat16", "float16")
 
 
 def _feed(args: tuple, kwargs: dict, dtype: str | None) -> tuple[tuple, dict, int]:
@@ -403,9 +451,10 @@ def check_cast(reference, candidate, inputs, *, logits=False, kwargs: dict | Non
 
     ``inputs``: one tensor (or tree) passed as the single argument, or a tuple of positional
     arguments; ``kwargs``: keyword arguments. ``cast_inputs=True``: each side gets the floating
-    input leaves cast to the dtype most of its floating parameters have (a model object of an
-    imported framework, a torch ``nn.Module``: a bf16 cast model gets bf16 inputs, its float32
-    original float32 ones, both rounded from the same values); a plain function gets the inputs
+    input leaves cast to bf16 or float16 where its parameters have it, else to the dtype most of
+    them have (a model object of an imported framework, a torch ``nn.Module``: a bf16 cast model
+    gets bf16 inputs, its float32 original float32 ones, both rounded from the same values, however
+    many of the cast model's layers were kept in float32); a plain function gets the inputs
     as they are. ``cast_inputs=False``: both get the inputs as they are. Both run under each
     imported framework's no-gradient context where its adapter has one. Put a model with
     dropout in evaluation mode first (torch: ``model.eval()``): a random layer differs anyway.
