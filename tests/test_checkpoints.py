@@ -356,11 +356,15 @@ def test_a_save_that_cannot_write_is_a_checkpoint_error(tmp_path, where):
     assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
 
 
+@pytest.mark.parametrize("call", ["save", "open", "load", "load_for_target"])
 @pytest.mark.parametrize("name, says", [("", "empty"), ("m\0.safetensors", "NUL")])
-def test_a_path_naming_no_file_is_our_error(tmp_path, monkeypatch, name, says):
+def test_a_path_naming_no_file_is_our_error(tmp_path, monkeypatch, name, says, call):
     monkeypatch.chdir(tmp_path)  # "" once wrote its temporary file into the working directory
+    path = name if not name else str(tmp_path / name)
+    run = {"save": lambda: bb.save({"a": np.zeros(1)}, path), "open": lambda: bb.open(path),
+           "load": lambda: bb.load(path), "load_for_target": lambda: bb.load_for_target(path, to="numpy")}[call]
     with pytest.raises(InvalidArgumentError, match=f"no file's path.*{says}"):  # was a bare ValueError for NUL
-        bb.save({"a": np.zeros(1)}, name if not name else str(tmp_path / name))
+        run()
     assert os.listdir(tmp_path) == []
 
 

@@ -28,13 +28,17 @@ from .. import dtypes
 from ..errors import CheckpointError, InvalidArgumentError, UnsupportedDtypeError
 
 def fspath(path, what: str) -> str:
-    """``path`` as a str, or InvalidArgumentError naming what was given (3, None: no file's path)."""
+    """``path`` as a str, or InvalidArgumentError naming what was given (3, None, "", a NUL
+    character: no file's path)."""
     try:
-        p = os.fspath(path)
+        p = os.fsdecode(os.fspath(path))
     except TypeError:
         raise InvalidArgumentError(f"{what}: the path must be a str or an os.PathLike (pathlib.Path); got "
                                    f"{type(path).__name__} {path!r}") from None
-    return os.fsdecode(p)
+    if not p or "\0" in p:
+        raise InvalidArgumentError(f"{what}: {p!r} is no file's path ("
+                                   + ("empty" if not p else "it holds a NUL character") + "); pass the file's path")
+    return p
 
 
 #: the largest header read, as safetensors' own cap (MAX_HEADER_SIZE): a length past it is refused

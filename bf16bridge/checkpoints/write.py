@@ -88,9 +88,6 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
     them then begins aligned, which lets jax and tensorflow load it without a copy).
     """
     path = fmt.fspath(path, "bb.save")
-    if not path or "\0" in path:
-        raise InvalidArgumentError(f"bb.save: {path!r} is no file's path ("
-                                   + ("empty" if not path else "it holds a NUL character") + "); pass the file to write")
     if metadata is not None:
         if not isinstance(metadata, Mapping):
             raise InvalidArgumentError(f"metadata must be a dict of str -> str; got {type(metadata).__name__}")
