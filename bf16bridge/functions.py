@@ -50,7 +50,7 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method", "memo", "caller")
+                 "vmap_method", "memo", "caller", "_declared")
 
     def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None):
         self.fn = fn
@@ -62,6 +62,7 @@ class ForeignCall:
         self.fallback = fallback
         self.vmap_method = vmap_method
         self.out_skeleton: Any = None  # the result's tree, leaves taken out, once known
+        self._declared: tuple | None = None  # (the declared results' values key,), once compared
         self.out_specs: list | None = None  # [(shape, dtype name)] of the output leaves, once known
         #: what a caller adapter keeps between calls of one signature (input structure, non-tensor
         #: values, leaves' shapes and dtypes, which want gradients); None when it cannot be keyed
@@ -93,8 +94,12 @@ class ForeignCall:
         """Our error for a run whose non-tensor results differ from the declared ones: a traced
         caller hands back the results' tree as found by the call on zeros, so a value computed
         from the inputs (``float(x.sum())``) would come back as it was on zeros, silently."""
-        declared = trees.key(self.out_skeleton)
-        if declared is None or trees.key(skeleton) == declared:
+        # values only: an object compared by identity (a fresh instance each run) has no value
+        # that could have changed, so it counts by its type
+        if self._declared is None:
+            self._declared = (trees.key(self.out_skeleton, values_only=True),)
+        declared = self._declared[0]
+        if declared is None or trees.key(skeleton, values_only=True) == declared:
             return  # (a tree holding unhashable values cannot be compared: taken as declared)
         raise UnsupportedTypeError(
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
@@ -220,12 +225,15 @@ class BridgedFunction:
                            caller)
         # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
         # anything runs: they are found by one call on zeros and kept per input signature
-        # (the arguments' structure, non-tensor values, each leaf's shape and dtype, and the
-        # caller's run-time state: jax's x64 flag decides which results it can hold).
+        # (the arguments' structure, non-tensor values, each leaf's shape and dtype, and both
+        # sides' run-time state: jax's x64 flag decides which results it gives and can hold).
         # An eager call runs the function now and learns its results as it goes: none of this.
         sig = trees.key(skeleton) if adapter.traced(leaves) else None
         if sig is not None:
-            sig = (sig, adapter.state(), tuple(adapter.shape_dtype(x) for x in leaves))
+            # both sides' state: the callee's decides which results it gives (jax's x64 flag), the
+            # caller's which it can hold
+            sig = (sig, adapter.state(), registry.get(self.callee).state(),
+                   tuple(adapter.shape_dtype(x) for x in leaves))
             call.out_specs, call.out_skeleton = self._specs.get(sig, (None, None))
             with self._lock:
                 call.memo = self._memo.setdefault((caller, sig, tuple(diff)), {})

@@ -156,32 +156,36 @@ def _plain(node, leaf, kinds: dict, depth: int):
               else _plain(v, leaf, kinds, depth) for v in node])
 
 
-def key(skeleton):
+def key(skeleton, *, values_only: bool = False):
     """A hashable key for a skeleton (its containers, types and non-tensor values), or None
     when some value in it cannot be hashed. Values that compare equal but are not the same
     argument get different keys: ``1``, ``1.0`` and ``True`` by their type (``x * 1`` keeps an
     integer tensor's dtype, ``x * 1.0`` does not), ``0.0`` and ``-0.0`` (and NaN payloads) by their
     bits, inside dataclasses too: a traced caller reuses what it kept for a key, the callee's
-    arguments included. Other objects count by their own ``==`` and hash."""
+    arguments included. Other objects count by their own ``==`` and hash; with ``values_only``,
+    an object compared by identity (``object.__eq__``: no value to compare) counts by its type."""
     try:
-        frozen = _freeze(skeleton)
+        frozen = _freeze(skeleton, values_only)
         hash(frozen)
     except TypeError:
         return None
     return frozen
 
 
-def _freeze(node):
+def _freeze(node, values_only: bool = False):
     if isinstance(node, Mapping):
-        return (type(node), tuple((_freeze(k), _freeze(v)) for k, v in node.items()))
+        return (type(node), tuple((_freeze(k, values_only), _freeze(v, values_only)) for k, v in node.items()))
     if isinstance(node, (list, tuple)):
-        return (type(node), tuple(_freeze(v) for v in node))
+        return (type(node), tuple(_freeze(v, values_only) for v in node))
     if isinstance(node, (float, complex)):
         return (type(node), struct.pack("<dd", node.real, node.imag))
     if isinstance(node, np.generic):
         return (type(node), node.tobytes())
     if dataclasses.is_dataclass(node) and not isinstance(node, type):  # its fields, as a tuple's
-        return (type(node), tuple((f.name, _freeze(getattr(node, f.name))) for f in dataclasses.fields(node)))
+        return (type(node), tuple((f.name, _freeze(getattr(node, f.name), values_only))
+                                  for f in dataclasses.fields(node)))
+    if values_only and type(node).__eq__ is object.__eq__:
+        return (type(node),)
     return (type(node), node)
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import subprocess
+import sys
+import textwrap
 import threading
 import traceback
 
@@ -199,6 +202,41 @@ def test_a_non_tensor_result_computed_from_values_is_refused_when_traced(caller)
         traced(x)
     zeros = traced(make(caller, np.zeros(3, np.float32)))  # what was declared: no error
     np.testing.assert_array_equal(bits(zeros), np.zeros(3, np.uint32))
+
+
+class _Tag:  # compared by identity, as any plain class: a fresh one each run has no value to differ
+    pass
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_fresh_plain_object_among_the_results_is_not_taken_for_a_changed_value(caller):
+    """The declared-results check compared objects by their own ==: a plain object made anew in
+    each run (identity equality) differed from the one found on zeros, and the traced call was
+    refused although no value had changed."""
+    callee = "torch" if caller == "jax" else "jax"
+    fn = bb.bridge(callee)(lambda x: (x * 2, _Tag()))
+    x = make(caller, np.ones(3, np.float32))
+    got = _traced(caller, lambda x: fn(x)[0])(x)
+    np.testing.assert_array_equal(bits(got), bits(make(caller, np.full(3, 2, np.float32))))
+
+
+def test_the_callees_state_is_part_of_a_traced_callers_signature():
+    """A jax callee's results depend on jax's x64 flag (jnp.arange: int32, or int64 under x64): a
+    tf.function traced with x64 off was reused, stale, after x64 was turned on (tensorflow's
+    error: int32 declared, int64 given). Run in a fresh process: x64 is process-wide."""
+    code = textwrap.dedent("""
+        import tensorflow as tf, jax, jax.numpy as jnp, bf16bridge as bb
+        fn = bb.bridge("jax")(lambda x: (x * 2, jnp.arange(3)))
+        x = tf.ones(3)
+        assert [r.dtype.name for r in tf.function(lambda x: fn(x))(x)] == ["float32", "int32"]
+        jax.config.update("jax_enable_x64", True)
+        out = tf.function(lambda x: fn(x))(x)
+        assert [r.dtype.name for r in out] == ["float32", "int64"], out
+        assert out[1].numpy().tolist() == [0, 1, 2]
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
 # -- what is refused, with our error --------------------------------------------------------------
