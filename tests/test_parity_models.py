@@ -260,6 +260,30 @@ def test_a_broken_cast_is_caught(break_it):
             parity.check_cast(ref, model, _x(), cast_inputs=False)
 
 
+def test_a_half_precision_buffer_does_not_make_a_float32_model_narrow():
+    """check_cast chose a model's input dtype from its parameters and buffers: a float32 model
+    with a small float16 buffer was fed float16 inputs and failed in torch (mat1 and mat2 must
+    have the same dtype). Buffers decide only where a model has no parameters."""
+    torch = fw("torch")
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 32)
+            self.register_buffer("mask", torch.ones(4, dtype=torch.float16))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    model = Masked()
+    rep = parity.check_cast(model, copy.deepcopy(model), _x())
+    assert rep.max_abs == 0.0
+    only_buffers = torch.nn.Module()
+    only_buffers.register_buffer("b", torch.ones(4, dtype=torch.bfloat16))
+    from bf16bridge.parity.outputs import _model_dtype
+    assert _model_dtype(only_buffers) == "bfloat16" and _model_dtype(model) == "float32"
+
+
 def test_check_cast_runs_plain_functions_of_any_framework_on_the_inputs_as_given():
     jnp = fw("jax").numpy
     w = np.random.default_rng(3).standard_normal((32, 20)).astype(F32)

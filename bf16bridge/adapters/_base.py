@@ -82,12 +82,14 @@ class Handoff(NamedTuple):
 class Submodule:
     """One module of a model, for ``bf16bridge.casting.cast_module``: its dotted name ("" for
     the model itself), the names of its class and bases, those classes, and its own tensors
-    (parameters and buffers, not its children's) as (name, tensor) pairs."""
+    (parameters and buffers, not its children's) as (name, tensor) pairs; ``parameters``: how
+    many of the leaves, first, are parameters (the rest are buffers)."""
 
     name: str
     type_names: tuple[str, ...]
     classes: tuple[type, ...]
     leaves: tuple[tuple[str, Any], ...]
+    parameters: int = 0
 
 
 class Adapter:

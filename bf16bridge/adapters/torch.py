@@ -411,9 +411,10 @@ class TorchAdapter(Adapter):
             return None
         out = []
         for name, m in model.named_modules():
-            leaves = tuple((n, t) for n, t in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)))
+            params = tuple(m.named_parameters(recurse=False))
+            leaves = (*params, *m.named_buffers(recurse=False))
             classes = type(m).__mro__
-            out.append(Submodule(name, tuple(c.__name__ for c in classes), classes, leaves))
+            out.append(Submodule(name, tuple(c.__name__ for c in classes), classes, leaves, len(params)))
         return out
 
     def same_data(self, x):

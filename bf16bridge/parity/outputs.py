@@ -386,25 +386,29 @@ def assert_outputs_close(reference, candidate, *, logits=False, max_abs: float |
 
 def _model_dtype(model) -> str | None:
     """The dtype a model object's floating inputs should have: bf16 or float16 where any of its
-    parameters or buffers has one (what its cast layers compute in; cast_module's kept layers cast
-    their inputs up in their hooks, so a model that is mostly kept norms still takes the cast
-    dtype), else the floating dtype holding most of its elements; the one holding more elements
-    where both narrow ones are there. None for a plain function or a model with no floating leaves."""
-    count: Counter = Counter()
+    parameters has one (what its cast layers compute in; cast_module's kept layers cast their
+    inputs up in their hooks, so a model that is mostly kept norms still takes the cast dtype),
+    else the floating dtype holding most of its parameters' elements (of its buffers' where it has
+    no parameters); the one holding more elements where both narrow ones are there. Buffers do not
+    make a float32 model narrow: a half-precision mask is not what its layers compute in. None for
+    a plain function or a model with no floating leaves."""
+    params: Counter = Counter()
+    buffers: Counter = Counter()
     for adapter in registry.imported():
         subs = adapter.submodules(model)
         if subs is None:
             continue
         seen: set = set()
         for s in subs:
-            for _, t in s.leaves:
+            for i, (_, t) in enumerate(s.leaves):
                 if id(t) in seen:
                     continue
                 seen.add(id(t))
                 shape, name = adapter.shape_dtype(t)
                 if name in _INPUT_DTYPES:
-                    count[name] += math.prod(shape)
+                    (params if i < s.parameters else buffers)[name] += math.prod(shape)
         break
+    count = params or buffers
     narrow = Counter({name: n for name, n in count.items() if name in _NARROW})
     return (narrow or count).most_common(1)[0][0] if count else None
 
