@@ -452,7 +452,7 @@ _LOCK = threading.Lock()
 
 
 def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = False,
-          trials: bool = True, devices: bool | None = None) -> Capabilities:
+          trials: bool = True, devices: bool = True) -> Capabilities:
     """What this machine can do with bf16. Cached (``refresh=True`` probes again).
 
     ``frameworks``: names to import and try ("all" for every registered one);
@@ -463,12 +463,13 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     framework's profiler, numpy's DLPack). ``fallback='auto'`` asks this one: a conversion must not
     run compute behind the user's back (it stopped a running torch profiler).
 
-    ``devices`` (default: ``trials``): read the frameworks' devices. Reading them starts a
-    framework's device runtime (a CUDA context; jax's GPU client, which takes most of the GPU's
-    memory by default), so ``fallback='auto'`` asks for them only when it decides for compute on a
-    device other than the CPU. A cached answer that read as much or more answers too.
+    ``devices=False`` (with ``trials=False``): do not read the frameworks' devices either.
+    Reading them starts a framework's device runtime (a CUDA context; jax's GPU client, which
+    takes most of the GPU's memory by default), so ``fallback='auto'`` asks for them only when it
+    decides for compute on a device other than the CPU. A cached answer that read as much or more
+    answers too.
     """
-    devices = trials if devices is None else (devices or trials)
+    devices = devices or trials
     names = [n for n in registry.names() if n != registry.HUB]
     if frameworks == "all":
         asked = frozenset(names)
