@@ -294,7 +294,7 @@ def test_tensorflow_second_order_is_refused_with_our_error(in_function):
         run(tf.constant([1.0, -2.0, 3.0]))
 
 
-@pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev"])
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev", "vjp"])
 def test_torch_func_transforms_are_refused_with_our_error(transform):
     """torch.func hands its own wrapper tensors: torch said "must override the setup_context
     staticmethod" (grad, jacrev) or "Cannot access data pointer of Tensor" (vmap)."""
@@ -302,9 +302,40 @@ def test_torch_func_transforms_are_refused_with_our_error(transform):
 
     fn = bb.bridge("jax")(lambda x: x * x)
     run = {"grad": torch.func.grad(lambda x: fn(x).sum()), "vmap": torch.func.vmap(fn),
-           "jacrev": torch.func.jacrev(fn)}[transform]
+           "jacrev": torch.func.jacrev(fn), "vjp": lambda x: torch.func.vjp(fn, x)}[transform]
     with pytest.raises(UnsupportedTypeError, match="under a torch.func transform"):
         run(torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd", "hessian"])
+def test_jax_forward_mode_is_refused_by_jax_as_documented(transform):
+    """docs/functions.md: forward mode through a bridged call is refused by jax itself (a
+    custom_vjp function has no JVP)."""
+    import jax
+    import jax.numpy as jnp
+
+    f = bb.bridge("torch")(lambda x: x * x)
+    x = jnp.ones(3)
+    run = {"jvp": lambda: jax.jvp(f, (x,), (x,)), "jacfwd": lambda: jax.jacfwd(f)(x),
+           "hessian": lambda: jax.hessian(lambda x: f(x).sum())(x)}[transform]
+    with pytest.raises(TypeError, match="custom_vjp"):
+        run()
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+def test_a_bridged_call_on_a_captured_tensor_runs_under_a_torch_func_transform(transform):
+    """The refusal is for torch.func's wrapper tensors: a bridged call that sees only a plain
+    tensor the transformed function captured was refused too, though it worked before."""
+    import torch
+
+    g = bb.bridge("jax")(lambda c: c * 2.0)
+    c = torch.arange(3.0)
+    if transform == "vmap":
+        got = torch.func.vmap(lambda x: x + g(c))(torch.ones(2, 3))
+        assert got.tolist() == [[1.0, 3.0, 5.0], [1.0, 3.0, 5.0]]
+    else:
+        got = torch.func.grad(lambda x: (x * g(c)).sum())(torch.ones(3))
+        assert got.tolist() == [0.0, 2.0, 4.0]
 
 
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])

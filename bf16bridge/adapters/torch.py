@@ -371,7 +371,7 @@ class TorchAdapter(Adapter):
         return x.requires_grad and torch.is_grad_enabled()
 
     def call_foreign(self, call, leaves):
-        if _functorch_active():
+        if _functorch_active() and any(_functorch_wrapped(x) for x in leaves):
             raise UnsupportedTypeError(
                 f"the bridged function {getattr(call.fn, '__qualname__', call.fn)!r} called under a torch.func "
                 "transform (grad, vmap, jacrev, vjp, ...): its tensors are torch.func's wrappers, which hold "
@@ -570,6 +570,9 @@ def _remove_cast_hooks(m):
 
 #: torch.func (functorch) transforms active now (a private probe, where this torch has it)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+#: a tensor torch.func wrapped (a plain tensor captured by the transformed function is not, and
+#: crosses as any other); where this torch cannot tell, every tensor under a transform counts
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda x: True)
 
 
 class _Foreign(torch.autograd.Function):
