@@ -20,7 +20,7 @@ NUMPY25_TESTS := tests/test_numpy_registry.py tests/test_bits.py tests/test_inpu
 	tests/test_dtypes.py tests/test_environment.py
 # Python 3.12: python3.12 on PATH if it runs (a pyenv shim is on PATH but fails when 3.12 is not
 # selected), else pyenv's own; none is an error, never a skip
-PY312 ?= $(shell for p in python3.12 $$(ls -d /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
+PY312 ?= $(shell for p in python3.12 $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
 	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
 .PHONY: setup setup-legacy setup-oldest setup-numpy25 demo test typecheck test-legacy test-oldest test-numpy25 bench parity-docs dtype-docs matrix clean
@@ -53,7 +53,7 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 	touch $(OLDEST_STAMP)
 
 $(NUMPY25_STAMP): pyproject.toml constraints-numpy25.txt
-	@test -n "$(PY312)" || { echo "make: no Python 3.12 found (python3.12 on PATH, or /root/.pyenv/versions/3.12*/bin/python3.12); NumPy 2.5 needs it: install one, or pass PY312=/path/to/python3.12" >&2; exit 1; }
+	@test -n "$(PY312)" || { echo "make: no Python 3.12 found (python3.12 on PATH, or $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12); NumPy 2.5 needs it: install one, or pass PY312=/path/to/python3.12" >&2; exit 1; }
 	$(PY312) -m venv $(NUMPY25)
 	$(NUMPY25)/bin/python -m pip install --quiet -c constraints-numpy25.txt -e '.[jax,test]'
 	touch $(NUMPY25_STAMP)
@@ -69,8 +69,10 @@ dtype-docs: setup
 matrix: setup
 	$(BIN)/bf16bridge matrix
 
+# all four frameworks, whatever the caller's environment says (a leftover
+# BF16BRIDGE_TEST_FRAMEWORKS would deselect most of the run)
 test: setup typecheck test-legacy test-oldest test-numpy25
-	$(BIN)/python -m pytest -q
+	BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch,jax,tensorflow $(BIN)/python -m pytest -q
 
 # the package's types (mypy.ini): the typed API (convert's overloads, Plan) and the code behind it
 typecheck: setup

@@ -155,21 +155,29 @@ def needs(item) -> set[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    if not EXCLUDED:
-        return
     keep, drop = [], []
-    for item in items:
+    for item in items:  # every run reads every mark: a misspelt framework fails in the full run too
         (drop if needs(item) & set(EXCLUDED) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
-def pytest_report_header(config):
+def _excluded_line() -> str | None:
     if EXCLUDED:
         return (f"frameworks: {', '.join(REQUIRED)} (BF16BRIDGE_TEST_FRAMEWORKS); tests that need "
                 f"{', '.join(EXCLUDED)} are deselected")
     return None
+
+
+def pytest_report_header(config):
+    return _excluded_line()
+
+
+def pytest_terminal_summary(terminalreporter):
+    line = _excluded_line()  # the header is not shown under -q (make's runs); this line is
+    if line:
+        terminalreporter.write_line(line)
 
 
 # A process that imported torch, tensorflow and jax together has crashed at

@@ -22,7 +22,7 @@ def test_the_numpy_this_run_is_for():
     want = os.environ.get("BF16BRIDGE_TEST_NUMPY")
     if want:
         assert np.__version__.split(".")[:2] == want.split("."), (np.__version__, want)
-        assert hasattr(np.dtypes, "register_dlpack_dtype") or want.split(".") < ["2", "5"]
+        assert hasattr(np.dtypes, "register_dlpack_dtype") or tuple(map(int, want.split("."))) < (2, 5)
 
 
 def test_excluded_is_what_required_leaves_out():
