@@ -104,6 +104,12 @@ CASES = {
     "negative offsets": ({"a": _t(offsets=(-8, 0)), "b": _t(offsets=(0, 8))}, 8, False),
     "huge dim": ({"a": _t(shape=(2**64,))}, 8, False),
     "odd nibbles": ({"a": _t("F4", (3,), (0, 1))}, 1, False),
+    # empty shapes no array can take: 0 bytes, so the size check passes them; numpy refused at get()
+    "empty, huge dim": ({"a": _t(shape=(0, 2**64), offsets=(0, 0))}, 0, False),
+    "empty, past intp in bytes": ({"a": _t(shape=(0, 2**63 - 1), offsets=(0, 0))}, 0, False),
+    "empty, largest": ({"a": _t("U8", (0, 2**63 - 1), (0, 0))}, 0, True),
+    "too many dims": ({"a": _t(shape=(0,) + (1,) * 70, offsets=(0, 0))}, 0, False),
+    "most dims": ({"a": _t(shape=(1,) * 32, offsets=(0, 4))}, 4, True),
     "wrong size": ({"a": _t(shape=(3,))}, 8, False),
     # the walk over the data
     "not from 0": ({"a": _t(offsets=(4, 12))}, 12, False),

@@ -12,6 +12,7 @@ every reader skips), and it chooses the tensors' order.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -243,6 +244,8 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
     flat = list(chain.from_iterable(offsets))  # begin, end, begin, end, ...
     if not set(map(type, dims)) | set(map(type, flat)) <= {int} or min(dims, default=0) < 0:
         return None  # type(True) is bool and 2.0 a float: neither is a size
+    if max(map(len, shapes), default=0) > max_dims() or (0 in dims and not all(map(_fits, shapes, bits))):
+        return None  # more dimensions than numpy makes, or an empty shape no array can take
     begins, ends = flat[0::2], flat[1::2]
     if list(map(mul, map(math.prod, shapes), bits)) != list(map(lshift, map(sub, ends, begins), repeat(3))):
         return None  # shape x bits != 8 x (end - begin): a part byte, a wrong size, or end < begin
@@ -291,6 +294,23 @@ def _int(v) -> bool:
     return type(v) is int  # not bool, not float: JSON 2.0 is no size
 
 
+#: the most bytes the non-zero dimensions of a shape may span: numpy refuses an array, even an
+#: empty one, whose non-zero dimensions times its item size pass an intp
+_MAX_BYTES = 2 ** 63 - 1
+
+
+def _fits(shape: list, bits: int) -> bool:
+    """An empty shape whose other dimensions still give an array numpy can make ([0, 2**63 - 1] of
+    bf16 is 0 bytes, which the size check passes, and numpy refuses)."""
+    return math.prod(d for d in shape if d) * -(-bits // 8) <= _MAX_BYTES
+
+
+@functools.lru_cache(maxsize=1)
+def max_dims() -> int:
+    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since)."""
+    return 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+
+
 def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
     if not isinstance(entry, dict):
         raise _bad(path, f"its entry is a JSON {type(entry).__name__}, not an object", key)
@@ -299,6 +319,11 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
         raise _bad(path, f"unknown dtype {code!r} (known: {', '.join(CODES)})", key)
     if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
         raise _bad(path, f"its shape {shape!r} is not a list of whole numbers >= 0", key)
+    if len(shape) > max_dims():
+        raise _bad(path, f"its shape has {len(shape)} dimensions; arrays here take at most {max_dims()}", key)
+    if not _fits(shape, CODES[code][1]):
+        raise _bad(path, f"its shape {shape} of {code} is larger than any array (its non-zero dimensions span "
+                         f"more than {_MAX_BYTES} bytes)", key)
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
         raise _bad(path, f"its data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end", key)
