@@ -4,11 +4,13 @@ bad files refused with CheckpointError naming the file and the key."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -804,3 +806,24 @@ def test_a_model_object_is_refused_naming_its_weights(tmp_path):
                                                        "object.*state_dict"):  # once: an empty file
             bb.save(tree, tmp_path / "m.safetensors")
     assert os.listdir(tmp_path) == []
+
+
+@dataclasses.dataclass
+class _Config:
+    w: Any
+    lr: Any
+    extra: Any
+
+
+@pytest.mark.parametrize("lr, extra, bad", [(0.1, {}, "lr"), (np.float32(1), {"note": "kept?"}, "note"),
+                                            (np.ones(1, np.float32), {"step": 7}, "step")])
+def test_a_dataclass_field_that_is_not_a_tensor_is_refused_as_in_a_dict(tmp_path, lr, extra, bad):
+    """A dataclass's non-tensor fields (and whole dicts inside it) were dropped without a word,
+    where the same values in a dict are refused: the file lost them silently."""
+    with pytest.raises(InvalidArgumentError, match=f"{bad}.*is not a tensor"):
+        bb.save(_Config(np.ones(2, np.float32), lr, extra), tmp_path / "m.safetensors")
+    assert os.listdir(tmp_path) == []
+    bb.save(_Config(np.ones(2, np.float32), np.zeros(1, np.float32), {"b": np.ones(3, np.float32)}),
+            tmp_path / "ok.safetensors")
+    with bb.open(tmp_path / "ok.safetensors") as f:
+        assert sorted(f.keys()) == ["extra.b", "lr", "w"]

@@ -42,9 +42,13 @@ def _refuse_values(node, path: tuple) -> None:
             f"at {trees.where(path)}: {type(node).__name__} {node!r:.40} is not a tensor; a checkpoint holds "
             "tensors only: put strings in metadata={...}, make numbers arrays, or leave them out")
     else:  # a container the walk rebuilt (a dataclass, a jax pytree node), or an object it kept as it was
-        if (registry.tree_children(node) or trees._optree_children(node)
-                or trees._dataclass_children(node)) is not None:
-            return  # its non-tensor fields are its own (an nnx.Module's state, a struct's static fields)
+        children = (registry.tree_children(node) or trees._optree_children(node)
+                    or trees._dataclass_children(node))
+        if children is not None:  # its children as any others; its static fields (not among them) are its own
+            keys, values, _ = children
+            for k, v in zip(keys, values):
+                _refuse_values(v, path + (k,))
+            return
         t = type(node)
         what = f"{t.__module__}.{t.__qualname__}"
         if any(adapter.submodules(node) is not None for adapter in registry.imported()):
