@@ -258,8 +258,13 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
     if with_copies:
         steps, _ = with_copies
         why = "; ".join(f"{s.label}: {s.reason}" for s in steps if s.copies)
+        # what of the input itself could change (a step that copies whatever its input, such as
+        # jax's bit-cast, leaves only copy=None)
+        fix = [w for w, bad in (("contiguous", start.layout != CONTIGUOUS), ("64-byte aligned", not start.aligned),
+                                ("writable", start.readonly)) if bad]
         raise CopyRequiredError(f"copy=False, but {source} -> {target} must copy here ({why}); "
-                                "pass copy=None to allow the copy, or make the input contiguous and aligned")
+                                "pass copy=None to allow the copy"
+                                + (f", or make the input {' and '.join(fix)}" if fix else ""))
     if not start.host and adapters[target].host_only:
         raise DeviceError(f"{target} holds host memory only and the {source} input is on a device; "
                           "pass copy=True to copy it to the host, or move it yourself first")

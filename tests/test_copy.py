@@ -91,3 +91,25 @@ def test_a_copy_says_only_what_forces_it(readonly, offset, target, reasons):
     any alignment)."""
     p = bb.plan(_offset_bf16(readonly, offset), to=target)
     assert [s.reason for s in p.steps if s.copies] == reasons, str(p)
+
+
+@pytest.mark.parametrize("case, hint", [("jax fp8 bit-cast", None), ("transposed", "contiguous"),
+                                        ("read-only", "writable")])
+def test_copy_false_names_only_a_way_out_that_exists(case, hint):
+    """copy=False's error ended "or make the input contiguous and aligned" even where the copy is
+    the route's own (jax's bit-cast copies whatever its input): it names what of the input could
+    change, or only copy=None."""
+    import jax.numpy as jnp
+
+    x, to, kw = {
+        "jax fp8 bit-cast": (jnp.zeros(4, jnp.float8_e4m3b11fnuz), "torch", {"fallback": "bits"}),
+        "transposed": (np.zeros((4, 4), ml_dtypes.bfloat16).T, "jax", {}),
+        "read-only": (_offset_bf16(True, 0), "torch", {}),
+    }[case]
+    with pytest.raises(bb.CopyRequiredError, match="pass copy=None to allow the copy") as got:
+        bb.convert(x, to, copy=False, **kw)
+    said = str(got.value)
+    if hint is None:
+        assert "make the input" not in said, said
+    else:
+        assert f"make the input {hint}" in said, said
