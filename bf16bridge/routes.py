@@ -55,13 +55,19 @@ class Route(NamedTuple):
 # -- the graph ------------------------------------------------------------------
 
 
+def _holds_readonly(a: Adapter) -> bool:
+    """Whether ``a`` can hold read-only memory without a copy (its tensors are immutable, or it
+    marks them read-only)."""
+    return a.immutable or a.marks_readonly
+
+
 def _copy_reason(s: State, target: Adapter, copy: bool | None) -> str:
     if copy:
         return "copy=True"
     if not s.host:
         return "to host memory"
     why = []
-    if s.readonly and not (target.immutable or target.marks_readonly):  # as _enter refuses it
+    if s.readonly and not _holds_readonly(target):
         why.append(f"the input is read-only and {target.name} cannot hold read-only memory")
     if s.layout != CONTIGUOUS:
         why.append(f"the input is {LAYOUT_NAMES[s.layout]}")
@@ -97,7 +103,7 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
         return None
     if copies:  # a copy of a carrier still carries that row's bits
         return _fresh(dst, s.dtype, s.host)._replace(carries=s.carries)
-    if s.readonly and not (dst.immutable or dst.marks_readonly):
+    if s.readonly and not _holds_readonly(dst):
         return None  # e.g. a read-only numpy array into torch: must copy first
     readonly = s.readonly or (src.immutable and dst.marks_readonly)
     return s._replace(framework=dst.name, readonly=readonly)

@@ -210,9 +210,9 @@ def _walk(fn, node, path, walk: _Walk):
             inner = unwrap(node)
             if inner is not None:
                 return fn(inner, path)
-        children = registry.tree_children(node) or _optree_children(node) or _dataclass_children(node)
-        if children is not None:
-            keys, values, rebuild = children
+        found = children(node)
+        if found is not None:
+            keys, values, rebuild = found
             return rebuild([_walk(fn, v, path + (k,), walk) for k, v in zip(keys, values)])
         inner = unwrap(node)
         if inner is not None:
@@ -240,6 +240,12 @@ def unwrap(node):
     except UnsupportedTypeError:
         return None
     return value
+
+
+def children(node):
+    """``(keys, children, rebuild)`` of one level of a container the walk rebuilds (a jax pytree
+    node, an optree node, a plain dataclass), or None."""
+    return registry.tree_children(node) or _optree_children(node) or _dataclass_children(node)
 
 
 def _dataclass_children(node):

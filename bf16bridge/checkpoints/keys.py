@@ -42,10 +42,9 @@ def _refuse_values(node, path: tuple) -> None:
             f"at {trees.where(path)}: {type(node).__name__} {node!r:.40} is not a tensor; a checkpoint holds "
             "tensors only: put strings in metadata={...}, make numbers arrays, or leave them out")
     else:  # a container the walk rebuilt (a dataclass, a jax pytree node), or an object it kept as it was
-        children = (registry.tree_children(node) or trees._optree_children(node)
-                    or trees._dataclass_children(node))
-        if children is not None:  # its children as any others; its static fields (not among them) are its own
-            keys, values, _ = children
+        found = trees.children(node)
+        if found is not None:  # its children as any others; its static fields (not among them) are its own
+            keys, values, _ = found
             for k, v in zip(keys, values):
                 _refuse_values(v, path + (k,))
             return
