@@ -78,15 +78,23 @@ test: setup typecheck test-legacy test-oldest test-numpy25
 typecheck: setup
 	$(BIN)/mypy
 
+# PRUNE=1 (what .ci/run sets) removes each side environment once its tests have run, so that at
+# most two environments are on disk at once (about 6 GB instead of 7.5)
+PRUNE ?=
+prune = $(if $(PRUNE),rm -rf $(1))
+
 test-legacy: setup-legacy
 	$(LEGACY)/bin/python -m pytest -q -p no:cacheprovider legacy_tests
+	$(call prune,$(LEGACY))
 
 test-oldest: setup-oldest
 	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
+	$(call prune,$(OLDEST))
 
 # torch and tensorflow are not installed there: the tests ask only for numpy and jax (tests/conftest.py)
 test-numpy25: setup-numpy25
 	BF16BRIDGE_TEST_FRAMEWORKS=numpy,jax BF16BRIDGE_TEST_NUMPY=2.5 $(NUMPY25)/bin/python -m pytest -q -p no:cacheprovider $(NUMPY25_TESTS)
+	$(call prune,$(NUMPY25))
 
 bench: setup
 	$(BIN)/python -m benchmarks

@@ -3,12 +3,16 @@ the numpy it is for (BF16BRIDGE_TEST_NUMPY, set by `make test-numpy25`) must hav
 
 import importlib
 import os
+import pathlib
+import subprocess
 import types
 
 import numpy as np
 import pytest
 
 from conftest import EXCLUDED, FRAMEWORKS, REQUIRED, needs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", REQUIRED)
@@ -51,3 +55,32 @@ def test_what_a_test_needs(params, marks, want):
 def test_a_mark_naming_no_framework_is_an_error():
     with pytest.raises(ValueError, match="keras"):
         needs(_item(None, (("keras",),)))
+
+
+def _make_test_commands(**env):
+    """The commands `make test` would run from scratch (-n -B: print, run nothing)."""
+    out = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, **env}, check=True).stdout
+    return out.splitlines()
+
+
+def test_ci_prunes_each_side_environment_after_its_tests():
+    # .ci/run sets PRUNE=1 so that a CI disk holds two environments at a time, not four
+    lines = _make_test_commands(PRUNE="1")
+    removed = [line.split()[-1] for line in lines if line.startswith("rm -rf")]
+    assert removed == [".venv-legacy", ".venv-oldest", ".venv-numpy25"]
+    for venv in removed:
+        ran = max(i for i, line in enumerate(lines) if line.startswith(f"{venv}/bin/python -m pytest")
+                  or f" {venv}/bin/python -m pytest" in line)
+        assert lines.index(f"rm -rf {venv}") == ran + 1, venv
+    # the main environment stays: the main run comes last and uses it
+    assert lines[-1].endswith("-m pytest -q") and ".venv/bin/python" in lines[-1]
+
+
+def test_a_developer_keeps_the_side_environments():
+    assert not [line for line in _make_test_commands(PRUNE="") if line.startswith("rm -rf")]
+
+
+def test_ci_script_asks_for_pruning():
+    text = (ROOT / ".ci" / "run").read_text()
+    assert "PRUNE=1" in text and text.rstrip().endswith("make test")
