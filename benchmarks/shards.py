@@ -14,9 +14,10 @@ and back: ``bb.from_shards(shards, "jax", sharding=x.sharding)`` against a hand
 ``jax.make_array_from_single_device_arrays`` over the shards' buffers. A memcpy of the same bytes
 is measured beside them. Then the same bytes replicated twice (a (4, 2) mesh, ``P('x', None)``):
 ``from_shards`` and ``convert_shards(replicas="one")``, which compare each index's replicas bit
-for bit, against the same calls with ``compare_replicas=False``: what the comparison costs. Every claim is a ratio of times measured in the same process (the
-machine is shared and noisy); results, with the peak memory each way adds, go to
-benchmarks/results/shards.json (``--quick``: 1 MiB, to benchmarks/results/shards-quick.json).
+for bit, against the same calls with ``compare_replicas=False``: what the comparison costs. Every
+claim is a ratio of times measured in the same process (the machine is shared and noisy); results,
+with the peak memory each way adds, go to benchmarks/results/shards.json (``--quick``: 1 MiB, to
+benchmarks/results/shards-quick.json).
 
 jax must see 8 devices, so this sets ``XLA_FLAGS`` before it imports jax: run it as its own process.
 """
@@ -98,11 +99,16 @@ def run(quick: bool, log=print) -> dict:
     y = back()
     assert all(a.data.unsafe_buffer_pointer() == s.tensor.data_ptr() for a, s in zip(y.addressable_shards, got))
 
-    # replicated: the same array over a (4, 2) mesh, P('x', None): 4 indices, 2 replicas each.
-    # What comparing the replicas costs (it reads both of each pair), against the same calls told
-    # not to compare (compare_replicas=False)
-    xr = jax.device_put(host, NamedSharding(jax.make_mesh((DEVICES // 2, 2), ("x", "y")), PartitionSpec("x", None)))
+    # replicated: the same array over a (4, 2) mesh, P('x', None): 4 indices, 2 replicas each,
+    # each replica a buffer of its own (device_put of one aligned host array would alias it, and
+    # replicas over one buffer are not read). What comparing the replicas costs (it reads both of
+    # each pair), against the same calls told not to compare (compare_replicas=False)
+    rsharding = NamedSharding(jax.make_mesh((DEVICES // 2, 2), ("x", "y")), PartitionSpec("x", None))
+    places = rsharding.addressable_devices_indices_map(host.shape)
+    xr = jax.make_array_from_single_device_arrays(
+        host.shape, rsharding, [jax.device_put(np.array(host[idx]), dev) for dev, idx in places.items()])
     xr.block_until_ready()
+    assert len({s.data.unsafe_buffer_pointer() for s in xr.addressable_shards}) == DEVICES
     got_r = bb.convert_shards(xr, "torch", on_alias="allow")
     assert len(got_r) == DEVICES and {s.replica for s in got_r} == {0, 1}
 
@@ -143,7 +149,8 @@ def run(quick: bool, log=print) -> dict:
     return {
         "mode": mode, "machine": machine(), "code": _code(), "nbytes": nbytes, "shape": list(host.shape), "devices": DEVICES,
         "sharding": "P('x', None) over a mesh of 8 cpu devices", "shards": len(got),
-        "replicated": "the same array, P('x', None) over a (4, 2) mesh: 4 indices, 2 replicas each",
+        "replicated": "the same array, P('x', None) over a (4, 2) mesh: 4 indices, 2 replicas each, each replica "
+                      "a buffer of its own",
         "times": times, "ratios": ratios, "peak_extra_bytes": peak,
     }
 

@@ -348,25 +348,28 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
 def _check_replicas(pieces: Sequence[tuple], keyword: str) -> None:
     """The pieces (``(index, device, tensor, replica)``) that hold one global index hold the same
     bits, or our error naming the index, the devices that disagree and the way out. Each is read
-    through numpy (zero-copy from host memory); tensors over the same memory are not read."""
+    through numpy (zero-copy from host memory); tensors over the same memory are not read (the
+    same data by their adapter's ``same_data``, or host memory both numpy views alias)."""
     groups: dict[tuple, list[tuple]] = {}
     for p in pieces:
         groups.setdefault(tuple((s.start, s.stop) for s in p[0]), []).append(p)
     for group in groups.values():
         if len(group) < 2:
             continue
-        first = min(range(len(group)), key=lambda i: group[i][3])  # replica 0 where this process holds it
-        ref = group[first]
+        ref = min(group, key=lambda p: p[3])  # replica 0 where this process holds it, else the first given
         ref_bits = None
         differ = []
         for p in group:
             if p is ref or _same_memory(ref[2], p[2]):
                 continue
             if ref_bits is None:
-                ref_bits = _bits(ref[2])
-            at = _first_difference(ref_bits, _bits(p[2]))
+                ref_bits, mask = _bits(ref[2])
+            other = _bits(p[2])[0]
+            if _same_view(ref_bits, other):  # host memory both views alias (jax replicas put from one buffer)
+                continue
+            at = _first_difference(ref_bits, other, mask)
             if at is not None:
-                differ.append((p, at))
+                differ.append((p, at[:len(ref[0])]))  # an element, not a byte of it
         if differ:
             def who(p):
                 return f"{p[1]} (replica {p[3]})"
@@ -390,31 +393,42 @@ def _same_memory(a, b) -> bool:
     return bool(adapter.same_data(a) == adapter.same_data(b))
 
 
-def _bits(t) -> np.ndarray:
-    """A tensor's values as unsigned integers of their width, for comparing bits: through numpy
-    (zero-copy from host memory), padding bits of a sub-byte type cleared (they hold no value)."""
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two numpy arrays view the same memory the same way (so hold the same bits)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.size > 0
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def _bits(t) -> tuple[np.ndarray, int | None]:
+    """A tensor's elements through numpy (zero-copy from host memory; torch's packed fp4 one value
+    a byte) as unsigned integers of their width (bytes on a last axis of their own for a wider
+    element), for comparing bits; and the mask of the bits that hold a value where some do not
+    (a one-a-byte 4-bit type: jax clears the high bits, numpy need not), else None."""
     from .convert import convert  # convert imports this module's neighbours; late, as the adapters do
 
     a = np.asarray(convert(t, "numpy", on_alias="allow", on_grad="drop"))
+    n = a.dtype.itemsize
+    u = a.view(f"u{n}") if n in (1, 2, 4, 8) else np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (n,))
     name = dtypes.name_of_numpy(a.dtype)
     row = dtypes.ROWS.get(name) if name is not None else None
-    u = a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else \
-        np.ascontiguousarray(a).view(np.uint8)
     if row is not None and row.packing == 1 and row.bits < 8 * row.itemsize:
-        u = u & np.array((1 << row.bits) - 1, u.dtype)
-    return u
+        return u, (1 << row.bits) - 1
+    return u, None
 
 
-def _first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, ...] | None:
-    """The first element (row-major) where two arrays of bits of one shape differ; None where
-    none does. Compared a block of rows at a time (no reshape, which would copy a strided view):
-    a temporary of a few MiB, not one bool for every element."""
+def _first_difference(a: np.ndarray, b: np.ndarray, mask: int | None = None) -> tuple[int, ...] | None:
+    """The first element (row-major) where two arrays of bits of one shape differ (in the bits of
+    ``mask``, where given); None where none does. Compared a block of rows at a time (no reshape,
+    which would copy a strided view): a temporary of a few MiB, not one bool for every element."""
+    def unequal(x, y):
+        return x != y if mask is None else ((x ^ y) & np.array(mask, x.dtype)) != 0
+
     if a.ndim == 0:
-        return None if a == b else ()
+        return () if unequal(a, b) else None
     row = max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize)
     step = max(1, (4 << 20) // row)
     for start in range(0, a.shape[0], step):
-        ne = a[start:start + step] != b[start:start + step]
+        ne = unequal(a[start:start + step], b[start:start + step])
         if ne.any():
             at = np.unravel_index(int(np.flatnonzero(ne)[0]), ne.shape)
             return (start + int(at[0]),) + tuple(int(i) for i in at[1:])

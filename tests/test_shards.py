@@ -259,6 +259,39 @@ def test_replicas_of_padded_types_compare_their_value_bits(dtype):
         bb.from_shards(bad, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.parametrize("dtype,unsigned", [(np.complex128, np.uint64), (np.float32, np.uint32), (np.int8, np.uint8)])
+def test_replicas_name_the_element_whatever_its_width(dtype, unsigned):
+    """complex128 (16 bytes, wider than any unsigned integer) is compared by its bytes: the
+    element named is still an element, not a byte."""
+    a = np.zeros((2, 3), dtype)
+    b = a.copy()
+    b.view(unsigned)[1, -1] ^= 1  # the last element's last word: the imaginary part of a complex
+    index = (slice(0, 2), slice(0, 3))
+    pieces = [Shard(index, "cpu:0", a), Shard(index, "cpu:1", b, replica=1)]
+    with pytest.raises(InvalidArgumentError, match=r"differs first at element \(1, 2\), against cpu:0"):
+        bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
+
+
+def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
+    """Replicas that alias one buffer (one array given for each device; jax replicas put from one
+    aligned host buffer) hold the same bits by construction: the comparison does not read them."""
+    import torch
+
+    def read(*args):
+        raise AssertionError("replicas over one buffer were read")
+
+    monkeypatch.setattr(bb.shards, "_first_difference", read)
+    a = make("numpy", _u16(1, 2, 3, 4))
+    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    index = (slice(0, 2), slice(0, 2))
+    for pair in [(a, a), (a, a.view(BF16)), (t, t.view(torch.bfloat16)), (t, a)]:
+        bb.from_shards([Shard(index, f"cpu:{i}", x, replica=i) for i, x in enumerate(pair)], "jax",
+                       sharding=_one_device_sharding())
+    with pytest.raises(AssertionError, match="were read"):  # and where they do not alias, they are read
+        bb.from_shards([Shard(index, "cpu:0", a), Shard(index, "cpu:1", a.copy(), replica=1)], "jax",
+                       sharding=_one_device_sharding())
+
+
 def test_compare_replicas_is_checked_before_any_assembly():
     # the comparison runs in shards.py for every target: torch's DTensor assembly takes one
     # tensor of the index and would drop the other without a word
