@@ -827,6 +827,16 @@ def _two_processes(rank: int, jax_port: int, torch_port: int) -> None:
         assert len(bb.convert_shards(r, "numpy", replicas="one")) == (1 if rank == 0 else 0)
         gr = bb.from_shards(bb.convert_shards(r, "jax"), "jax")
         assert tuple(gr.sharding.spec) == (None, None) and gr.sharding.is_fully_replicated
+        # replicas="one" leaves rank 1 nothing to build a DTensor from: said as such (it was told to
+        # reorder the mesh's ranks)
+        if rank == 0:
+            assert bits(bb.convert_shards(r, "torch", replicas="one", as_dtensor=mesh).to_local()).tolist() == u16.tolist()
+        else:
+            try:
+                bb.convert_shards(r, "torch", replicas="one", as_dtensor=mesh)
+                raise AssertionError("a DTensor was built from no shard")
+            except InvalidArgumentError as err:
+                assert "no shard was given for it" in str(err) and "replicas='all'" in str(err), err
 
         # uneven (DTensor cuts 5 rows as 3 + 2): indices right, and jax's even split refused clearly
         u = distribute_tensor(full[:5], mesh, [Shard(0)])
