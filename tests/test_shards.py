@@ -259,6 +259,28 @@ def test_replicas_of_padded_types_compare_their_value_bits(dtype):
         bb.from_shards(bad, "jax", sharding=_one_device_sharding())
 
 
+def test_replicas_packed_by_torch_compare_with_unpacked_ones():
+    """torch holds fp4 two values a byte (float4_e2m1fn_x2, half the columns); a jax replica of
+    the same index holds one a byte: compared value for value, and a difference is named by its
+    place in the unpacked array."""
+    import ml_dtypes
+
+    from bf16bridge import dtypes
+
+    fp4 = ml_dtypes.float4_e2m1fn
+    u8 = np.resize(dtypes.all_patterns("float4_e2m1fn").view(np.uint8), (2, 8))
+    index = (slice(0, 2), slice(0, 8))
+    packed = bb.convert(u8.view(fp4), "torch")
+    assert tuple(packed.shape) == (2, 4)
+    ok = [Shard(index, "cpu:0", make("jax", u8.view(fp4))), Shard(index, "cpu:1", packed, replica=1)]
+    bb.from_shards(ok, "jax", sharding=_one_device_sharding())
+    flipped = u8.copy()
+    flipped[1, 5] ^= 1
+    bad = [ok[0], Shard(index, "cpu:1", bb.convert(flipped.view(fp4), "torch"), replica=1)]
+    with pytest.raises(InvalidArgumentError, match=r"cpu:1 \(replica 1\) differs first at element \(1, 5\)"):
+        bb.from_shards(bad, "jax", sharding=_one_device_sharding())
+
+
 @pytest.mark.parametrize("dtype,unsigned", [(np.complex128, np.uint64), (np.float32, np.uint32), (np.int8, np.uint8)])
 def test_replicas_name_the_element_whatever_its_width(dtype, unsigned):
     """complex128 (16 bytes, wider than any unsigned integer) is compared by its bytes: the
