@@ -202,7 +202,9 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
             "x.redistribute(placements=[Replicate() or Shard(d) ...]); jax: a reshard that reduces)")
     if replicas == "one":
         if compare_replicas:  # the replicas dropped here must hold what the kept one holds
-            _check_replicas(pieces, "compare_replicas")
+            _check_replicas(pieces, "Keeping one of them (replicas='one') would hide that: recompute the source "
+                            "array so that its replicas agree (replicas='all' returns each, numbered); "
+                            "compare_replicas=False keeps replica 0 without comparing")
         pieces = [p for p in pieces if p[3] == 0]
     out: list[Shard] = []
     pending: dict = {}
@@ -278,7 +280,10 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
             "x.redistribute(placements=[Replicate() or Shard(d) ...])), or give a Layout without partial axes")
     _check_pieces(pieces, shape, dtype)
     if compare_replicas:
-        _check_replicas([(p.index, p.device, p.tensor, p.replica) for p in pieces], "compare_replicas")
+        _check_replicas([(p.index, p.device, p.tensor, p.replica) for p in pieces],
+                        "A sharded array holds one value for each element: give every device of that index the "
+                        "same tensor (one replica's), or recompute the array so that its replicas agree; "
+                        "compare_replicas=False builds it as given, each device with its own shard")
     return adapter.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
                             on_alias)
 
@@ -345,9 +350,9 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
                 "convert the odd shard first")
 
 
-def _check_replicas(pieces: Sequence[tuple], keyword: str) -> None:
+def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:
     """The pieces (``(index, device, tensor, replica)``) that hold one global index hold the same
-    bits, or our error naming the index, the devices that disagree and the way out. Each is read
+    bits, or our error naming the index, the devices that disagree and ``way_out``. Each is read
     through numpy (zero-copy from host memory); tensors over the same memory are not read (the
     same data by their adapter's ``same_data``, or host memory both numpy views alias)."""
     groups: dict[tuple, list[tuple]] = {}
@@ -376,10 +381,7 @@ def _check_replicas(pieces: Sequence[tuple], keyword: str) -> None:
 
             index = _show(ref[0])
             where = "; ".join(f"{who(p)} differs first at element {at}" for p, at in differ)
-            raise InvalidArgumentError(
-                f"the replicas of shard {index} disagree: {where}, against {who(ref)}. A sharded array holds one "
-                f"value for each index: give every device of {index} the same tensor (one replica's), or recompute "
-                f"the array so that its replicas agree; {keyword}=False builds it as given, replicas unequal")
+            raise InvalidArgumentError(f"the replicas of shard {index} disagree: {where}, against {who(ref)}. {way_out}")
 
 
 def _same_memory(a, b) -> bool:
