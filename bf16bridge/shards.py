@@ -368,8 +368,8 @@ def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:
             if p is ref or _same_memory(ref[2], p[2]):
                 continue
             if ref_bits is None:
-                ref_bits, mask = _bits(ref[2])
-            other = _bits(p[2])[0]
+                ref_bits, mask = _bits(ref)
+            other = _bits(p)[0]
             if _same_view(ref_bits, other):  # host memory both views alias (jax replicas put from one buffer)
                 continue
             at = _first_difference(ref_bits, other, mask)
@@ -401,14 +401,18 @@ def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
-def _bits(t) -> tuple[np.ndarray, int | None]:
+def _bits(piece: tuple) -> tuple[np.ndarray, int | None]:
     """A tensor's elements through numpy (zero-copy from host memory; torch's packed fp4 one value
     a byte) as unsigned integers of their width (bytes on a last axis of their own for a wider
     element), for comparing bits; and the mask of the bits that hold a value where some do not
     (a one-a-byte 4-bit type: jax clears the high bits, numpy need not), else None."""
     from .convert import convert  # convert imports this module's neighbours; late, as the adapters do
 
-    a = np.asarray(convert(t, "numpy", on_alias="allow", on_grad="drop"))
+    try:
+        a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
+    except Bf16BridgeError as err:
+        raise type(err)(f"the shard {_show(piece[0])} on {piece[1]}, read to compare it with its replicas "
+                        f"(compare_replicas=False skips that): {err}") from err
     n = a.dtype.itemsize
     u = a.view(f"u{n}") if n in (1, 2, 4, 8) else np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (n,))
     name = dtypes.name_of_numpy(a.dtype)

@@ -314,6 +314,17 @@ def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
                        sharding=_one_device_sharding())
 
 
+def test_a_replica_that_cannot_be_read_is_named():
+    import torch
+
+    index = (slice(0, 2), slice(0, 2))
+    meta = torch.empty(2, 2, dtype=torch.bfloat16, device="meta")  # no data: convert refuses it
+    pieces = [Shard(index, "cpu:0", np.zeros((2, 2), BF16)), Shard(index, "meta", meta, replica=1)]
+    with pytest.raises(UnsupportedTypeError, match=r"the shard \[0:2, 0:2\] on meta, read to compare it with its "
+                                                   r"replicas \(compare_replicas=False skips that\): .*meta device"):
+        bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
+
+
 def test_compare_replicas_is_checked_before_any_assembly():
     # the comparison runs in shards.py for every target: torch's DTensor assembly takes one
     # tensor of the index and would drop the other without a word
