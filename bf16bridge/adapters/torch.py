@@ -510,6 +510,11 @@ class TorchAdapter(Adapter):
                 f"a DTensor holds one local tensor per rank; these shards hold {len(held)} different parts "
                 f"({', '.join(sorted({_show(i) for i, _, _ in pieces}))}): one process must hold one part (a jax "
                 "array over one device per process), or build one local tensor yourself (a copy)")
+        if not pieces:
+            raise InvalidArgumentError(
+                f"this rank's place {tuple(coord)} in the mesh holds {_show(index)}, and no shard was given for it: "
+                "a DTensor needs this rank's part (convert_shards(..., replicas='one') keeps replica 0 only, which "
+                "another rank holds here): pass replicas='all', or give this rank's shard")
         mine = [t for i, _, t in pieces if span(i) == span(index)]
         if not mine:
             raise InvalidArgumentError(
