@@ -396,20 +396,16 @@ class TorchAdapter(Adapter):
         return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
 
     def aliased(self, outs, ins):
-        spans = []
-        for x in ins:
-            if isinstance(x, torch.Tensor) and x.device.type == "cpu":
-                s = x.untyped_storage()
-                if s.nbytes():
-                    spans.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
+        # an output that shares an input's memory starts inside it: the callee only had the input's
+        # own bytes (its data pointer to data pointer + nbytes), so no output's extent is needed
+        spans = [(p, p + x.nbytes) for x in ins if isinstance(x, torch.Tensor) and (p := x.data_ptr())]
         if not spans:
             return []
         found = []
         for i, o in enumerate(outs):
-            if isinstance(o, torch.Tensor) and o.nbytes:
-                lo = o.data_ptr()
-                hi = lo + o.nbytes
-                if any(lo < end and start < hi for start, end in spans):
+            if isinstance(o, torch.Tensor):
+                p = o.data_ptr()
+                if any(start <= p < end for start, end in spans):
                     found.append(i)
         return found
 
