@@ -391,6 +391,34 @@ class TorchAdapter(Adapter):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
 
+    def watch_writes(self, leaves):
+        # torch has no read-only tensors, but every in-place op (add_, x[i] = v, out=, copy_) bumps the
+        # version counter a tensor shares with its views and detached copies. Not seen: writes
+        # through .data, .numpy() or a raw pointer, and tensors made under inference_mode (no counter)
+        try:
+            return leaves, [x._version for x in leaves]
+        except RuntimeError:  # an inference tensor among them: watch the others
+            return leaves, [None if x.is_inference() else x._version for x in leaves]
+
+    def written(self, watched):
+        leaves, versions = watched
+        now = [None if v is None else x._version for x, v in zip(leaves, versions)]
+        return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
+
+    def aliased(self, outs, ins):
+        # an output that shares an input's memory starts inside it: the callee only had the input's
+        # own bytes (its data pointer to data pointer + nbytes), so no output's extent is needed
+        spans = [(p, p + x.nbytes) for x in ins if isinstance(x, torch.Tensor) and (p := x.data_ptr())]
+        if not spans:
+            return []
+        found = []
+        for i, o in enumerate(outs):
+            if isinstance(o, torch.Tensor):
+                p = o.data_ptr()
+                if any(start <= p < end for start, end in spans):
+                    found.append(i)
+        return found
+
     def outside_compiler(self, call):
         # torch.compile's tracer cannot follow foreign code (DLPack, jax): a graph break here,
         # the bridged call runs eagerly, and tracing resumes after it
