@@ -141,7 +141,10 @@ def test_copy_zero_does_not_poison_copy_false():
         bb.to_jax(unaligned, copy=False)
 
 
-@pytest.mark.parametrize("args", [(-1,), ((2, -3),), ((2.5,),), (3, "nope"), ((True, 2),)])
+@pytest.mark.parametrize("args", [(-1,), ((2, -3),), ((2.5,),), (3, "nope"), ((True, 2),),
+                                  # numpy's TypeError / ValueError before (audit)
+                                  ((2, 3), np.dtype(object)), ((2,), np.dtype([("a", object)])),
+                                  ((1 << 62,),), ((1 << 40, 1 << 40), np.float32), ((3,), np.dtype("V0"))])
 def test_aligned_empty_refuses_what_numpy_refuses(args):
     with pytest.raises(bb.InvalidArgumentError):
         bb.aligned_empty(*args)
