@@ -236,6 +236,15 @@ def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
 # -- keys and arguments ------------------------------------------------------------------------
 
 
+class _Tagged(np.ndarray):
+    """An ndarray subclass with state of its own (a unit, as astropy's Quantity): a file holds values only."""
+
+    def __new__(cls, values, unit="m"):
+        a = np.asarray(values, np.float32).view(cls)
+        a.unit = unit
+        return a
+
+
 @pytest.mark.parametrize("tree, metadata, match", [
     ({"a.b": np.zeros(1), "a": {"b": np.ones(1)}}, None, "'a.b'.*both flatten"),
     ({"a": np.zeros(1), "step": 3}, None, r"\['step'\].*not a tensor.*metadata"),
@@ -255,14 +264,46 @@ def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     ({"a": np.zeros(1), "ids": {1, 2}}, None, r"\['ids'\]: builtins.set is neither a tensor nor a container"),
     ({"a": np.zeros(1), "o": object()}, None, r"\['o'\]: builtins.object is neither"),
     ({"gen": (i for i in range(2))}, None, r"\['gen'\]: builtins.generator"),
+    # numpy inputs whose file would lose something: once written without their mask, fields or type
+    ({"m": {"x": np.ma.masked_array([1.0, 2.0], mask=[0, 1])}}, None, r"key 'm.x'.*lose its mask.*filled"),
+    ({"a": _Tagged([1.0, 2.0])}, None, r"key 'a'.*_Tagged.*subclass.*np.asarray"),
+    ({"a": np.zeros(2, [("i", "<i4"), ("f", "<f8")])}, None, r"key 'a'.*structured.*a\['i'\]"),
+    ({"a": np.rec.array(np.zeros(2, [("i", "<i4")]))}, None, r"key 'a'.*structured.*a\['i'\]"),
+    ({"a": np.array([1, "x"], object)}, None, r"key 'a'.*object.*numeric dtype"),
+    ({"a": np.array(["2020-01-01"], "datetime64[D]")}, None, r"key 'a'.*datetime64\[D\].*view\(np.int64\).*metadata"),
+    ({"a": np.array([5], "timedelta64[s]")}, None, r"key 'a'.*timedelta64\[s\].*view\(np.int64\)"),
+    ({"a": np.array(["ab"])}, None, r"key 'a'.*<U2.*metadata="),
+    ({"a": np.zeros(2, np.longdouble)}, None, r"key 'a'.*float128.*float64"),
 ], ids=["collision", "number", "string", "metadata-value", "metadata-key", "metadata-type", "reserved",
         "tuple-key", "complex128", "odd-fp4", "fp6", "metadata-surrogate", "metadata-key-surrogate",
-        "key-surrogate", "set", "object", "generator"])
+        "key-surrogate", "set", "object", "generator", "masked", "ndarray-subclass", "structured", "recarray",
+        "object-array", "datetime64", "timedelta64", "str-array", "longdouble"])
 def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     p = tmp_path / "m.safetensors"
     with pytest.raises(bb.Bf16BridgeError, match=match):
         bb.save(tree, p, metadata=metadata)
     assert os.listdir(tmp_path) == []
+
+
+def _memmap(tmp_path):
+    m = np.memmap(tmp_path / "mm.bin", np.float32, "w+", shape=(2, 3))
+    m[...] = np.arange(6).reshape(2, 3)
+    return m
+
+
+@pytest.mark.parametrize("make", [
+    lambda tmp: np.array([[1.0, -0.0], [np.nan, 4.0]], np.float32).view(np.matrix),  # (np.matrix() warns)
+    _memmap,
+    lambda tmp: np.arange(6, dtype=np.int16).view(np.recarray),  # a record array of a plain dtype: its values
+    lambda tmp: ml_dtypes.bfloat16(-0.0),  # a numpy scalar: a 0-d tensor
+], ids=["matrix", "memmap", "recarray-plain", "scalar"])
+def test_save_writes_ndarray_subclasses_that_hold_only_values_as_their_values(tmp_path, make):
+    x = make(tmp_path)
+    bb.save({"a": x}, tmp_path / "m.safetensors")
+    got = bb.load(tmp_path / "m.safetensors")["a"]
+    want = np.asarray(x)
+    assert type(got) is np.ndarray and got.shape == want.shape and got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()
 
 
 def test_keys_of_a_torch_state_dict_and_a_flax_nnx_state(tmp_path):
@@ -827,3 +868,4 @@ def test_a_dataclass_field_that_is_not_a_tensor_is_refused_as_in_a_dict(tmp_path
             tmp_path / "ok.safetensors")
     with bb.open(tmp_path / "ok.safetensors") as f:
         assert sorted(f.keys()) == ["extra.b", "lr", "w"]
+

@@ -12,20 +12,53 @@ import numpy as np
 
 from .. import kernels, registry
 from ..convert import convert, plan
-from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
+                      UnsupportedTypeError)
 from . import format as fmt
 from .keys import leaves
 
 
+#: ndarray subclasses that hold nothing beyond their values (a memory-mapped file's array, numpy's
+#: matrix, a record array's view of its fields): saved as their values. Any other subclass may hold
+#: state of its own (a unit, as astropy's Quantity) that a file would lose; a masked array (its mask)
+#: is the numpy adapter's to refuse, as every route does
+_VALUES_ONLY = (np.ndarray, np.memmap, np.matrix, np.recarray, np.ma.MaskedArray)
+
+
+def _way_out(dtype: np.dtype) -> str:
+    """What to save instead of a numpy array of ``dtype`` that no safetensors code holds."""
+    if dtype.names:
+        return (f"a structured dtype has no code: save each field as its own key ({{'{dtype.names[0]}': "
+                f"a['{dtype.names[0]}'], ...}})")
+    if dtype.kind == "O":
+        return "an object array has no code: make it an array of a numeric dtype (np.asarray(a, dtype=np.float32))"
+    if dtype.kind in "mM":
+        return (f"save a.view(np.int64) and its unit ({dtype}) in metadata={{...}}; the file keeps no unit, "
+                "so np.datetime64/timedelta64 come back as int64")
+    if dtype.kind in "USV":
+        return "a checkpoint holds tensors: put strings in metadata={...}, or their bytes as a uint8 array"
+    if dtype.kind == "f" and dtype.itemsize > 8:
+        return "cast it to float64 (rounds: a.astype(np.float64))"
+    if dtype.kind == "c":
+        return "cast it to complex64 (rounds)"
+    return "cast it to a dtype the format holds"
+
+
 def _describe(key: str, x) -> fmt.Entry:
-    if registry.framework_of(x) == registry.HUB:
-        shape, name = np.shape(x), np.asarray(x).dtype.name
-    else:
-        try:
-            p = plan(x, registry.HUB)
-        except Bf16BridgeError as err:
-            raise type(err)(f"key {key!r}: {err}") from err
-        shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
+    if isinstance(x, np.ndarray) and type(x) not in _VALUES_ONLY:
+        t = type(x)
+        raise UnsupportedTypeError(
+            f"key {key!r}: {t.__module__}.{t.__qualname__} is a subclass of numpy.ndarray that may hold more than "
+            "its values (a unit, a mask), which a file would lose; pass np.asarray(x) to save its values")
+    try:
+        p = plan(x, registry.HUB)  # the numpy adapter refuses a masked array here, as convert does
+    except UnsupportedDtypeError as err:
+        if registry.framework_of(x) == registry.HUB:
+            raise UnsupportedDtypeError(f"key {key!r}: {err}; {_way_out(np.asarray(x).dtype)}") from err
+        raise type(err)(f"key {key!r}: {err}") from err
+    except Bf16BridgeError as err:
+        raise type(err)(f"key {key!r}: {err}") from err
+    shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
     code = fmt.NAMES.get(name)
     if code is None or code in fmt.UNPACKED:
         raise UnsupportedDtypeError(
