@@ -753,8 +753,9 @@ def test_load_for_target_casts_fp4_as_a_floating_type_and_counts_the_results_byt
     k = report["w"]
     assert k.nbytes_in == 16 and k.nbytes_out == nbytes_out
     assert "not a floating type" not in k.reason
-    if dtype == "auto":
-        assert k.dtype_out == "float4_e2m1fn" and "packed" in k.reason
+    if dtype == "auto":  # torch holds it packed, two a byte, and the report says so
+        assert k.dtype_out == ("float4_e2m1fn_x2" if target == "torch" else "float4_e2m1fn") and "packed" in k.reason
+        assert k.shape_out == ((4, 4) if target == "torch" else (4, 8)) and k.shape_in == (4, 8)
         assert bits(out["w"]).tobytes() == bits(bb.convert(a, target)).tobytes()
     else:
         assert k.dtype_out == dtype and k.exact and k.copied
@@ -869,3 +870,27 @@ def test_a_dataclass_field_that_is_not_a_tensor_is_refused_as_in_a_dict(tmp_path
     with bb.open(tmp_path / "ok.safetensors") as f:
         assert sorted(f.keys()) == ["extra.b", "lr", "w"]
 
+
+@pytest.mark.parametrize("target", FRAMEWORKS)
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_load_for_target_reports_the_dtype_and_shape_each_result_has_for_every_file_dtype(tmp_path, target, dtype):
+    # torch holds F4 packed (float4_e2m1fn_x2, two values a byte, the last dimension halved): the
+    # report once said float4_e2m1fn and the file's shape for it
+    tensors = {}
+    for code, (name, _) in fmt.CODES.items():
+        if code in fmt.UNPACKED or (target == "jax" and name == "float64"):  # (no float64 in jax without x64)
+            continue
+        top = 16 if code == "F4" else 2 if code == "BOOL" else 64
+        raw = np.arange(24 * _np_dtype(code).itemsize, dtype=np.uint8) % top
+        small = _np_dtype(code).kind in "iu"  # values int32 holds: jax's fallback narrows int64 to them
+        tensors[name] = (np.arange(24).astype(_np_dtype(code)) if small else raw.view(_np_dtype(code))).reshape(2, 3, 4)
+    p = tmp_path / "all.safetensors"
+    bb.save(tensors, p)
+    out, report = bb.load_for_target(p, target, dtype=dtype, fallback="auto")
+    adapter = bb.registry.get(target)
+    for k in report.keys:
+        shape, held = adapter.shape_dtype(out[k.key])
+        assert (k.dtype_out, k.shape_out) == (held, tuple(shape)), k
+        assert k.shape_in == (2, 3, 4), k
+        if k.shape_out != k.shape_in:
+            assert "float4_e2m1fn_x2" in k.reason and "[2, 3, 2]" in str(k), k
