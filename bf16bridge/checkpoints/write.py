@@ -11,7 +11,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import kernels, registry
+from ..adapters.numpy import aligned_empty
 from ..convert import convert, plan
+from ..shards import convert_shards
 from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
 from . import format as fmt
@@ -44,7 +46,9 @@ def _way_out(dtype: np.dtype) -> str:
     return "cast it to a dtype the format holds"
 
 
-def _describe(key: str, x) -> fmt.Entry:
+def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
+    """The entry of ``x`` (its data unread); a tensor sharded over several devices is noted in
+    ``sharded``: it is gathered when its turn comes (one copy)."""
     if isinstance(x, np.ndarray) and type(x) not in _VALUES_ONLY:
         t = type(x)
         raise UnsupportedTypeError(
@@ -56,9 +60,16 @@ def _describe(key: str, x) -> fmt.Entry:
         if registry.framework_of(x) == registry.HUB:
             raise UnsupportedDtypeError(f"key {key!r}: {err}; {_way_out(np.asarray(x).dtype)}") from err
         raise type(err)(f"key {key!r}: {err}") from err
+    except UnsupportedTypeError as err:
+        adapter = registry.get(registry.framework_of(x))
+        if adapter.local_shards(x) is None:  # not a sharded tensor (a jax array over several devices, a DTensor)
+            raise type(err)(f"key {key!r}: {err}") from err
+        sharded.add(key)
+        shape, name = adapter.shape_dtype(x)  # the global shape
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
-    shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
+    else:
+        shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
     code = fmt.NAMES.get(name)
     if code is None or code in fmt.UNPACKED:
         raise UnsupportedDtypeError(
@@ -73,6 +84,30 @@ def _describe(key: str, x) -> fmt.Entry:
         raise UnsupportedDtypeError(f"key {key!r}: {n} values of {name} end inside a byte, which the format "
                                     "cannot hold (F4 packs two a byte): pad it to an even count")
     return fmt.Entry(key, code, tuple(int(d) for d in shape), nbits // 8)
+
+
+def _gather(key: str, x) -> np.ndarray:
+    """A sharded tensor's values as one numpy array (a copy), from the shards this process holds;
+    refused (naming the key) if they do not cover it: a file holds whole tensors."""
+    try:
+        got = convert_shards(x, registry.HUB, on_alias="allow", on_grad="drop")
+        out = aligned_empty(got.shape, fmt.numpy_dtype(got.dtype))
+    except Bf16BridgeError as err:
+        raise type(err)(f"key {key!r}: {err}") from err
+    seen: set[tuple] = set()
+    covered = 0
+    for shard in got.shards:  # the shards of a sharding are equal or disjoint: one of each index
+        where = tuple((s.start, s.stop) for s in shard.index)
+        if where not in seen:
+            seen.add(where)
+            out[shard.index] = shard.tensor
+            covered += shard.tensor.size
+    if covered != out.size:
+        raise UnsupportedTypeError(
+            f"key {key!r}: a tensor sharded over several processes: this one holds {covered} of its {out.size} "
+            "values, and a file holds whole tensors; gather it first (jax: multihost_utils.process_allgather; "
+            "DTensor: x.full_tensor()), or save each process's shards (bb.convert_shards) under keys of their own")
+    return out
 
 
 def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
@@ -136,7 +171,8 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
                     raise InvalidArgumentError(f"metadata key {k!r}: its {what} cannot be written as UTF-8 "
                                                f"({err.reason}); the header is UTF-8 JSON") from None
     pairs = leaves(tree)
-    entries = fmt.order([_describe(k, x) for k, x in pairs])
+    sharded: set[str] = set()
+    entries = fmt.order([_describe(k, x, sharded) for k, x in pairs])
     tensors = dict(pairs)
     head = fmt.header_bytes(entries, metadata)
     if len(head) - fmt.PREFIX > fmt.MAX_HEADER:  # every reader (ours, safetensors') refuses such a file
@@ -156,7 +192,8 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
         with builtins.open(fd, "wb", closefd=True) as f:
             f.write(head)
             for e in entries:
-                a = _numpy(e.key, tensors[e.key], e)
+                x = tensors[e.key]
+                a = _numpy(e.key, _gather(e.key, x) if e.key in sharded else x, e)
                 if a.size:
                     f.write(a.reshape(-1).view(np.uint8).data)
                 del a  # one tensor's bytes alive at a time
