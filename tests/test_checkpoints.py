@@ -274,10 +274,14 @@ class _Tagged(np.ndarray):
     ({"a": np.array([5], "timedelta64[s]")}, None, r"key 'a'.*timedelta64\[s\].*view\(np.int64\)"),
     ({"a": np.array(["ab"])}, None, r"key 'a'.*<U2.*metadata="),
     ({"a": np.zeros(2, np.longdouble)}, None, r"key 'a'.*float128.*float64"),
+    # no code: the way out is the narrowest exact widening the format has
+    ({"a": np.zeros(2, ml_dtypes.int4)}, None, r"key 'a'.*int4.*widen it to int8.*exact"),
+    ({"a": np.zeros(2, ml_dtypes.float8_e4m3b11fnuz)}, None, r"key 'a'.*e4m3b11fnuz.*widen it to bfloat16"),
+    ({"a": np.zeros(4, ml_dtypes.float6_e3m2fn)}, None, r"key 'a'.*float6_e3m2fn.*widen it to bfloat16"),
 ], ids=["collision", "number", "string", "metadata-value", "metadata-key", "metadata-type", "reserved",
         "tuple-key", "complex128", "odd-fp4", "fp6", "metadata-surrogate", "metadata-key-surrogate",
         "key-surrogate", "set", "object", "generator", "masked", "ndarray-subclass", "structured", "recarray",
-        "object-array", "datetime64", "timedelta64", "str-array", "longdouble"])
+        "object-array", "datetime64", "timedelta64", "str-array", "longdouble", "int4", "e4m3b11", "fp6-widens"])
 def test_save_refuses_naming_the_key(tmp_path, tree, metadata, match):
     p = tmp_path / "m.safetensors"
     with pytest.raises(bb.Bf16BridgeError, match=match):

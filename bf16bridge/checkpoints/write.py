@@ -10,12 +10,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import kernels, registry
+from .. import dtypes, kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import convert, plan
-from ..shards import convert_shards
 from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
+from ..shards import convert_shards
 from . import format as fmt
 from .keys import leaves
 
@@ -72,10 +72,14 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
         shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
     code = fmt.NAMES.get(name)
     if code is None or code in fmt.UNPACKED:
+        row = dtypes.ROWS.get(name)
+        wider = next((w for w in row.widenings if fmt.NAMES.get(w) not in (None, *fmt.UNPACKED)), None) if row else None
+        how = (f"widen it to {wider} first (exact: every {name} value is a {wider} value)" if wider else
+               "cast it first (complex128 to complex64, rounding)")
         raise UnsupportedDtypeError(
             f"key {key!r}: {name} has no safetensors code that bf16bridge writes "
-            f"(the format has: {', '.join(fmt.CODES)}); cast it first (complex128 to complex64; "
-            "float6 is packed in files, in an order bf16bridge does not write)")
+            f"(the format has: {', '.join(fmt.CODES)}; float6 is packed in files, in an order bf16bridge "
+            f"does not write); {how}")
     n = 1
     for d in shape:
         n *= int(d)
