@@ -937,3 +937,36 @@ def test_save_writes_a_jax_array_sharded_over_several_devices_whole(tmp_path):
     run = subprocess.run([sys.executable, "-c", _SHARDED, str(tmp_path / "m.safetensors")], capture_output=True,
                          text=True, timeout=300, env=env)
     assert run.returncode == 0 and "ok 4" in run.stdout, run.stderr[-3000:]
+
+
+_DTENSOR = textwrap.dedent("""
+    import os, socket, sys
+    import torch, torch.distributed as dist, bf16bridge as bb
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor, DTensor
+    mesh = init_device_mesh("cpu", (1,))
+    t = torch.arange(12, dtype=torch.int16).view(torch.bfloat16).reshape(3, 4)
+    tree = {"shard": distribute_tensor(t, mesh, [Shard(0)]), "replicate": distribute_tensor(t, mesh, [Replicate()])}
+    bb.save(tree, sys.argv[1])
+    got = bb.load(sys.argv[1], to="torch")
+    assert all(torch.equal(got[k].view(torch.int16), t.view(torch.int16)) for k in tree), got
+    try:  # partial sums are no array's values: refused, naming the key
+        bb.save({"p": DTensor.from_local(t, mesh, [Partial()])}, sys.argv[1])
+    except bb.UnsupportedTypeError as err:
+        assert "key 'p'" in str(err) and "partial sums" in str(err), err
+    else:
+        raise AssertionError("a Partial DTensor was saved")
+    dist.destroy_process_group()
+    print("ok")
+""")
+
+
+def test_save_writes_a_dtensor_whole_and_refuses_partial_sums(tmp_path):
+    run = subprocess.run([sys.executable, "-c", _DTENSOR, str(tmp_path / "m.safetensors")], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
