@@ -55,7 +55,15 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
             f"key {key!r}: {t.__module__}.{t.__qualname__} is a subclass of numpy.ndarray that may hold more than "
             "its values (a unit, a mask), which a file would lose; pass np.asarray(x) to save its values")
     try:
-        p = plan(x, registry.HUB)  # the numpy adapter refuses a masked array here, as convert does
+        if registry.framework_of(x) == registry.HUB:
+            name = dtypes.name_of_numpy(x.dtype) if type(x) is np.ndarray else None
+            if name is None:  # a subclass, a scalar, a dtype the bridge lacks: the numpy adapter's checks
+                src = registry.get(registry.HUB).describe(x, alignment=False)  # (a masked array refused, as
+                name = src.dtype  # convert refuses it)
+            shape = np.shape(x)
+        else:
+            p = plan(x, registry.HUB)
+            shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
     except UnsupportedDtypeError as err:
         if registry.framework_of(x) == registry.HUB:
             raise UnsupportedDtypeError(f"key {key!r}: {err}; {_way_out(np.asarray(x).dtype)}") from err
@@ -68,8 +76,6 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
         shape, name = adapter.shape_dtype(x)  # the global shape
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
-    else:
-        shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
     code = fmt.NAMES.get(name)
     if code is None or code in fmt.UNPACKED:
         row = dtypes.ROWS.get(name)
