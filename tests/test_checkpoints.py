@@ -970,3 +970,25 @@ def test_save_writes_a_dtensor_whole_and_refuses_partial_sums(tmp_path):
     run = subprocess.run([sys.executable, "-c", _DTENSOR, str(tmp_path / "m.safetensors")], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name, values, dtype, says", [
+    ("bfloat16", [1e5, -1e6, 1e-8, 1.0, float("inf"), float("nan")], "float16",
+     ["2 values past float16's range became inf", "1 nonzero value below float16's smallest became 0"]),
+    ("float32", [3e38, 1e-42, 1.0], "bfloat16", ["1 nonzero value below bfloat16's smallest became 0"]),
+    ("float64", [1e300, 2.0], "float32", ["1 value past float32's range became inf"]),
+    ("float32", [1.1, 2.0], "float16", []),  # rounded, none lost
+])
+def test_load_for_target_says_how_many_values_a_narrowing_cast_lost(tmp_path, name, values, dtype, says):
+    # a cast asked for once said only "rounded to nearest even" while values became inf or 0
+    bb.save({"w": np.array(values, np.float64).astype(fmt.numpy_dtype(name))}, tmp_path / "m.safetensors")
+    out, report = bb.load_for_target(tmp_path / "m.safetensors", "numpy", dtype=dtype)
+    k = report["w"]
+    assert not k.exact and "rounded to nearest even" in k.reason
+    for s in says:
+        assert s in k.reason, k.reason
+    if not says:
+        assert "became" not in k.reason, k.reason
+    with np.errstate(all="ignore"):
+        want = np.array(values, np.float64).astype(fmt.numpy_dtype(name)).astype(fmt.numpy_dtype(dtype))
+    assert out["w"].tobytes() == want.tobytes()

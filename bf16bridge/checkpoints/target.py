@@ -163,6 +163,21 @@ def _cast(a: np.ndarray, dtype_out: str) -> np.ndarray:
     return out
 
 
+def _lost(a: np.ndarray, out: np.ndarray, dtype_out: str) -> str:
+    """What a narrowing cast lost beyond rounding, counted: finite values that became inf (past
+    ``dtype_out``'s range) and nonzero ones that became 0 (below its smallest subnormal)."""
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(a)
+        inf = int(np.count_nonzero(finite & ~np.isfinite(out)))
+        zero = int(np.count_nonzero(finite & (a != 0) & (out == 0)))
+    said = []
+    if inf:
+        said.append(f"{inf} value{'s' * (inf != 1)} past {dtype_out}'s range became inf")
+    if zero:
+        said.append(f"{zero} nonzero value{'s' * (zero != 1)} below {dtype_out}'s smallest became 0")
+    return "".join(f"; {s}" for s in said)
+
+
 def _nbytes(value, shape: tuple[int, ...], held: str) -> int:
     """The result's bytes: its own count (F4 is one value a byte in numpy, two in torch's x2)."""
     try:
@@ -203,7 +218,11 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
                 value = f.get(key, target, fallback=fallback)
                 copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
             else:
-                cast = _cast(f._view(key), dtype_out)
+                a = f._view(key)
+                cast = _cast(a, dtype_out)
+                if not exact(info.dtype, dtype_out):
+                    reason += _lost(a, cast, dtype_out)
+                del a
                 f._release(key)
                 try:
                     value = convert(cast, target, on_alias="allow", fallback=fallback)
