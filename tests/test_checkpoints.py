@@ -917,6 +917,14 @@ _SHARDED = textwrap.dedent("""
         want = np.asarray(x)
         assert got[k].shape == want.shape and got[k].dtype == want.dtype, k
         assert got[k].tobytes() == want.tobytes(), k
+    gone = jax.device_put(a, NamedSharding(mesh, P("x")))
+    gone.delete()
+    try:  # a deleted (donated) sharded array: our error, naming the key
+        bb.save({"gone": gone}, sys.argv[1] + ".1")
+    except bb.UnsupportedTypeError as err:
+        assert "key 'gone'" in str(err) and "deleted" in str(err), err
+    else:
+        raise AssertionError("a deleted array was saved")
     # another process's shards are not here (as on several hosts): refused, naming the key, nothing written
     import dataclasses, os
     from bf16bridge.checkpoints import write

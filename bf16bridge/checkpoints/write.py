@@ -70,7 +70,11 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
         raise type(err)(f"key {key!r}: {err}") from err
     except UnsupportedTypeError as err:
         adapter = registry.get(registry.framework_of(x))
-        if adapter.local_shards(x) is None:  # not a sharded tensor (a jax array over several devices, a DTensor)
+        try:
+            pieces = adapter.local_shards(x)
+        except Bf16BridgeError:
+            pieces = None  # (a deleted array: the error above says so)
+        if pieces is None:  # not a sharded tensor (a jax array over several devices, a DTensor)
             raise type(err)(f"key {key!r}: {err}") from err
         sharded.add(key)
         shape, name = adapter.shape_dtype(x)  # the global shape
