@@ -876,8 +876,9 @@ def test_a_dataclass_field_that_is_not_a_tensor_is_refused_as_in_a_dict(tmp_path
 
 
 @pytest.mark.parametrize("target", FRAMEWORKS)
-@pytest.mark.parametrize("dtype", ["auto", "float32"])
-def test_load_for_target_reports_the_dtype_and_shape_each_result_has_for_every_file_dtype(tmp_path, target, dtype):
+@pytest.mark.parametrize("dtype, for_compute", [("auto", True), ("auto", False), ("float32", True), ("bfloat16", True)])
+def test_load_for_target_reports_the_dtype_and_shape_each_result_has_for_every_file_dtype(tmp_path, target, dtype,
+                                                                                          for_compute):
     # torch holds F4 packed (float4_e2m1fn_x2, two values a byte, the last dimension halved): the
     # report once said float4_e2m1fn and the file's shape for it
     tensors = {}
@@ -890,7 +891,7 @@ def test_load_for_target_reports_the_dtype_and_shape_each_result_has_for_every_f
         tensors[name] = (np.arange(24).astype(_np_dtype(code)) if small else raw.view(_np_dtype(code))).reshape(2, 3, 4)
     p = tmp_path / "all.safetensors"
     bb.save(tensors, p)
-    out, report = bb.load_for_target(p, target, dtype=dtype, fallback="auto")
+    out, report = bb.load_for_target(p, target, dtype=dtype, for_compute=for_compute, fallback="auto")
     adapter = bb.registry.get(target)
     for k in report.keys:
         shape, held = adapter.shape_dtype(out[k.key])
