@@ -104,13 +104,14 @@ def _gather(key: str, x) -> np.ndarray:
     """A sharded tensor's values as one numpy array (a copy), from the shards this process holds;
     refused (naming the key) if they do not cover it: a file holds whole tensors."""
     try:
-        got = convert_shards(x, registry.HUB, on_alias="allow", on_grad="drop")
+        # one shard per index (replica 0), as a file holds one value per element
+        got = convert_shards(x, registry.HUB, replicas="one", on_alias="allow", on_grad="drop")
         out = aligned_empty(got.shape, fmt.numpy_dtype(got.dtype))
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
     seen: set[tuple] = set()
     covered = 0
-    for shard in got.shards:  # the shards of a sharding are equal or disjoint: one of each index
+    for shard in got.shards:  # the pieces of a sharding are equal or disjoint: one of each index
         where = tuple((s.start, s.stop) for s in shard.index)
         if where not in seen:
             seen.add(where)
