@@ -495,12 +495,18 @@ def _shards_markdown(sh: dict) -> list[str]:
             "rewrap": "jax.make_array_from_single_device_arrays over the same buffers (inside np_asarray's time)",
             "from_shards": "bb.from_shards(shards, 'jax', sharding=x.sharding)",
             "hand_assemble": "jax.make_array_from_single_device_arrays(shape, sharding, per-shard device_put)",
-            "memcpy": "np.copy of the same bytes"}
+            "memcpy": "np.copy of the same bytes",
+            "from_shards_replicated": "bb.from_shards(replicated, 'jax', sharding=xr.sharding) (compares replicas)",
+            "from_shards_replicated_unchecked": "bb.from_shards(replicated, 'jax', sharding=xr.sharding, "
+                                                "compare_replicas=False)",
+            "convert_shards_one": "bb.convert_shards(xr, 'torch', replicas='one') (compares the dropped replicas)",
+            "convert_shards_one_unchecked": "bb.convert_shards(xr, 'torch', replicas='one', compare_replicas=False)"}
+    replicated = f" Replicated (`xr`): {sh['replicated']}." if sh.get("replicated") else ""
     return ["", "## Shards: a sharded jax array to per-shard torch tensors and back", "",
             f"Written by `python -m benchmarks{' --quick' if sh['mode'] == 'quick' else ''} --only shards` on "
             f"{sh['machine']['when']} (`benchmarks/shards.py`, its own process: XLA_FLAGS gives jax "
             f"{sh['devices']} cpu devices). A bf16 array of {_b(sh['nbytes'])}, shape {tuple(sh['shape'])}, "
-            f"{sh['sharding']}; {sh['shards']} shards.", "",
+            f"{sh['sharding']}; {sh['shards']} shards.{replicated}", "",
             table(["call", "time (median)", "code"], [(k, _t(v["median"]), f"`{code.get(k, k)}`") for k, v in t.items()],
                   "markdown"), "",
             table(["ratio", "measured"], [(k, _x(v)) for k, v in sh["ratios"].items()], "markdown"), "",

@@ -12,9 +12,12 @@ ways, in one run (issue 12):
 
 and back: ``bb.from_shards(shards, "jax", sharding=x.sharding)`` against a hand
 ``jax.make_array_from_single_device_arrays`` over the shards' buffers. A memcpy of the same bytes
-is measured beside them. Every claim is a ratio of times measured in the same process (the
-machine is shared and noisy); results, with the peak memory each way adds, go to
-benchmarks/results/shards.json (``--quick``: 1 MiB, to benchmarks/results/shards-quick.json).
+is measured beside them. Then the same bytes replicated twice (a (4, 2) mesh, ``P('x', None)``):
+``from_shards`` and ``convert_shards(replicas="one")``, which compare each index's replicas bit
+for bit, against the same calls with ``compare_replicas=False``: what the comparison costs. Every
+claim is a ratio of times measured in the same process (the machine is shared and noisy); results,
+with the peak memory each way adds, go to benchmarks/results/shards.json (``--quick``: 1 MiB, to
+benchmarks/results/shards-quick.json).
 
 jax must see 8 devices, so this sets ``XLA_FLAGS`` before it imports jax: run it as its own process.
 """
@@ -96,9 +99,35 @@ def run(quick: bool, log=print) -> dict:
     y = back()
     assert all(a.data.unsafe_buffer_pointer() == s.tensor.data_ptr() for a, s in zip(y.addressable_shards, got))
 
+    # replicated: the same array over a (4, 2) mesh, P('x', None): 4 indices, 2 replicas each,
+    # each replica a buffer of its own (device_put of one aligned host array would alias it, and
+    # replicas over one buffer are not read). What comparing the replicas costs (it reads both of
+    # each pair), against the same calls told not to compare (compare_replicas=False)
+    rsharding = NamedSharding(jax.make_mesh((DEVICES // 2, 2), ("x", "y")), PartitionSpec("x", None))
+    places = rsharding.addressable_devices_indices_map(host.shape)
+    xr = jax.make_array_from_single_device_arrays(
+        host.shape, rsharding, [jax.device_put(np.array(host[idx]), dev) for dev, idx in places.items()])
+    xr.block_until_ready()
+    assert len({s.data.unsafe_buffer_pointer() for s in xr.addressable_shards}) == DEVICES
+    got_r = bb.convert_shards(xr, "torch", on_alias="allow")
+    assert len(got_r) == DEVICES and {s.replica for s in got_r} == {0, 1}
+
+    def back_replicated(compare=True):
+        return bb.from_shards(got_r, "jax", sharding=xr.sharding, copy=False, compare_replicas=compare)
+
+    def one_replicated(compare=True):
+        return bb.convert_shards(xr, "torch", replicas="one", on_alias="allow", compare_replicas=compare)
+
+    yr = back_replicated()
+    assert all(a.data.unsafe_buffer_pointer() == s.tensor.data_ptr() for a, s in zip(yr.addressable_shards, got_r))
+
     times = {"convert_shards": measure(bridge), "hand_loop": measure(hand), "np_asarray": measure(gather),
              "rewrap": measure(rewrap),
-             "from_shards": measure(back), "hand_assemble": measure(back_hand), "memcpy": memcpy_floor(nbytes)}
+             "from_shards": measure(back), "hand_assemble": measure(back_hand), "memcpy": memcpy_floor(nbytes),
+             "from_shards_replicated": measure(back_replicated),
+             "from_shards_replicated_unchecked": measure(lambda: back_replicated(False)),
+             "convert_shards_one": measure(one_replicated),
+             "convert_shards_one_unchecked": measure(lambda: one_replicated(False))}
     for k, v in times.items():
         log(f"  {k}: median {v['median'] * 1e6:.1f} us (best {v['best'] * 1e6:.1f}, n={v['n']})")
     ratios = {
@@ -106,14 +135,22 @@ def run(quick: bool, log=print) -> dict:
         "np_asarray / convert_shards": _ratio(times["np_asarray"], times["convert_shards"]),
         "np_asarray / memcpy": _ratio(times["np_asarray"], times["memcpy"]),
         "from_shards / hand_assemble": _ratio(times["from_shards"], times["hand_assemble"]),
+        "replicated from_shards: compared / compare_replicas=False":
+            _ratio(times["from_shards_replicated"], times["from_shards_replicated_unchecked"]),
+        "replicated convert_shards one: compared / compare_replicas=False":
+            _ratio(times["convert_shards_one"], times["convert_shards_one_unchecked"]),
+        "replicated from_shards: compared / memcpy": _ratio(times["from_shards_replicated"], times["memcpy"]),
     }
     for k, v in ratios.items():
         log(f"  {k}: {v:.2f}x")
-    peak = {"convert_shards": peak_extra_bytes(bridge), "np_asarray": peak_extra_bytes(gather)}
+    peak = {"convert_shards": peak_extra_bytes(bridge), "np_asarray": peak_extra_bytes(gather),
+            "from_shards_replicated": peak_extra_bytes(back_replicated)}
     log(f"  peak extra memory: {', '.join(f'{k} {v / MiB:.1f} MiB' for k, v in peak.items() if v is not None)}")
     return {
         "mode": mode, "machine": machine(), "code": _code(), "nbytes": nbytes, "shape": list(host.shape), "devices": DEVICES,
         "sharding": "P('x', None) over a mesh of 8 cpu devices", "shards": len(got),
+        "replicated": "the same array, P('x', None) over a (4, 2) mesh: 4 indices, 2 replicas each, each replica "
+                      "a buffer of its own",
         "times": times, "ratios": ratios, "peak_extra_bytes": peak,
     }
 

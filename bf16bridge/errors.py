@@ -52,6 +52,12 @@ class CopyTooLargeError(Bf16BridgeError, MemoryError):
     """A route must copy, and the copy would not fit in this machine's memory."""
 
 
+class InputWrittenError(Bf16BridgeError, ValueError):
+    """A bridged function wrote in place into an input that was a view of the caller's immutable or
+    read-only memory (a torch callee's ``x.add_(1)`` on a jax array): names the argument, says the
+    caller's array has already changed, and the way out (``copy_inputs=True``)."""
+
+
 class CheckpointError(Bf16BridgeError, ValueError):
     """A checkpoint file is malformed or does not match what was asked (names the file and the key)."""
 

@@ -31,8 +31,9 @@ import numpy as np
 
 from . import dtypes, registry, trees
 from .adapters._base import Adapter
-from .convert import Fallback, _one
-from .errors import Bf16BridgeWarning, InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
+from .convert import Fallback, _one, plan
+from .errors import (Bf16BridgeWarning, InputWrittenError, InvalidArgumentError, UnsupportedDtypeError,
+                     UnsupportedTypeError)
 
 __all__ = ["bridge", "BridgedFunction", "ForeignCall", "second_order_refused"]
 
@@ -113,11 +114,54 @@ class ForeignCall:
 
     def forward(self, leaves, want_vjp: bool, to: str):
         callee_leaves = self._inputs(leaves)
-        if want_vjp and any(self.diff):
-            out_leaves, pullback = registry.get(self.callee).vjp(self._flat_fn, callee_leaves, self.diff)
-        else:
-            out_leaves, pullback = self._flat_fn(*callee_leaves), None
-        return self._outputs(out_leaves, to), pullback
+        callee = registry.get(self.callee)
+        # inputs are views of the caller's tensors: a callee writing into one that views immutable
+        # memory (a torch callee's x.add_(1) on a jax array) changes the caller's array. Where the
+        # callee's framework can see writes (Adapter.watch_writes) that is our error, not silence
+        watched = None if self.copy_inputs else callee.watch_writes(callee_leaves)
+        try:
+            if want_vjp and any(self.diff):
+                out_leaves, pullback = callee.vjp(self._flat_fn, callee_leaves, self.diff)
+            else:
+                out_leaves, pullback = self._flat_fn(*callee_leaves), None
+        except Exception as err:
+            if watched is not None and (bad := self._written(callee, watched, leaves)):
+                err.add_note(str(bad))  # the callee's own error first, and what it did before it
+            raise
+        if watched is not None and (bad := self._written(callee, watched, leaves)):
+            raise bad
+        outs = self._outputs(out_leaves, to)
+        if callee.immutable and outs:
+            # an immutable callee's results are values; one that is its input (lambda x: x, a
+            # reshape) would come back to a mutable caller as a second, writable tensor over the
+            # caller's own input, which the caller's framework does not know aliases it
+            # (torch: a separate version counter, so autograd's checks miss writes through it)
+            caller = registry.get(to)
+            if not caller.immutable:
+                for i in caller.aliased(outs, leaves):
+                    outs[i] = caller.copy(outs[i])
+        return outs, pullback
+
+    def _written(self, callee, watched, leaves) -> InputWrittenError | None:
+        """Our error for the callee's in-place writes into inputs that view the caller's immutable
+        or read-only memory (None when there were none: a write into a copy, or into the caller's
+        own writable memory, is the callee's business, as it would be natively)."""
+        written = callee.written(watched)
+        if not written:
+            return None
+        bad = [i for i in written if _views_immutable(leaves[i], self.callee, self.fallback)]
+        if not bad:
+            return None
+        paths = _leaf_paths(self.skeleton)
+        source = registry.framework_of(leaves[bad[0]])
+        return InputWrittenError(
+            f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} wrote in place "
+            f"into its input {', '.join(paths[i] for i in bad)}, a zero-copy view of the caller's {source} "
+            f"tensor, which {source} treats as immutable or read-only: that memory has ALREADY been changed "
+            "(eagerly the caller's tensor and anything sharing its buffer; under jax.jit or tf.function the "
+            "buffer the compiled computation handed over, maybe the caller's). Pass copy_inputs=True to "
+            "bb.bridge (the callee gets copies), or do not write into inputs in the callee (x = x + 1, not "
+            "x.add_(1))")
 
     def backward(self, pullback, cotangents, to: str):
         if pullback is None:
@@ -258,6 +302,29 @@ def _compilers() -> tuple:
         _COMPILERS = (now, tuple(a for a in registry.imported()
                                  if type(a).outside_compiler is not Adapter.outside_compiler))
     return _COMPILERS[1]
+
+
+def _views_immutable(x, callee: str, fallback) -> bool:
+    """Whether the callee's conversion of caller leaf ``x`` is a writable view of memory its owner
+    treats as immutable or read-only (what ``convert`` warns about: ``Plan.alias``)."""
+    try:
+        return plan(x, callee, fallback=fallback).alias is not None
+    except UnsupportedTypeError:  # a wrapper (a keras.Variable): the tensor it holds crossed
+        inner = trees.unwrap(x)
+        return inner is not None and _views_immutable(inner, callee, fallback)
+
+
+def _leaf_paths(skeleton) -> list[str]:
+    """Each input leaf's place in a call's (args, kwargs), as an error names it."""
+    paths: list[str] = []
+
+    def name(slot, path):
+        head = f"argument {path[1]}" if path[0] == 0 else f"keyword argument {path[1]!r}"
+        paths.append(head + ("" if len(path) == 2 else trees.where(path[2:])))
+        return slot
+
+    trees.map_leaves(name, skeleton)
+    return paths
 
 
 def _short(skeleton) -> str:

@@ -109,6 +109,9 @@ def _flat_bits(x, width: int, what: str) -> np.ndarray:
         raise UnsupportedDtypeError(f"{what} takes a {want[0]} array (or its {want[1]} bits); got dtype {a.dtype}")
     if not a.flags.c_contiguous:
         raise CopyRequiredError(f"{what} takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
+    if not a.dtype.isnative:  # its name says nothing of byte order: read as native, every value was wrong
+        raise CopyRequiredError(f"{what} takes native byte order; got {a.dtype.str}: pass "
+                                f"x.astype(x.dtype.newbyteorder('=')) (a copy)")
     return a.reshape(-1).view(f"u{width // 8}")
 
 

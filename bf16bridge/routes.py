@@ -471,8 +471,9 @@ def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: b
     alias = None
     if shares and writable and src_adapter.immutable:
         alias = (f"the {target} result is writable and shares memory with an immutable {source} tensor: "
-                 f"writing to it changes that tensor too (and whatever it aliases); pass copy=True "
-                 f"(or on_alias='copy') to write safely")
+                 f"writing to it changes that tensor too (and whatever it aliases: where that is read-only "
+                 f"memory, such as a numpy.memmap opened mode='r' that reached {source} without a copy, a "
+                 f"write kills the process); pass copy=True (or on_alias='copy') to write safely")
         notes.append(alias)
     if shares and dst_adapter.immutable and not src_adapter.immutable and not readonly:
         notes.append(f"the {target} result shares the {source} input's memory: writing to the input "

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+import numpy as np
+
 from . import dtypes, registry
 from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
 from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
@@ -164,14 +166,16 @@ def _show(index: tuple[slice, ...]) -> str:
 
 def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = None, copy: bool | None = None,
                    fallback: Fallback = "error", on_alias: OnAlias = "warn",
-                   on_grad: OnGrad = "warn") -> Any:
+                   on_grad: OnGrad = "warn", compare_replicas: bool = True) -> Any:
     """The shards of sharded tensor ``x`` this process holds, each moved to framework ``to`` as
     ``convert`` moves a tensor (same keywords; zero-copy where its route is), with each shard's
     global index and device, the global shape and the layout: a ``Shards``.
 
     ``x``: a ``jax.Array`` over several devices, or a torch ``DTensor``. ``replicas="one"`` keeps
-    one shard per global index (the replica-0 one) where the sharding replicates.
-    ``as_dtensor=mesh`` (``to="torch"``): a torch ``DTensor`` over that ``DeviceMesh`` instead,
+    one shard per global index (the replica-0 one) where the sharding replicates, after comparing
+    the replicas it drops with it, bit for bit (``InvalidArgumentError`` naming the index and the
+    devices where they disagree; ``compare_replicas=False`` skips the comparison, which reads every
+    replica). ``as_dtensor=mesh`` (``to="torch"``): a torch ``DTensor`` over that ``DeviceMesh`` instead,
     built from this process's shard without a copy (``from_shards(..., sharding=mesh)``).
 
     Each process converts only the shards it holds; nothing is gathered or communicated. A
@@ -197,6 +201,10 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
             "or unreduced axes): its shards are not pieces of one array; reduce first (DTensor: "
             "x.redistribute(placements=[Replicate() or Shard(d) ...]); jax: a reshard that reduces)")
     if replicas == "one":
+        if compare_replicas:  # the replicas dropped here must hold what the kept one holds
+            _check_replicas(pieces, "Keeping one of them (replicas='one') would hide that: recompute the source "
+                            "array so that its replicas agree (replicas='all' returns each, numbered); "
+                            "compare_replicas=False keeps replica 0 without comparing")
         pieces = [p for p in pieces if p[3] == 0]
     out: list[Shard] = []
     pending: dict = {}
@@ -216,12 +224,13 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     dtype = registry.get(target).shape_dtype(out[0].tensor)[1] if out else registry.get(source).shape_dtype(x)[1]
     result = Shards(tuple(out), tuple(shape), dtype, layout, source, target)
     if as_dtensor is not None:
-        return from_shards(result, "torch", sharding=as_dtensor, copy=copy, on_alias=on_alias)
+        return from_shards(result, "torch", sharding=as_dtensor, copy=copy, on_alias=on_alias,
+                           compare_replicas=compare_replicas)
     return result
 
 
 def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = None, shape: Sequence[int] | None = None,
-                copy: bool | None = None, on_alias: OnAlias = "warn") -> Any:
+                copy: bool | None = None, on_alias: OnAlias = "warn", compare_replicas: bool = True) -> Any:
     """One sharded tensor of framework ``to`` from shards (a ``Shards``, or ``Shard``s of any
     framework): a ``jax.Array`` laid out as ``sharding`` (a jax ``Sharding``), or a torch
     ``DTensor`` over ``sharding`` (a ``DeviceMesh``), each device's shard taken without a copy
@@ -232,6 +241,13 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
     global shape, where ``shards`` is no ``Shards`` (else it is read from the largest index bounds).
     Shards are matched to devices by global index, so replicas dropped with ``replicas="one"``
     are copied back where the sharding wants them (a copy ``copy=False`` refuses).
+
+    Shards given for one global index (replicas) are compared bit for bit (NaN payloads and -0
+    count; tensors over the same memory are not read): where they disagree, ``InvalidArgumentError``
+    names the index and the devices, and nothing is built. ``compare_replicas=False`` skips the
+    comparison (it reads every replica; on an accelerator, through host memory): each device then
+    takes the shard that came from it, else the first, and the array's replicas may disagree.
+    A layout with partial sums (``Layout.partial``) is refused: its shards are not pieces of one array.
     """
     _check(copy, "error", False, on_alias, "warn")
     target = registry.resolve(to)
@@ -257,7 +273,17 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
             f"{target} has no sharded tensor type; from_shards builds a jax.Array or a torch DTensor. "
             f"For one {target} tensor of the whole array, gather it (which copies): e.g. "
             "np.asarray(jax_array), dtensor.full_tensor()")
+    if layout is not None and layout.partial:
+        raise UnsupportedTypeError(
+            f"these shards hold partial sums over mesh axes {layout.partial} (their layout says so): they are not "
+            "pieces of one array, and building them as replicas would be wrong; reduce first (DTensor: "
+            "x.redistribute(placements=[Replicate() or Shard(d) ...])), or give a Layout without partial axes")
     _check_pieces(pieces, shape, dtype)
+    if compare_replicas:
+        _check_replicas([(p.index, p.device, p.tensor, p.replica) for p in pieces],
+                        "A sharded array holds one value for each element: give every device of that index the "
+                        "same tensor (one replica's), or recompute the array so that its replicas agree; "
+                        "compare_replicas=False builds it as given, each device with its own shard")
     return adapter.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
                             on_alias)
 
@@ -322,6 +348,97 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
             raise InvalidArgumentError(
                 f"{where} holds {got_dtype}, and the other shards {dtype}: a sharded tensor has one dtype; "
                 "convert the odd shard first")
+
+
+def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:
+    """The pieces (``(index, device, tensor, replica)``) that hold one global index hold the same
+    bits, or our error naming the index, the devices that disagree and ``way_out``. Each is read
+    through numpy (zero-copy from host memory); tensors over the same memory are not read (the
+    same data by their adapter's ``same_data``, or host memory both numpy views alias)."""
+    groups: dict[tuple, list[tuple]] = {}
+    for p in pieces:
+        groups.setdefault(tuple((s.start, s.stop) for s in p[0]), []).append(p)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        ref = min(group, key=lambda p: p[3])  # replica 0 where this process holds it, else the first given
+        ref_bits = None
+        differ = []
+        for p in group:
+            if p is ref or _same_memory(ref[2], p[2]):
+                continue
+            if ref_bits is None:
+                ref_bits, mask = _bits(ref)
+            other = _bits(p)[0]
+            if _same_view(ref_bits, other):  # host memory both views alias (jax replicas put from one buffer)
+                continue
+            at = _first_difference(ref_bits, other, mask)
+            if at is not None:
+                differ.append((p, at[:len(ref[0])]))  # an element, not a byte of it
+        if differ:
+            def who(p):
+                return f"{p[1]} (replica {p[3]})"
+
+            index = _show(ref[0])
+            where = "; ".join(f"{who(p)} differs first at element {at}" for p, at in differ)
+            raise InvalidArgumentError(f"the replicas of shard {index} disagree: {where}, against {who(ref)}. {way_out}")
+
+
+def _same_memory(a, b) -> bool:
+    """Whether two tensors are the same data (so the same bits) without reading them."""
+    if a is b:
+        return True
+    fa, fb = registry.framework_of(a), registry.framework_of(b)
+    if fa != fb:
+        return False
+    adapter = registry.get(fa)
+    return bool(adapter.same_data(a) == adapter.same_data(b))
+
+
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two numpy arrays view the same memory the same way (so hold the same bits)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.size > 0
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def _bits(piece: tuple) -> tuple[np.ndarray, int | None]:
+    """A tensor's elements through numpy (zero-copy from host memory; torch's packed fp4 one value
+    a byte) as unsigned integers of their width (bytes on a last axis of their own for a wider
+    element), for comparing bits; and the mask of the bits that hold a value where some do not
+    (a one-a-byte 4-bit type: jax clears the high bits, numpy need not), else None."""
+    from .convert import convert  # convert imports this module's neighbours; late, as the adapters do
+
+    try:
+        a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
+    except Bf16BridgeError as err:
+        raise type(err)(f"the shard {_show(piece[0])} on {piece[1]}, read to compare it with its replicas "
+                        f"(compare_replicas=False skips that): {err}") from err
+    n = a.dtype.itemsize
+    u = a.view(f"u{n}") if n in (1, 2, 4, 8) else np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (n,))
+    name = dtypes.name_of_numpy(a.dtype)
+    row = dtypes.ROWS.get(name) if name is not None else None
+    if row is not None and row.packing == 1 and row.bits < 8 * row.itemsize:
+        return u, (1 << row.bits) - 1
+    return u, None
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray, mask: int | None = None) -> tuple[int, ...] | None:
+    """The first element (row-major) where two arrays of bits of one shape differ (in the bits of
+    ``mask``, where given); None where none does. Compared a block of rows at a time (no reshape,
+    which would copy a strided view): a temporary of a few MiB, not one bool for every element."""
+    def unequal(x, y):
+        return x != y if mask is None else ((x ^ y) & np.array(mask, x.dtype)) != 0
+
+    if a.ndim == 0:
+        return () if unequal(a, b) else None
+    row = max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize)
+    step = max(1, (4 << 20) // row)
+    for start in range(0, a.shape[0], step):
+        ne = unequal(a[start:start + step], b[start:start + step])
+        if ne.any():
+            at = np.unravel_index(int(np.flatnonzero(ne)[0]), ne.shape)
+            return (start + int(at[0]),) + tuple(int(i) for i in at[1:])
+    return None
 
 
 def layout_of(x) -> Layout | None:

@@ -1063,3 +1063,12 @@ def test_cast_module_runs_reports_what_it_did_and_a_second_call_changes_nothing(
         assert rep.leaves[0].candidate_dtype == dtype_name(y) and f"cast to {kw['dtype']}" in rep.fed
     else:
         assert "candidate the inputs as given" in rep.fed, rep.fed
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_cast_tree_of_a_byte_swapped_bf16_array_keeps_its_values(order):
+    # the numpy adapter's widening took a big-endian bf16 array's bytes as native (audit): wrong values
+    x = np.array([1.0, 2.0, -3.5, 100.0, 0.0, -0.0], np.float32)
+    a = x.astype(ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16).newbyteorder(order))
+    out, _ = bb.cast_tree({"w": a}, "float32")
+    np.testing.assert_array_equal(np.asarray(out["w"]).astype("<f4").view(np.uint32), x.view(np.uint32))

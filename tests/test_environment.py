@@ -59,8 +59,11 @@ def test_a_mark_naming_no_framework_is_an_error():
 
 def _make_test_commands(**env):
     """The commands `make test` would run from scratch (-n -B: print, run nothing)."""
-    out = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True).stdout
+    # run from inside make (make test-numpy25 runs this file), the child would print "make[1]: ..."
+    # lines and inherit the parent's flags: drop both
+    outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "test"], cwd=ROOT, capture_output=True,
+                         text=True, env={**outer, **env}, check=True).stdout
     return out.splitlines()
 
 

@@ -340,6 +340,70 @@ def test_torch_sparse_and_meta_get_clear_errors():
         bb.to_numpy(torch.empty(3, device="meta"))
 
 
+def _tensors_without_memory():
+    """torch tensors whose pointer is 0 or points at nothing they own (audit): each was moved
+    "zero-copy" over garbage (a writable numpy array over the heap) or raised torch's own error"""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    freed = torch.ones(4, 8, dtype=torch.bfloat16)
+    freed.untyped_storage().resize_(0)  # what FSDP does to a sharded parameter
+    freed_offset = torch.ones(4, 8, dtype=torch.bfloat16)[1:]
+    freed_offset.untyped_storage().resize_(0)
+    short = torch.ones(8, dtype=torch.bfloat16)
+    short.untyped_storage().resize_(8)  # half of what its 16 bytes need
+    strided = torch.ones(4, 8, dtype=torch.bfloat16)[:, ::2]
+    strided.untyped_storage().resize_(40)  # its last element needs bytes 52..53
+    with FakeTensorMode():
+        fake = torch.ones(3, dtype=torch.bfloat16)
+    return {"freed": freed, "freed_offset": freed_offset, "short": short, "strided_short": strided,
+            "fake": fake, "zero": torch._efficientzerotensor(5, dtype=torch.bfloat16),
+            "uninitialized": torch.nn.parameter.UninitializedParameter(dtype=torch.bfloat16)}
+
+
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("dst", [d for d in TARGETS if d != "torch"])
+@pytest.mark.parametrize("kind", ["freed", "freed_offset", "short", "strided_short", "fake", "zero", "uninitialized"])
+def test_torch_tensor_without_memory_is_refused(kind, dst):
+    x = _tensors_without_memory()[kind]
+    way_out = {"uninitialized": "run the module on one batch", "fake": "outside fake mode"}.get(kind, "summon_full_params")
+    for _ in range(2):  # the second call may take the cached fast path
+        with pytest.raises(bb.UnsupportedTypeError, match=way_out):
+            bb.convert(x, dst)
+    with pytest.raises(bb.UnsupportedTypeError, match=way_out):
+        bb.plan(x, dst)
+
+
+@pytest.mark.frameworks("torch")
+def test_a_freed_tensor_does_not_take_a_plan_cached_for_a_live_one():
+    import torch
+
+    live = torch.ones(4, 8, dtype=torch.bfloat16)
+    bb.to_numpy(live)
+    bb.to_numpy(live)  # the plan for this key is cached now
+    freed = torch.ones(4, 8, dtype=torch.bfloat16)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(bb.UnsupportedTypeError, match="storage was freed"):
+        bb.to_numpy(freed)
+
+
+@pytest.mark.frameworks("torch")
+def test_torch_func_wrappers_outside_bridge_get_our_error():
+    import torch
+
+    seen = []
+
+    def f(x):
+        with pytest.raises(bb.UnsupportedTypeError, match="torch.func transform") as err:
+            bb.to_numpy(x)
+        seen.append(err.value)
+        return x.sum()
+
+    torch.vmap(f)(torch.ones(2, 3))
+    torch.func.grad(f)(torch.ones(3))
+    assert len(seen) == 2
+
+
 @pytest.mark.parametrize("fw_name", FRAMEWORKS)
 def test_same_framework_is_identity_or_copy(fw_name):
     x = make(fw_name, _bf16((5,)))

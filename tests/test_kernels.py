@@ -202,6 +202,11 @@ def test_progress_bar_when_asked(capsys):
      "backend must be"),
     (lambda: kernels.to_bf16(np.zeros(10, dtype=np.float32), chunk=0), bb_errors.InvalidArgumentError,
      "chunk must be a positive number"),
+    # byte-swapped input: its dtype's name is the native one's, and read as native every value was wrong (audit)
+    (lambda: kernels.to_bf16(np.ones(3, dtype=">f4")), bb_errors.CopyRequiredError, r"native byte order.*>f4"),
+    (lambda: kernels.to_float32(np.ones(3, dtype=">u2")), bb_errors.CopyRequiredError, "native byte order"),
+    (lambda: kernels.to_float32(np.ones(3, np.float32).astype(ml_dtypes.bfloat16).astype(
+        np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))), bb_errors.CopyRequiredError, "native byte order"),
 ])
 def test_bad_inputs_get_our_errors(call, error, match):
     with pytest.raises(error, match=match) as err:

@@ -137,6 +137,7 @@ BAD_SHARDS = [
     ("a tensor smaller than its index", [_piece((3, 2))], None, "of shape (3, 2); its index spans (4, 2)"),
     ("a tensor of another rank", [_piece((8,))], None, "of shape (8,); its index spans (4, 2)"),
     ("two dtypes", [_piece(), _piece(dtype=np.float16)], None, "holds float16, and the other shards bfloat16"),
+    ("bf16 and float32", [_piece(), _piece(dtype=np.float32)], None, "holds float32, and the other shards bfloat16"),
     ("a negative shape", [_piece()], (-4, 2), "whole numbers >= 0; got (-4, 2)"),
     ("a shape of another rank", [_piece()], (4, 2, 1), "does not lie in the global shape (4, 2, 1)"),
     ("an index past the shape", [_piece((8, 2), index=(slice(0, 8), slice(0, 2)))], (4, 2),
@@ -156,6 +157,180 @@ def test_from_shards_checks_each_shard_against_its_index(target, what, pieces, s
     with pytest.raises(InvalidArgumentError) as got:
         bb.from_shards(pieces, target, sharding=sharding, shape=shape)
     assert words in str(got.value)
+
+
+# -- replicas: the shards given for one global index must hold the same bits -------------------------
+
+def _u16(*values, shape=(2, 2)):
+    return np.resize(np.array(values, dtype=np.uint16), shape).view(BF16)
+
+
+def _replicas(first, second, frameworks=("numpy", "numpy")):
+    """Two shards of one index (the whole array): on cpu:0 (replica 0) and cpu:1 (replica 1)."""
+    index = tuple(slice(0, n) for n in first.shape)
+    return [Shard(index, f"cpu:{i}", make(f, a), replica=i) for i, (f, a) in enumerate(zip(frameworks, (first, second)))]
+
+
+#: (what, the two replicas' bits, their frameworks, where they first differ or None where they
+#: agree); bits, not values: a NaN's payload and a zero's sign count, and a NaN agrees with
+#: itself. Tensors are made in the test (making a jax one here would start jax in the
+#: two-process children, before jax.distributed.initialize)
+REPLICAS = [
+    ("the same bits", (_u16(1, 2, 3, 4), _u16(1, 2, 3, 4)), ("numpy", "numpy"), None),
+    ("the same NaN payload", (_u16(0x7FC1, 0, 0xFFC0, 7), _u16(0x7FC1, 0, 0xFFC0, 7)), ("numpy", "numpy"), None),
+    ("torch and numpy, the same bits", (_u16(5, 6, 7, 8), _u16(5, 6, 7, 8)), ("torch", "numpy"), None),
+    ("jax and torch, the same bits", (_u16(5, 6, 7, 8), _u16(5, 6, 7, 8)), ("jax", "torch"), None),
+    ("empty", (_u16(shape=(2, 0)), _u16(shape=(2, 0))), ("numpy", "torch"), None),
+    ("one element", (_u16(1, 2, 3, 4), _u16(1, 2, 3, 5)), ("numpy", "numpy"), (1, 1)),
+    ("a NaN payload", (_u16(0, 0x7FC0, 0, 0), _u16(0, 0x7FC1, 0, 0)), ("numpy", "numpy"), (0, 1)),
+    ("a zero's sign", (_u16(0, 0, 0x8000, 0), _u16(0, 0, 0, 0)), ("numpy", "numpy"), (1, 0)),
+    ("torch and numpy", (_u16(1, 2, 3, 4), _u16(1, 9, 3, 4)), ("torch", "numpy"), (0, 1)),
+    ("jax and torch", (_u16(1, 2, 3, 4), _u16(9, 2, 3, 4)), ("jax", "torch"), (0, 0)),
+]
+
+
+def _one_device_sharding():
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    return NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec())
+
+
+@pytest.mark.parametrize("what,values,frameworks,differ", REPLICAS, ids=[c[0] for c in REPLICAS])
+def test_from_shards_compares_replicas_bit_for_bit(what, values, frameworks, differ):
+    """Two tensors given for one global index must hold the same bits: before the check,
+    from_shards built an array whose replicas disagreed (each device took its own shard)."""
+    shards = _replicas(*values, frameworks)
+    sharding = _one_device_sharding()
+    if differ is None:
+        y = bb.from_shards(shards, "jax", sharding=sharding)
+        assert bits(y).tolist() == bits(shards[0].tensor).tolist()
+        return
+    index = _show_index(shards[0].index)
+    with pytest.raises(InvalidArgumentError) as got:
+        bb.from_shards(shards, "jax", sharding=sharding)
+    message = str(got.value)
+    assert f"the replicas of shard {index} disagree: cpu:1 (replica 1) differs first at element {differ}" in message
+    assert "against cpu:0 (replica 0)" in message and "compare_replicas=False" in message
+    # the opt-out builds it as given (cpu:0's shard on cpu:0): what compare_replicas=False says it skips
+    y = bb.from_shards(shards, "jax", sharding=sharding, compare_replicas=False)
+    assert bits(y).tolist() == bits(shards[0].tensor).tolist()
+
+
+def _show_index(index):
+    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
+
+
+def test_replicas_of_a_strided_view_and_a_scalar_are_compared():
+    import torch
+
+    whole = torch.arange(12, dtype=torch.int16).view(torch.bfloat16).reshape(3, 4)
+    col = whole[:, 1:3]  # not contiguous: compared where it lies, not by its raw buffer
+    same = Shard((slice(0, 3), slice(0, 2)), "cpu:1", np.ascontiguousarray(bb.convert(col, "numpy")), replica=1)
+    ok = [Shard((slice(0, 3), slice(0, 2)), "cpu:0", col), same]
+    assert bits(bb.from_shards(ok, "jax", sharding=_one_device_sharding())).tolist() == bits(col).tolist()
+    other = np.ascontiguousarray(bb.convert(col, "numpy"))
+    other.view(np.uint16)[2, 1] ^= 1
+    bad = [ok[0], Shard(same.index, "cpu:1", other, replica=1)]
+    with pytest.raises(InvalidArgumentError, match=r"cpu:1 \(replica 1\) differs first at element \(2, 1\)"):
+        bb.from_shards(bad, "jax", sharding=_one_device_sharding())
+    scalars = [Shard((), f"cpu:{i}", np.array(v, np.uint16).view(BF16), replica=i) for i, v in enumerate((1, 2))]
+    with pytest.raises(InvalidArgumentError, match=r"the replicas of shard \[\] disagree: .* at element \(\)"):
+        bb.from_shards(scalars, "jax", sharding=_one_device_sharding())
+
+
+@pytest.mark.parametrize("dtype", ["float4_e2m1fn", "int4"])
+def test_replicas_of_padded_types_compare_their_value_bits(dtype):
+    """A one-a-byte 4-bit type's high bits hold no value (jax clears them): replicas that differ
+    only there agree; a value bit that differs is said."""
+    import ml_dtypes
+
+    low = np.arange(16, dtype=np.uint8).reshape(4, 4)
+    index = (slice(0, 4), slice(0, 4))
+    t = getattr(ml_dtypes, dtype)
+    a = low.view(t)
+    padded = (low | 0xF0).view(t)
+    ok = [Shard(index, "cpu:0", make("jax", a)), Shard(index, "cpu:1", padded, replica=1)]
+    bb.from_shards(ok, "jax", sharding=_one_device_sharding())
+    flipped = low.copy()
+    flipped[3, 2] ^= 1
+    bad = [ok[0], Shard(index, "cpu:1", flipped.view(t), replica=1)]
+    with pytest.raises(InvalidArgumentError, match=r"differs first at element \(3, 2\)"):
+        bb.from_shards(bad, "jax", sharding=_one_device_sharding())
+
+
+def test_replicas_packed_by_torch_compare_with_unpacked_ones():
+    """torch holds fp4 two values a byte (float4_e2m1fn_x2, half the columns); a jax replica of
+    the same index holds one a byte: compared value for value, and a difference is named by its
+    place in the unpacked array."""
+    import ml_dtypes
+
+    from bf16bridge import dtypes
+
+    fp4 = ml_dtypes.float4_e2m1fn
+    u8 = np.resize(dtypes.all_patterns("float4_e2m1fn").view(np.uint8), (2, 8))
+    index = (slice(0, 2), slice(0, 8))
+    packed = bb.convert(u8.view(fp4), "torch")
+    assert tuple(packed.shape) == (2, 4)
+    ok = [Shard(index, "cpu:0", make("jax", u8.view(fp4))), Shard(index, "cpu:1", packed, replica=1)]
+    bb.from_shards(ok, "jax", sharding=_one_device_sharding())
+    flipped = u8.copy()
+    flipped[1, 5] ^= 1
+    bad = [ok[0], Shard(index, "cpu:1", bb.convert(flipped.view(fp4), "torch"), replica=1)]
+    with pytest.raises(InvalidArgumentError, match=r"cpu:1 \(replica 1\) differs first at element \(1, 5\)"):
+        bb.from_shards(bad, "jax", sharding=_one_device_sharding())
+
+
+@pytest.mark.parametrize("dtype,unsigned", [(np.complex128, np.uint64), (np.float32, np.uint32), (np.int8, np.uint8)])
+def test_replicas_name_the_element_whatever_its_width(dtype, unsigned):
+    """complex128 (16 bytes, wider than any unsigned integer) is compared by its bytes: the
+    element named is still an element, not a byte."""
+    a = np.zeros((2, 3), dtype)
+    b = a.copy()
+    b.view(unsigned)[1, -1] ^= 1  # the last element's last word: the imaginary part of a complex
+    index = (slice(0, 2), slice(0, 3))
+    pieces = [Shard(index, "cpu:0", a), Shard(index, "cpu:1", b, replica=1)]
+    with pytest.raises(InvalidArgumentError, match=r"differs first at element \(1, 2\), against cpu:0"):
+        bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
+
+
+def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
+    """Replicas that alias one buffer (one array given for each device; jax replicas put from one
+    aligned host buffer) hold the same bits by construction: the comparison does not read them."""
+    import torch
+
+    def read(*args):
+        raise AssertionError("replicas over one buffer were read")
+
+    monkeypatch.setattr(bb.shards, "_first_difference", read)
+    a = make("numpy", _u16(1, 2, 3, 4))
+    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    index = (slice(0, 2), slice(0, 2))
+    for pair in [(a, a), (a, a.view(BF16)), (t, t.view(torch.bfloat16)), (t, a)]:
+        bb.from_shards([Shard(index, f"cpu:{i}", x, replica=i) for i, x in enumerate(pair)], "jax",
+                       sharding=_one_device_sharding())
+    with pytest.raises(AssertionError, match="were read"):  # and where they do not alias, they are read
+        bb.from_shards([Shard(index, "cpu:0", a), Shard(index, "cpu:1", a.copy(), replica=1)], "jax",
+                       sharding=_one_device_sharding())
+
+
+def test_a_replica_that_cannot_be_read_is_named():
+    import torch
+
+    index = (slice(0, 2), slice(0, 2))
+    meta = torch.empty(2, 2, dtype=torch.bfloat16, device="meta")  # no data: convert refuses it
+    pieces = [Shard(index, "cpu:0", np.zeros((2, 2), BF16)), Shard(index, "meta", meta, replica=1)]
+    with pytest.raises(UnsupportedTypeError, match=r"the shard \[0:2, 0:2\] on meta, read to compare it with its "
+                                                   r"replicas \(compare_replicas=False skips that\): .*meta device"):
+        bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
+
+
+def test_compare_replicas_is_checked_before_any_assembly():
+    # the comparison runs in shards.py for every target: torch's DTensor assembly takes one
+    # tensor of the index and would drop the other without a word
+    shards = _replicas(_u16(1, 2, 3, 4), _u16(1, 2, 3, 5), ("torch", "torch"))
+    with pytest.raises(InvalidArgumentError, match=r"the replicas of shard \[0:2, 0:2\] disagree"):
+        bb.from_shards(shards, "torch", sharding="not a mesh")
 
 
 @pytest.mark.parametrize("call,words", [
@@ -218,7 +393,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 68
+EIGHT_DEVICE_TESTS = 71
 
 
 def test_eight_jax_devices_in_a_child():
@@ -258,6 +433,24 @@ def _sharded(u16: np.ndarray, mesh_shape, axes, spec):
     mesh = jax.make_mesh(tuple(mesh_shape), tuple(axes), devices=jax.devices()[:int(np.prod(mesh_shape))])
     entries = [None if not a else a[0] if len(a) == 1 else tuple(a) for a in spec]
     return jax.device_put(u16.view(BF16), NamedSharding(mesh, PartitionSpec(*entries)))
+
+
+def _disagreeing(mesh_shape, axes, spec, *, device, at):
+    """A (64, 6) bf16 jax array laid out as ``spec`` whose shard on cpu:``device`` has one bit of
+    element ``at`` flipped against the other replicas of its index; and that shard's bits."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    u16 = np.arange(64 * 6, dtype=np.uint16).reshape(64, 6)
+    sharding = NamedSharding(jax.make_mesh(mesh_shape, axes), PartitionSpec(*spec))
+    buffers = []
+    for dev, idx in sharding.addressable_devices_indices_map(u16.shape).items():
+        part = u16[idx].copy()
+        if dev.id == device:
+            part[at] ^= 1
+            flipped = part.copy()
+        buffers.append(jax.device_put(part.view(BF16), dev))
+    return jax.make_array_from_single_device_arrays(u16.shape, sharding, buffers), flipped
 
 
 def _check_shards(x, got, target, *, zero_copy=True, replicas="all"):
@@ -429,13 +622,53 @@ if CHILD == "jax8":
             with pytest.raises(UnsupportedTypeError, match=r"partial sums over mesh axes \('y',\)"):
                 bb.convert_shards(x, "torch")
 
+        def test_replicas_that_disagree_are_said_both_ways(self):
+            """A jax array whose replicas disagree (jax's make_array_from_single_device_arrays does
+            not compare them): replicas="one" kept replica 0 without a word, and from_shards built
+            the disagreement again; both now name the index and the devices."""
+            x, flipped = _disagreeing((4, 2), ("x", "y"), ("x",), device=3, at=(5, 2))
+            words = (r"the replicas of shard \[16:32, 0:6\] disagree: cpu:3 \(replica 1\) differs first at element "
+                     r"\(5, 2\), against cpu:2 \(replica 0\)")
+            with pytest.raises(InvalidArgumentError, match=words + r".*replicas='all' returns each.*"
+                               r"compare_replicas=False keeps replica 0 without comparing"):
+                bb.convert_shards(x, "numpy", replicas="one")
+            kept = bb.convert_shards(x, "numpy", replicas="one", compare_replicas=False)
+            assert [s.device for s in kept] == ["cpu:0", "cpu:2", "cpu:4", "cpu:6"]
+            assert bits(kept[1].tensor).tolist() == bits(x.addressable_shards[2].data).tolist()
+            every = bb.convert_shards(x, "numpy")  # "all" hands each replica over as it is, numbered
+            assert [bits(s.tensor).tolist() for s in every] == [bits(a.data).tolist() for a in x.addressable_shards]
+            assert every[3].replica == 1 and bits(every[3].tensor).tolist() == flipped.tolist()
+            with pytest.raises(InvalidArgumentError, match=words + ".*compare_replicas=False builds it as given"):
+                bb.from_shards(every, "jax", sharding=x.sharding)
+            y = bb.from_shards(every, "jax", sharding=x.sharding, compare_replicas=False)  # as given
+            assert [bits(a.data).tolist() for a in y.addressable_shards] == [bits(s.tensor).tolist() for s in every]
+
+        def test_from_shards_refuses_partial_sums(self):
+            """Shards whose layout says partial sums, or a jax sharding with unreduced axes: before,
+            the first became an array replicated over the partial axis (sums taken for copies), the
+            second raised jax's NotImplementedError."""
+            import jax
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            x = _sharded(np.arange(64 * 6, dtype=np.uint16).reshape(64, 6), (4, 2), ("x", "y"), (("x",), ()))
+            got = bb.convert_shards(x, "numpy")
+            partial = Layout(got.layout.mesh_axes, got.layout.mesh_shape, got.layout.spec, ("y",), got.layout.devices)
+            with pytest.raises(UnsupportedTypeError, match=r"partial sums over mesh axes \('y',\)"):
+                bb.from_shards(Shards(got.shards, got.shape, got.dtype, partial, "jax", "numpy"), "jax")
+            unreduced = NamedSharding(jax.make_mesh((4, 2), ("x", "y")), PartitionSpec("x", unreduced={"y"}))
+            with pytest.raises(UnsupportedTypeError, match=r"unreduced mesh axes \('y',\)"):
+                bb.from_shards(got, "jax", sharding=unreduced)
+
         def test_benchmark_runs_quick(self):
             from benchmarks import shards as bench
 
             got = bench.run(quick=True, log=lambda s: None)
             assert got["shards"] == 8 and got["nbytes"] == bench.SIZE["quick"]
             assert set(got["ratios"]) == {"convert_shards / hand_loop", "np_asarray / convert_shards",
-                                          "np_asarray / memcpy", "from_shards / hand_assemble"}
+                                          "np_asarray / memcpy", "from_shards / hand_assemble",
+                                          "replicated from_shards: compared / compare_replicas=False",
+                                          "replicated convert_shards one: compared / compare_replicas=False",
+                                          "replicated from_shards: compared / memcpy"}
             assert all(v > 0 for v in got["ratios"].values())
 
         @settings(max_examples=25)
@@ -528,6 +761,18 @@ if CHILD == "jax8":
                 bb.convert_shards(x, "numpy", as_dtensor=init_device_mesh("cpu", (8,)))
 
 
+        def test_as_dtensor_compares_the_replicas_it_drops(self, fake_rank):
+            """A jax array replicated over 8 devices to a DTensor in one process: the DTensor takes
+            one of the 8 (cpu:0's) and dropped the others unread, a disagreeing one too."""
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (8,))
+            x, _ = _disagreeing((8,), ("x",), (), device=5, at=(0, 1))
+            with pytest.raises(InvalidArgumentError, match=r"cpu:5 \(replica 5\) differs first at element \(0, 1\)"):
+                bb.convert_shards(x, "torch", as_dtensor=mesh, on_alias="allow")
+            d = bb.convert_shards(x, "torch", as_dtensor=mesh, on_alias="allow", compare_replicas=False)
+            assert bits(d.to_local()).tolist() == bits(x.addressable_shards[0].data).tolist()
+
         @pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
         def test_convert_refuses_a_dtensor_naming_the_ways_out(self, fake_rank, to):
             # a DTensor is a torch.Tensor with data_ptr() 0: convert gave zeros to jax, a plan said zero-copy
@@ -616,6 +861,16 @@ def _two_processes(rank: int, jax_port: int, torch_port: int) -> None:
         assert len(bb.convert_shards(r, "numpy", replicas="one")) == (1 if rank == 0 else 0)
         gr = bb.from_shards(bb.convert_shards(r, "jax"), "jax")
         assert tuple(gr.sharding.spec) == (None, None) and gr.sharding.is_fully_replicated
+        # replicas="one" leaves rank 1 nothing to build a DTensor from: said as such (it was told to
+        # reorder the mesh's ranks)
+        if rank == 0:
+            assert bits(bb.convert_shards(r, "torch", replicas="one", as_dtensor=mesh).to_local()).tolist() == u16.tolist()
+        else:
+            try:
+                bb.convert_shards(r, "torch", replicas="one", as_dtensor=mesh)
+                raise AssertionError("a DTensor was built from no shard")
+            except InvalidArgumentError as err:
+                assert "no shard was given for it" in str(err) and "replicas='all'" in str(err), err
 
         # uneven (DTensor cuts 5 rows as 3 + 2): indices right, and jax's even split refused clearly
         u = distribute_tensor(full[:5], mesh, [Shard(0)])

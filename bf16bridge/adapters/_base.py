@@ -349,6 +349,25 @@ class Adapter:
         framework's tensors. Default (no autodiff): the forward alone."""
         return call.forward(leaves, False, self.name)[0]
 
+    def watch_writes(self, leaves: list):
+        """Callee side: what shows, after the callee ran, that it wrote in place into these input
+        leaves (this framework's tensors, as the callee got them); None where writes cannot be seen
+        or cannot happen (the default: immutable tensors, or no cheap way to tell). Asked on every
+        bridged call whose inputs are not copies: keep it cheap (torch: each tensor's version
+        counter)."""
+        return None
+
+    def written(self, watched) -> list[int]:
+        """The positions of the leaves ``watch_writes`` watched that were written in place since."""
+        return []
+
+    def aliased(self, outs: list, ins: list) -> list[int]:
+        """Caller side: the positions of the output tensors ``outs`` that share memory with any of
+        the input tensors ``ins`` (both this framework's). Asked only of a mutable caller of an
+        immutable callee, whose results are values: one handed back as a view of an input is copied.
+        Default: none seen."""
+        return []
+
     def outside_compiler(self, call):
         """``call`` wrapped to run outside this framework's graph compiler when one is tracing
         now (torch.compile), else None. Asked of every imported framework on each bridged call."""

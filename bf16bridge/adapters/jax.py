@@ -403,6 +403,11 @@ class JaxAdapter(Adapter):
         if not isinstance(sharding, jax.sharding.Sharding):
             raise InvalidArgumentError(
                 f"sharding= for jax is a jax.sharding.Sharding (a NamedSharding); got {type(sharding).__name__}")
+        own = _layout(sharding, len(shape))
+        if own is not None and own.partial:  # jax has no shard indices for it (NotImplementedError)
+            raise UnsupportedTypeError(
+                f"sharding= has unreduced mesh axes {own.partial}: an array of partial sums, not one array laid out "
+                "from shards; pass a sharding without unreduced axes (the shards are pieces of one array)")
         try:
             wanted = sharding.addressable_devices_indices_map(shape)
         except ValueError as err:  # a dimension the sharding does not divide evenly

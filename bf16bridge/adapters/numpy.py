@@ -231,7 +231,7 @@ class NumpyAdapter(Adapter):
         # (copies_aligned), and hands it to importers that need alignment (tensorflow's kernels
         # abort the process on an unaligned buffer); numpy's own allocation of a small array is not
         out = aligned_empty(x.shape, dtype)
-        if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous:
+        if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous and x.dtype.isnative:
             from ..kernels import to_float32  # chunked: extra memory bounded by a chunk
 
             return to_float32(x, out=out)

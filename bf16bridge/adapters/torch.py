@@ -234,6 +234,11 @@ class TorchAdapter(Adapter):
                 "buffer: bb.convert_shards(x, to) moves the shards this rank holds (no gather), or "
                 "x.full_tensor() gathers the whole tensor onto every rank (communicates and copies) for bb.convert"
             )
+        if isinstance(x, _Uninitialized):  # every other read of it raises torch's ValueError
+            raise UnsupportedTypeError(
+                f"an uninitialized {type(x).__name__} (a lazy module's, before its first forward) has no data "
+                "yet: run the module on one batch first"
+            )
         if x.is_nested:
             raise UnsupportedTypeError(
                 "a torch nested (ragged) tensor has no single strided buffer; convert each of "
@@ -245,6 +250,9 @@ class TorchAdapter(Adapter):
             )
         if x.device.type == "meta":
             raise UnsupportedTypeError("a torch tensor on the meta device has no data to move")
+        why = _no_data(x)
+        if why is not None:
+            raise UnsupportedTypeError(why)
         name = _FROM_TORCH.get(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
@@ -279,6 +287,8 @@ class TorchAdapter(Adapter):
         if x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape:
             return None
         if type(x) is not torch.Tensor and _is_dtensor(x):  # refused by describe: never a cached plan
+            return None
+        if _no_data(x) is not None:  # nor a tensor without memory behind it
             return None
         return (x.dtype, x.device, x.is_contiguous(), x.numel() == 0,
                 x.is_conj() or x.is_neg(), alignment and x.data_ptr() % ALIGN == 0)
@@ -380,6 +390,34 @@ class TorchAdapter(Adapter):
         if not any(call.diff):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
+
+    def watch_writes(self, leaves):
+        # torch has no read-only tensors, but every in-place op (add_, x[i] = v, out=, copy_) bumps the
+        # version counter a tensor shares with its views and detached copies. Not seen: writes
+        # through .data, .numpy() or a raw pointer, and tensors made under inference_mode (no counter)
+        try:
+            return leaves, [x._version for x in leaves]
+        except RuntimeError:  # an inference tensor among them: watch the others
+            return leaves, [None if x.is_inference() else x._version for x in leaves]
+
+    def written(self, watched):
+        leaves, versions = watched
+        now = [None if v is None else x._version for x, v in zip(leaves, versions)]
+        return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
+
+    def aliased(self, outs, ins):
+        # an output that shares an input's memory starts inside it: the callee only had the input's
+        # own bytes (its data pointer to data pointer + nbytes), so no output's extent is needed
+        spans = [(p, p + x.nbytes) for x in ins if isinstance(x, torch.Tensor) and (p := x.data_ptr())]
+        if not spans:
+            return []
+        found = []
+        for i, o in enumerate(outs):
+            if isinstance(o, torch.Tensor):
+                p = o.data_ptr()
+                if any(start <= p < end for start, end in spans):
+                    found.append(i)
+        return found
 
     def outside_compiler(self, call):
         # torch.compile's tracer cannot follow foreign code (DLPack, jax): a graph break here,
@@ -500,6 +538,11 @@ class TorchAdapter(Adapter):
                 f"a DTensor holds one local tensor per rank; these shards hold {len(held)} different parts "
                 f"({', '.join(sorted({_show(i) for i, _, _ in pieces}))}): one process must hold one part (a jax "
                 "array over one device per process), or build one local tensor yourself (a copy)")
+        if not pieces:
+            raise InvalidArgumentError(
+                f"this rank's place {tuple(coord)} in the mesh holds {_show(index)}, and no shard was given for it: "
+                "a DTensor needs this rank's part (convert_shards(..., replicas='one') keeps replica 0 only, which "
+                "another rank holds here): pass replicas='all', or give this rank's shard")
         mine = [t for i, _, t in pieces if span(i) == span(index)]
         if not mine:
             raise InvalidArgumentError(
@@ -566,6 +609,43 @@ def _remove_cast_hooks(m):
                 del hooks[k]
                 for extra in extras:
                     extra.pop(k, None)
+
+
+_Uninitialized = torch.nn.parameter.UninitializedTensorMixin
+_FakeTensor = torch._subclasses.fake_tensor.FakeTensor  # imported by `import torch`
+
+
+def _no_data(x) -> str | None:
+    """Why ``x`` has no memory to move (None where it has): asked before its pointer is read, which
+    would be 0 or garbage (a freed, fake or zero tensor: a zero-copy result over it read the heap)
+    or raise torch's error (torch.func's wrappers)."""
+    try:
+        storage = x.untyped_storage()
+    except (NotImplementedError, RuntimeError) as err:
+        return (f"a torch tensor whose storage cannot be read ({err}): a torch.func transform's wrapper "
+                "(vmap, grad, ...) or a tensor subclass with no memory of its own; convert outside the "
+                "transform (bb.bridge makes a function callable under torch.autograd), or convert the plain "
+                "tensors the subclass holds")
+    if type(x) is not torch.Tensor and isinstance(x, _FakeTensor):  # its pointer is 0, and reading it warns
+        return (f"a torch FakeTensor of shape {tuple(x.shape)} has no memory behind it (fake mode traces "
+                "shapes only); convert real tensors, outside fake mode")
+    if x.numel() == 0:
+        return None
+    need = x.storage_offset() + 1
+    for n, step in zip(x.shape, x.stride()):
+        need += (n - 1) * step
+    need *= x.element_size()
+    have = storage.nbytes()
+    try:
+        at = storage.data_ptr()
+    except RuntimeError:  # a zero tensor's storage: "invalid python storage"
+        at = 0
+    if at and have >= need:
+        return None
+    return (f"a torch tensor of shape {tuple(x.shape)} whose storage holds {have} bytes at {at:#x} where it "
+            f"needs {need}: its storage was freed (untyped_storage().resize_(0), as FSDP does to sharded "
+            "parameters), or it is a zero tensor (_efficientzerotensor) with no memory behind it; convert it "
+            "while its storage is allocated (inside FSDP's summon_full_params), or materialize it first (x.clone())")
 
 
 #: torch.func (functorch) transforms active now (a private probe, where this torch has it)

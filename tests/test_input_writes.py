@@ -1,0 +1,202 @@
+"""A bridged callee that writes in place into its inputs: every caller x callee pair where a write
+can happen. Where the callee's input is a zero-copy view of memory the caller treats as immutable
+or read-only, the write is our InputWrittenError (naming the argument, saying the memory has
+already changed); where it is a copy or the caller's own writable memory, it is the callee's
+business, as natively."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import BF16, bits, make
+
+WRITES = {
+    "add_": lambda x: x.add_(1),
+    "setitem": lambda x: x.__setitem__(0, 0),
+    "view": lambda x: x[::2].mul_(2),  # through a view: it shares the version counter
+    "out=": lambda x: __import__("torch").add(x, 1, out=x),
+    "copy_": lambda x: x.copy_(x * 3),
+}
+
+
+def _data():
+    return np.arange(1, 7, dtype=np.float32).astype(BF16).reshape(2, 3)
+
+
+def _caller(kind):
+    """A caller's tensor holding _data(), and what reads its memory back as numpy bits."""
+    a = _data()
+    if kind == "numpy-readonly":
+        a = make("numpy", a)
+        a.setflags(write=False)
+        return a, lambda: bits(a)
+    if kind == "tf-variable":
+        import tensorflow as tf
+
+        v = tf.Variable(make("tensorflow", a))
+        return v, lambda: bits(v.read_value())
+    x = make(kind, a)
+    return x, lambda: bits(x)
+
+
+def _run(kind, fn, x):
+    """Call bridged ``fn`` the way ``kind`` calls: eagerly, or inside jax.jit / tf.function."""
+    if kind == "jax-jit":
+        import jax
+
+        return jax.jit(fn)(x)
+    if kind == "tf-function":
+        import tensorflow as tf
+
+        return tf.function(fn)(x)
+    return fn(x)
+
+
+# (caller, how it calls, callee): our error expected?, the caller's memory changed afterwards?
+# (None: not asserted; under jit the callback's buffer is jax's, whether it is the caller's is jax's)
+TABLE = [
+    ("jax", "eager", "torch", True, True),
+    ("jax", "jax-jit", "torch", True, None),
+    ("tensorflow", "eager", "torch", True, True),
+    ("tensorflow", "tf-function", "torch", True, True),
+    ("tf-variable", "eager", "torch", True, True),
+    ("numpy", "eager", "torch", False, True),  # the caller's own writable memory: native
+    ("numpy-readonly", "eager", "torch", False, False),  # read-only numpy crosses into torch as a copy
+    ("torch", "eager", "numpy", False, True),  # numpy over torch's memory: both mutable, native
+]
+
+
+def _raises_ours(how):
+    """What our error looks like from where it was raised: itself eagerly; inside a compiled
+    computation, that framework's runtime error carrying our message."""
+    if how == "eager":
+        return pytest.raises(bb.InputWrittenError, match=r"ALREADY been changed.*copy_inputs=True")
+    return pytest.raises(Exception, match=r"InputWrittenError.*wrote in place into its input argument 0")
+
+
+@pytest.mark.parametrize(("caller", "how", "callee", "error", "changed"), TABLE,
+                         ids=[f"{c}-{h}->{e}" for c, h, e, _, _ in TABLE])
+def test_a_callee_writing_its_input(caller, how, callee, error, changed):
+    x, read = _caller(caller)
+    before = read().copy()
+
+    def write(y):
+        y[0, 0] = 9  # numpy's and torch's spelling alike
+        return y * 1
+
+    fn = bb.bridge(callee)(write)
+    if error:
+        with _raises_ours(how):
+            _run(how, fn, x)
+    else:
+        _run(how, fn, x)
+    if changed is not None:
+        assert (not np.array_equal(read(), before)) == changed
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_every_torch_in_place_write_into_an_immutable_callers_tensor_is_ours(caller, write):
+    x = make(caller, _data())
+    before = bits(x).copy()
+
+    @bb.bridge("torch")
+    def f(a, rest):
+        WRITES[write](rest["w"][1])
+        return a + 1
+
+    with pytest.raises(bb.InputWrittenError, match=r"input argument 1\['w'\]\[1\], a zero-copy view of the "
+                       rf"caller's {caller} tensor"):
+        f(x, {"w": [x, make(caller, _data())]})
+    assert np.array_equal(bits(x), before)  # argument 0 is not the one written
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_keyword_argument_written_is_named(caller):
+    fn = bb.bridge("torch")(lambda x, *, scale: scale.mul_(2) * x)
+    with pytest.raises(bb.InputWrittenError, match="input keyword argument 'scale', a zero-copy view"):
+        fn(make(caller, _data()), scale=make(caller, _data()))
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_copied_inputs_may_be_written(caller):
+    x = make(caller, _data())
+    before = bits(x).copy()
+    got = bb.bridge("torch", copy_inputs=True)(lambda y: y.add_(1))(x)
+    assert np.array_equal(bits(x), before)
+    assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) + 1).astype(BF16))))
+
+
+def test_reading_an_input_is_not_a_write():
+    fn = bb.bridge("torch")(lambda x: (x * 2, x.view(-1), x.t().contiguous(), x.clone().add_(1)))
+    fn(make("jax", _data()))
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_the_callees_own_error_keeps_its_type_and_says_what_it_wrote(caller):
+    def f(x):
+        x.add_(1)
+        raise KeyError("the callee's own")
+
+    with pytest.raises(KeyError, match="the callee's own") as info:
+        bb.bridge("torch")(f)(make(caller, _data()))
+    assert any("wrote in place into its input argument 0" in n for n in info.value.__notes__)
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_numpy_callee_cannot_write_an_immutable_callers_tensor(caller):
+    """numpy gets a read-only view: numpy's own error, nothing changed (nothing for us to add)."""
+    x = make(caller, _data())
+    before = bits(x).copy()
+    with pytest.raises(ValueError, match="read-only"):
+        bb.bridge("numpy")(lambda y: y.__setitem__(0, 0))(x)
+    assert np.array_equal(bits(x), before)
+
+
+# -- outputs that are (views of) the callee's inputs ---------------------------------------------
+
+def _passthrough(callee, how):
+    """A callee function returning its input, or a no-copy view of it, in the callee's own API."""
+    if callee == "jax":
+        import jax.numpy as jnp
+
+        return {"identity": lambda x: x, "asarray": jnp.asarray, "reshape": lambda x: x.reshape(x.shape)}[how]
+    if callee == "tensorflow":
+        import tensorflow as tf
+
+        return {"identity": lambda x: x, "asarray": tf.identity, "reshape": lambda x: tf.reshape(x, [-1])}[how]
+    return {"identity": lambda x: x, "asarray": lambda x: x.view(x.dtype), "reshape": lambda x: x.reshape(-1)}[how]
+
+
+@pytest.mark.parametrize("how", ["identity", "asarray", "reshape"])
+@pytest.mark.parametrize("callee", ["jax", "tensorflow"])
+def test_an_immutable_callees_result_that_is_its_input_comes_to_torch_as_a_fresh_tensor(callee, how):
+    """jax and tensorflow results are values: handed back to torch as a writable view of the caller's
+    own input (a separate tensor, with its own version counter), a write into the result changed the
+    input behind torch's back (and behind autograd's checks on anything that saved it)."""
+    import torch
+
+    x = make("torch", _data())
+    before = bits(x).copy()
+    y = bb.bridge(callee)(_passthrough(callee, how))(x)
+    assert np.array_equal(bits(y).reshape(before.shape), before)
+    y.add_(1)
+    assert np.array_equal(bits(x), before)
+    w = make("torch", _data()).requires_grad_()
+    z = w * w  # saves w for its backward
+    bb.bridge(callee)(_passthrough(callee, how))(w).detach().mul_(0)
+    (gw,) = torch.autograd.grad(z.sum(), w)
+    assert np.array_equal(bits(gw), bits(w.detach() * 2))
+
+
+@pytest.mark.parametrize("how", ["identity", "asarray", "reshape"])
+@pytest.mark.parametrize(("caller", "callee"), [("numpy", "torch"), ("torch", "numpy")])
+def test_between_mutable_frameworks_a_result_that_is_an_input_stays_a_view(caller, callee, how):
+    """torch and numpy return views natively: the caller gets one (as bridged torch or numpy code
+    expects), no copy."""
+    x = make(caller, _data())
+    y = bb.bridge(callee)(_passthrough(callee, how))(x)
+    y[...] = 0
+    assert not bits(x).any()
