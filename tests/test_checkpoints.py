@@ -918,6 +918,17 @@ _SHARDED = textwrap.dedent("""
         want = np.asarray(x)
         assert got[k].shape == want.shape and got[k].dtype == want.dtype, k
         assert got[k].tobytes() == want.tobytes(), k
+    # replicas that disagree (one device's copy changed): refused, not written from either
+    sh = NamedSharding(mesh, P("x"))
+    base = np.arange(96, dtype=np.int32).reshape(8, 12)
+    odd = jax.make_array_from_single_device_arrays(base.shape, sh, [
+        jax.device_put(base[i] + (d == jax.devices()[1]), d) for d, i in sh.addressable_devices_indices_map(base.shape).items()])
+    try:
+        bb.save({"odd": odd}, sys.argv[1] + ".0")
+    except bb.Bf16BridgeError as err:
+        assert "key 'odd'" in str(err), err
+    else:
+        raise AssertionError("replicas that disagree were saved")
     gone = jax.device_put(a, NamedSharding(mesh, P("x")))
     gone.delete()
     try:  # a deleted (donated) sharded array: our error, naming the key
