@@ -343,7 +343,9 @@ def test_load_for_target_does_what_its_report_says(case):
     for k in report.keys:
         a, y = tensors[k.key], out[k.key]
         assert k.dtype_in == a.dtype.name
-        if target == "torch" and k.dtype_out.startswith("float4"):  # torch holds fp4 packed (x2): tested above
+        shape, name = bb.registry.get(target).shape_dtype(y)  # the report says what the caller got
+        assert (k.dtype_out, k.shape_out, k.shape_in) == (name, tuple(shape), a.shape), k
+        if k.dtype_out == "float4_e2m1fn_x2":  # torch holds fp4 packed, two a byte: its values tested above
             continue
         held = y if target == "numpy" else strategies.as_numpy(bb.convert(y, "numpy", on_alias="allow"))
         assert (held.dtype.name, held.shape) == (k.dtype_out, a.shape), k  # the report says what came back

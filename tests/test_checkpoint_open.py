@@ -132,7 +132,7 @@ def test_the_fast_path_takes_what_it_should_and_answers_as_the_key_by_key_checks
     if taken is not None:
         keys, entries, metadata = taken
         assert isinstance(slow, fmt.Header), slow
-        assert keys == slow.keys and dict(metadata) == dict(slow.metadata) and dict(entries) == dict(slow.entries)
+        assert keys == slow.keys and dict(metadata) == dict(slow.metadata) and dict(fmt.Entries(entries, slow.data_start)) == dict(slow.entries)
     ours = _parsed(text, size)
     if isinstance(slow, str):
         assert isinstance(ours, str) and PATH in ours
@@ -213,3 +213,41 @@ def test_drawn_headers_read_as_the_key_by_key_checks_read_them(drawn):
         assert ours == slow
     else:
         assert isinstance(ours, fmt.Header) and _same(ours, slow)
+
+
+def _mutable(value, where: str) -> list[str]:
+    """Every dict, list or set reachable from ``value`` through mappings, sequences and dataclasses."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    if isinstance(value, (dict, list, set, bytearray)):
+        return [f"{where}: {type(value).__name__}"]
+    found: list[str] = []
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            found += _mutable(v, f"{where}[{k!r}]")
+    elif isinstance(value, tuple):
+        for i, v in enumerate(value):
+            found += _mutable(v, f"{where}[{i}]")
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            found += _mutable(getattr(value, f.name), f"{where}.{f.name}")
+    return found
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["all-at-once", "one-by-one"])
+def test_a_header_holds_nothing_a_caller_could_change(fast):
+    # a frozen Header once held the JSON's entry dicts (their shape and offsets lists too): a caller
+    # changing one changed what info(key), and so get(key), read from the file
+    header = {"__metadata__": {"format": "pt"}, "w": _t("F32", (2,), (0, 8)), "e": _t("BF16", (1, 2), (8, 12))}
+    text = _text(header)
+    if not fast:
+        text = text.replace('"w"', '"\\u0077"')  # an escape in a key: the key-by-key checks read it
+    size = _size(text, 12)
+    assert (_fast(text, size) is not None) == fast
+    h = fmt.parse_header(text.encode(), PATH, size)
+    assert _mutable(h, "header") == []
+    with pytest.raises(TypeError):
+        h.entries["w"] = h.entries["e"]  # type: ignore[index]
+    assert h.entries["w"] == h.info("w") and h.info("w").shape == (2,) and "w" in h.entries and "x" not in h.entries
+    assert list(h.entries) == ["w", "e"] and len(h.entries) == 2 and dict(h.metadata) == {"format": "pt"}

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import itemgetter, lshift, mul, sub
@@ -105,21 +105,56 @@ class TensorInfo:
         return CODES[self.code][1] < 8
 
 
+class Entries(Mapping[str, TensorInfo]):
+    """The checked entries of a header, read-only: key -> TensorInfo, in the JSON's order. The JSON's
+    dicts stay inside; a key's TensorInfo (frozen) is built the first time it is asked for, since a
+    file lists hundreds of tensors and a caller often wants one."""
+
+    __slots__ = ("_raw", "_built", "_data_start")
+
+    def __init__(self, raw: dict, data_start: int, built: dict[str, TensorInfo] | None = None):
+        self._raw = raw  # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]}, checked
+        self._built: dict[str, TensorInfo] = {} if built is None else built
+        self._data_start = data_start
+
+    def __getitem__(self, key: str) -> TensorInfo:
+        t = self._built.get(key)
+        if t is None:
+            e = self._raw[key]  # KeyError if none
+            code, (begin, end) = e["dtype"], e["data_offsets"]
+            t = self._built[key] = TensorInfo(key, CODES[code][0], code, tuple(e["shape"]), self._data_start + begin,
+                                              end - begin)
+        return t
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} checkpoint entries>"
+
+    @property
+    def nbytes(self) -> int:
+        """The data's bytes: every tensor's, summed."""
+        return sum(e["data_offsets"][1] - e["data_offsets"][0] for e in self._raw.values())
+
+
 @dataclass(frozen=True)
 class Header:
-    """A checked header: the tensors in file order, the metadata, where the data begins.
-
-    Every entry is checked when the header is read; a key's TensorInfo is built the first time it
-    is asked for (``info(key)``), since a file lists hundreds of tensors and a caller often wants one.
-    """
+    """A checked header: the tensors in file order, the metadata, where the data begins. Holds
+    nothing a caller could change (the entries and the metadata are read-only mappings)."""
 
     path: str
     length: int  # n, the JSON's bytes
     keys: tuple[str, ...]  # in file order: by (begin, end), the JSON's order among equals
     metadata: Mapping[str, str]  # read-only
-    #: key -> its entry as the JSON gave it ({"dtype": code, "shape": [...], "data_offsets": [begin, end]}), checked
-    entries: Mapping[str, dict] = field(repr=False)
-    _built: dict = field(default_factory=dict, repr=False, compare=False)
+    #: key -> its TensorInfo (every entry is checked when the header is read; each is built on first use)
+    entries: Entries = field(repr=False)
 
     @property
     def data_start(self) -> int:
@@ -131,17 +166,11 @@ class Header:
 
     @property
     def file_size(self) -> int:
-        return self.data_start + sum(e["data_offsets"][1] - e["data_offsets"][0] for e in self.entries.values())
+        return self.data_start + self.entries.nbytes
 
     def info(self, key: str) -> TensorInfo:
         """The entry of ``key`` (KeyError if none), built once."""
-        t = self._built.get(key)
-        if t is None:
-            e = self.entries[key]
-            code, (begin, end) = e["dtype"], e["data_offsets"]
-            t = self._built[key] = TensorInfo(key, CODES[code][0], code, tuple(e["shape"]), self.data_start + begin,
-                                              end - begin)
-        return t
+        return self.entries[key]
 
 
 def _bad(path: str, what: str, key: str | None = None) -> CheckpointError:
@@ -201,7 +230,7 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
         checked = _all_at_once(obj, text, PREFIX + length, file_size)
         if checked is not None:
             keys, entries, metadata = checked
-            return Header(path, length, keys, types.MappingProxyType(metadata), types.MappingProxyType(entries))
+            return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length))
     # something irregular (or a file written otherwise than safetensors and bb.save write): parsed
     # again, naming a key given twice, and checked key by key, which names the fault
     return _one_by_one(_loads(text, path, _pairs), path, length, file_size)
@@ -287,7 +316,7 @@ def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
             f"runs past the end of the file ({file_size} bytes)"
         raise _bad(path, f"the data {what}", last)
     return Header(path, length, tuple(t.key for t in infos), types.MappingProxyType(metadata),
-                  types.MappingProxyType(obj))
+                  Entries(obj, PREFIX + length, {t.key: t for t in infos}))
 
 
 def _int(v) -> bool:

@@ -89,7 +89,7 @@ class Checkpoint:
     def info(self, key: str) -> fmt.TensorInfo:
         """Key, dtype, shape, nbytes, file offset and alignment of one tensor (reads no data)."""
         try:
-            return self.header.info(key)
+            return self._entries[key]
         except KeyError:
             raise KeyError(f"{self.path} has no tensor {key!r} ({len(self._keys)} keys; "
                            "keys() lists them)") from None

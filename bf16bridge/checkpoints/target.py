@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels, registry
+from .. import dtypes, kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
 from ..errors import Bf16BridgeError, InvalidArgumentError
@@ -38,9 +38,15 @@ class KeyReport:
     copied: bool  # the result is a new buffer, not a view of the file
     nbytes_in: int
     nbytes_out: int
+    shape_in: tuple[int, ...]  # the file's
+    #: the result's: the file's, but where the target holds the dtype packed (torch's
+    #: float4_e2m1fn_x2 holds two values a byte: the last dimension halved)
+    shape_out: tuple[int, ...]
 
     def __str__(self) -> str:
         change = self.dtype_in if self.dtype_in == self.dtype_out else f"{self.dtype_in} -> {self.dtype_out}"
+        if self.shape_in != self.shape_out:
+            change += f" {list(self.shape_in)} -> {list(self.shape_out)}"
         how = "copied" if self.copied else "view of the file"
         return f"{self.key}: {change} ({how}; {self.reason})"
 
@@ -89,7 +95,8 @@ class LoadReport:
         return {"path": self.path, "target": self.target, "dtype": self.dtype, "for_compute": self.for_compute,
                 "keys": [{"key": k.key, "dtype_in": k.dtype_in, "dtype_out": k.dtype_out, "reason": k.reason,
                           "exact": k.exact, "copied": k.copied, "nbytes_in": k.nbytes_in,
-                          "nbytes_out": k.nbytes_out} for k in self.keys]}
+                          "nbytes_out": k.nbytes_out, "shape_in": list(k.shape_in),
+                          "shape_out": list(k.shape_out)} for k in self.keys]}
 
 
 def _floating(name: str) -> bool:
@@ -156,12 +163,27 @@ def _cast(a: np.ndarray, dtype_out: str) -> np.ndarray:
     return out
 
 
-def _nbytes(value, info: fmt.TensorInfo, dtype_out: str) -> int:
+def _lost(a: np.ndarray, out: np.ndarray, dtype_out: str) -> str:
+    """What a narrowing cast lost beyond rounding, counted: finite values that became inf (past
+    ``dtype_out``'s range) and nonzero ones that became 0 (below its smallest subnormal)."""
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(a)
+        inf = int(np.count_nonzero(finite & ~np.isfinite(out)))
+        zero = int(np.count_nonzero(finite & (a != 0) & (out == 0)))
+    said = []
+    if inf:
+        said.append(f"{inf} value{'s' * (inf != 1)} past {dtype_out}'s range became inf")
+    if zero:
+        said.append(f"{zero} nonzero value{'s' * (zero != 1)} below {dtype_out}'s smallest became 0")
+    return "".join(f"; {s}" for s in said)
+
+
+def _nbytes(value, shape: tuple[int, ...], held: str) -> int:
     """The result's bytes: its own count (F4 is one value a byte in numpy, two in torch's x2)."""
     try:
         return plan(value, registry.HUB).nbytes
-    except Bf16BridgeError:  # pragma: no cover - a result every route took: counted from the header
-        return math.prod(info.shape) * fmt.numpy_dtype(dtype_out).itemsize
+    except Bf16BridgeError:  # pragma: no cover - a result every route took: counted from its shape
+        return math.prod(shape) * dtypes.itemsize(held)
 
 
 def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = "auto", for_compute: bool = True,
@@ -185,6 +207,7 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
     if for_compute not in (True, False):
         raise InvalidArgumentError(f"for_compute must be True or False; got {for_compute!r}")
     target = registry.resolve(to)
+    adapter = registry.get(target)
     out: dict = {}
     reports: list[KeyReport] = []
     with Checkpoint(path) as f:
@@ -195,21 +218,33 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
                 value = f.get(key, target, fallback=fallback)
                 copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
             else:
-                cast = _cast(f._view(key), dtype_out)
+                a = f._view(key)
+                cast = _cast(a, dtype_out)
+                if not exact(info.dtype, dtype_out):
+                    reason += _lost(a, cast, dtype_out)
+                del a
                 f._release(key)
                 try:
                     value = convert(cast, target, on_alias="allow", fallback=fallback)
                 except Bf16BridgeError as err:
                     raise type(err)(f"{f.path}: key {key!r}: {err}") from err
                 copied = True
-            if fallback != "error" and dtype_out not in PACKED:  # torch holds fp4 packed: not a fallback
-                held = registry.get(target).shape_dtype(value)[1]
-                if held != dtype_out:
+            shape_out, held = adapter.shape_dtype(value)  # what the caller gets, said as it is
+            shape_out = tuple(shape_out)
+            values = dtypes.PACKED.get(held, held)  # the dtype of the values (one a byte for a packed one)
+            if held != dtype_out:
+                if values == dtype_out:  # torch's float4_e2m1fn_x2: the same values, two a byte
+                    reason = (f"{reason}; {target} holds {dtype_out} packed, two values a byte, as {held}: "
+                              f"shape {list(info.shape)} -> {list(shape_out)}")
+                elif fallback != "error":
                     reason = f"{reason}; then fallback={fallback!r}: {target} cannot hold {dtype_out}, so {held}"
-                    dtype_out = held
+                else:  # pragma: no cover - a route that changed the dtype unasked: said, not hidden
+                    reason = f"{reason}; {target} holds it as {held}"
+                dtype_out = held
             out[key] = value
-            nbytes_out = _nbytes(value, info, dtype_out)
-            reports.append(KeyReport(key, info.dtype, dtype_out, reason, exact(info.dtype, dtype_out)
-                                     if _floating(info.dtype) else True, copied, info.nbytes, nbytes_out))
+            nbytes_out = _nbytes(value, shape_out, held)
+            reports.append(KeyReport(key, info.dtype, dtype_out, reason, exact(info.dtype, values)
+                                     if _floating(info.dtype) else True, copied, info.nbytes, nbytes_out,
+                                     info.shape, shape_out))
     report = LoadReport(f.path, target, dtype, for_compute, tuple(reports))
     return (nest(out, f.path) if nested else out), report

@@ -10,28 +10,86 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import kernels, registry
+from .. import dtypes, kernels, registry
+from ..adapters.numpy import aligned_empty
 from ..convert import convert, plan
-from ..errors import Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
+                      UnsupportedTypeError)
+from ..shards import convert_shards
 from . import format as fmt
 from .keys import leaves
 
 
-def _describe(key: str, x) -> fmt.Entry:
-    if registry.framework_of(x) == registry.HUB:
-        shape, name = np.shape(x), np.asarray(x).dtype.name
-    else:
-        try:
+#: ndarray subclasses that hold nothing beyond their values (a memory-mapped file's array, numpy's
+#: matrix, a record array's view of its fields): saved as their values. Any other subclass may hold
+#: state of its own (a unit, as astropy's Quantity) that a file would lose; a masked array (its mask)
+#: is the numpy adapter's to refuse, as every route does
+_VALUES_ONLY = (np.ndarray, np.memmap, np.matrix, np.recarray, np.ma.MaskedArray)
+
+
+def _way_out(dtype: np.dtype) -> str:
+    """What to save instead of a numpy array of ``dtype`` that no safetensors code holds."""
+    if dtype.names:
+        return (f"a structured dtype has no code: save each field as its own key ({{'{dtype.names[0]}': "
+                f"a['{dtype.names[0]}'], ...}})")
+    if dtype.kind == "O":
+        return "an object array has no code: make it an array of a numeric dtype (np.asarray(a, dtype=np.float32))"
+    if dtype.kind in "mM":
+        return (f"save a.view(np.int64) and its unit ({dtype}) in metadata={{...}}; the file keeps no unit, "
+                "so np.datetime64/timedelta64 come back as int64")
+    if dtype.kind in "USV":
+        return "a checkpoint holds tensors: put strings in metadata={...}, or their bytes as a uint8 array"
+    if dtype.kind == "f" and dtype.itemsize > 8:
+        return "cast it to float64 (rounds: a.astype(np.float64))"
+    if dtype.kind == "c":
+        return "cast it to complex64 (rounds)"
+    return "cast it to a dtype the format holds"
+
+
+def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
+    """The entry of ``x`` (its data unread); a tensor sharded over several devices is noted in
+    ``sharded``: it is gathered when its turn comes (one copy)."""
+    if isinstance(x, np.ndarray) and type(x) not in _VALUES_ONLY:
+        t = type(x)
+        raise UnsupportedTypeError(
+            f"key {key!r}: {t.__module__}.{t.__qualname__} is a subclass of numpy.ndarray that may hold more than "
+            "its values (a unit, a mask), which a file would lose; pass np.asarray(x) to save its values")
+    try:
+        if registry.framework_of(x) == registry.HUB:
+            name = dtypes.name_of_numpy(x.dtype) if type(x) is np.ndarray else None
+            if name is None:  # a subclass, a scalar, a dtype the bridge lacks: the numpy adapter's checks
+                src = registry.get(registry.HUB).describe(x, alignment=False)  # (a masked array refused, as
+                name = src.dtype  # convert refuses it)
+            shape = np.shape(x)
+        else:
             p = plan(x, registry.HUB)
-        except Bf16BridgeError as err:
+            shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
+    except UnsupportedDtypeError as err:
+        if registry.framework_of(x) == registry.HUB:
+            raise UnsupportedDtypeError(f"key {key!r}: {err}; {_way_out(np.asarray(x).dtype)}") from err
+        raise type(err)(f"key {key!r}: {err}") from err
+    except UnsupportedTypeError as err:
+        adapter = registry.get(registry.framework_of(x))
+        try:
+            pieces = adapter.local_shards(x)
+        except Bf16BridgeError:
+            pieces = None  # (a deleted array: the error above says so)
+        if pieces is None:  # not a sharded tensor (a jax array over several devices, a DTensor)
             raise type(err)(f"key {key!r}: {err}") from err
-        shape, name = p.result_shape or (), p.dtype_out  # a packing route changes the shape (torch's fp4 x2)
+        sharded.add(key)
+        shape, name = adapter.shape_dtype(x)  # the global shape
+    except Bf16BridgeError as err:
+        raise type(err)(f"key {key!r}: {err}") from err
     code = fmt.NAMES.get(name)
     if code is None or code in fmt.UNPACKED:
+        row = dtypes.ROWS.get(name)
+        wider = next((w for w in row.widenings if fmt.NAMES.get(w) not in (None, *fmt.UNPACKED)), None) if row else None
+        how = (f"widen it to {wider} first (exact: every {name} value is a {wider} value)" if wider else
+               "cast it first (complex128 to complex64, rounding)")
         raise UnsupportedDtypeError(
             f"key {key!r}: {name} has no safetensors code that bf16bridge writes "
-            f"(the format has: {', '.join(fmt.CODES)}); cast it first (complex128 to complex64; "
-            "float6 is packed in files, in an order bf16bridge does not write)")
+            f"(the format has: {', '.join(fmt.CODES)}; float6 is packed in files, in an order bf16bridge "
+            f"does not write); {how}")
     n = 1
     for d in shape:
         n *= int(d)
@@ -40,6 +98,31 @@ def _describe(key: str, x) -> fmt.Entry:
         raise UnsupportedDtypeError(f"key {key!r}: {n} values of {name} end inside a byte, which the format "
                                     "cannot hold (F4 packs two a byte): pad it to an even count")
     return fmt.Entry(key, code, tuple(int(d) for d in shape), nbits // 8)
+
+
+def _gather(key: str, x) -> np.ndarray:
+    """A sharded tensor's values as one numpy array (a copy), from the shards this process holds;
+    refused (naming the key) if they do not cover it: a file holds whole tensors."""
+    try:
+        # one shard per index (replica 0), as a file holds one value per element
+        got = convert_shards(x, registry.HUB, replicas="one", on_alias="allow", on_grad="drop")
+        out = aligned_empty(got.shape, fmt.numpy_dtype(got.dtype))
+    except Bf16BridgeError as err:
+        raise type(err)(f"key {key!r}: {err}") from err
+    seen: set[tuple] = set()
+    covered = 0
+    for shard in got.shards:  # the pieces of a sharding are equal or disjoint: one of each index
+        where = tuple((s.start, s.stop) for s in shard.index)
+        if where not in seen:
+            seen.add(where)
+            out[shard.index] = shard.tensor
+            covered += shard.tensor.size
+    if covered != out.size:
+        raise UnsupportedTypeError(
+            f"key {key!r}: a tensor sharded over several processes: this one holds {covered} of its {out.size} "
+            "values, and a file holds whole tensors; gather it first (jax: multihost_utils.process_allgather; "
+            "DTensor: x.full_tensor()), or save each process's shards (bb.convert_shards) under keys of their own")
+    return out
 
 
 def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
@@ -103,7 +186,8 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
                     raise InvalidArgumentError(f"metadata key {k!r}: its {what} cannot be written as UTF-8 "
                                                f"({err.reason}); the header is UTF-8 JSON") from None
     pairs = leaves(tree)
-    entries = fmt.order([_describe(k, x) for k, x in pairs])
+    sharded: set[str] = set()
+    entries = fmt.order([_describe(k, x, sharded) for k, x in pairs])
     tensors = dict(pairs)
     head = fmt.header_bytes(entries, metadata)
     if len(head) - fmt.PREFIX > fmt.MAX_HEADER:  # every reader (ours, safetensors') refuses such a file
@@ -123,7 +207,8 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
         with builtins.open(fd, "wb", closefd=True) as f:
             f.write(head)
             for e in entries:
-                a = _numpy(e.key, tensors[e.key], e)
+                x = tensors[e.key]
+                a = _numpy(e.key, _gather(e.key, x) if e.key in sharded else x, e)
                 if a.size:
                     f.write(a.reshape(-1).view(np.uint8).data)
                 del a  # one tensor's bytes alive at a time
