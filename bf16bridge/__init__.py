@@ -23,6 +23,7 @@ from .errors import (
     DeviceError,
     FrameworkNotInstalledError,
     InputWrittenError,
+    MissingKeyError,
     InvalidArgumentError,
     UnknownFrameworkError,
     UnsupportedDtypeError,
@@ -71,7 +72,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CheckpointError", "CopyRequiredError", "CopyTooLargeError",
-    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InputWrittenError", "InvalidArgumentError", "Plan", "Source",
+    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InputWrittenError", "InvalidArgumentError", "MissingKeyError", "Plan", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
     "BridgedFunction", "Shard", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_shards",
     "convert_tree", "framework_of", "from_shards", "load", "load_for_target", "open", "plan", "plan_tree", "probe",

@@ -62,6 +62,13 @@ class CheckpointError(Bf16BridgeError, ValueError):
     """A checkpoint file is malformed or does not match what was asked (names the file and the key)."""
 
 
+class MissingKeyError(Bf16BridgeError, KeyError):
+    """A key asked of a checkpoint (or of a load report) is not in it: names the file and how to
+    list the keys that are."""
+
+    __str__ = Exception.__str__  # the message as written, not KeyError's repr of it
+
+
 class Bf16BridgeWarning(UserWarning):
     """What a call did that its plan knew mattered: a writable alias of read-only or
     immutable memory, a gradient dropped. Filter it with

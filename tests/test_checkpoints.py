@@ -349,8 +349,10 @@ def test_open_lists_without_reading_data_and_names_missing_keys(tmp_path):
         info = f.info("w")
         assert (info.dtype, info.shape, info.nbytes, info.aligned) == ("bfloat16", (4, 8), 64, True)
         assert f.metadata == {"k": "v"}
-        with pytest.raises(KeyError, match="'nope'"):
-            f.get("nope")
+        for ask in (f.get, f.info, f.array):  # ours, and still a KeyError; the message as written
+            with pytest.raises(bb.MissingKeyError, match="has no tensor 'nope' .*keys\\(\\) lists them") as err:
+                ask("nope")
+            assert isinstance(err.value, KeyError) and str(err.value).startswith(str(p))
     with pytest.raises(CheckpointError, match="closed"):
         f.get("w")
 
@@ -1012,3 +1014,20 @@ def test_load_for_target_says_how_many_values_a_narrowing_cast_lost(tmp_path, na
     with np.errstate(all="ignore"):
         want = np.array(values, np.float64).astype(fmt.numpy_dtype(name)).astype(fmt.numpy_dtype(dtype))
     assert out["w"].tobytes() == want.tobytes()
+
+
+def test_load_names_an_unknown_target_once_not_blaming_a_key(tmp_path):
+    p = tmp_path / "m.safetensors"
+    bb.save({"n": np.ones(3, np.float32)}, p)
+    with pytest.raises(bb.UnknownFrameworkError) as err:
+        bb.load(p, to="mx")
+    assert "key" not in str(err.value) and "'mx'" in str(err.value)
+
+
+def test_a_report_names_a_key_it_lacks_with_our_error(tmp_path):
+    p = tmp_path / "m.safetensors"
+    bb.save({"n": np.ones(3, np.float32)}, p)
+    _, report = bb.load_for_target(p, to="numpy")
+    assert report["n"].key == "n"
+    with pytest.raises(bb.MissingKeyError, match="'nope' is not in this report"):
+        report["nope"]

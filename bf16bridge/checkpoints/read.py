@@ -18,7 +18,7 @@ import numpy as np
 from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
-from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError,
+from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
                       UnsupportedDtypeError)
 from ..plans import Plan, Step
 from . import format as fmt
@@ -91,8 +91,8 @@ class Checkpoint:
         try:
             return self._entries[key]
         except KeyError:
-            raise KeyError(f"{self.path} has no tensor {key!r} ({len(self._keys)} keys; "
-                           "keys() lists them)") from None
+            raise MissingKeyError(f"{self.path} has no tensor {key!r} ({len(self._keys)} keys; "
+                                  "keys() lists them)") from None
 
     def array(self, key: str) -> np.ndarray:
         """The tensor as a numpy view of the private map (nothing read until touched). A write into
@@ -302,6 +302,7 @@ def load(path: str | os.PathLike, to: str = "numpy", *, nested: bool = False, co
     route allows, one copy a tensor otherwise; ``copy`` and ``fallback`` as ``Checkpoint.get``."""
     if nested not in (True, False):
         raise InvalidArgumentError(f"nested must be True or False; got {nested!r}")
+    registry.resolve(to)  # an unknown target is said once, not blamed on the first key
     with Checkpoint(path) as f:
         out = {key: f.get(key, to, copy=copy, fallback=fallback) for key in f.keys()}
     return nest(out, os.fspath(path)) if nested else out

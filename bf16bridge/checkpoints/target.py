@@ -12,7 +12,7 @@ import numpy as np
 from .. import dtypes, kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
-from ..errors import Bf16BridgeError, InvalidArgumentError
+from ..errors import Bf16BridgeError, InvalidArgumentError, MissingKeyError
 from ..plans import size
 from . import format as fmt
 from .keys import nest
@@ -65,7 +65,7 @@ class LoadReport:
         for k in self.keys:
             if k.key == key:
                 return k
-        raise KeyError(f"{key!r} is not in this report ({len(self.keys)} keys)")
+        raise MissingKeyError(f"{key!r} is not in this report ({len(self.keys)} keys; .keys lists them)")
 
     @property
     def changed(self) -> tuple[KeyReport, ...]:
