@@ -101,18 +101,28 @@ def _kernels(name: str, widen: bool):
     return (adapter.widen_bits if widen else adapter.round_bits), adapter.kernels_threaded
 
 
-def _flat_bits(x, width: int, what: str) -> np.ndarray:
-    a = np.asarray(x)
-    want = {16: ("bfloat16", "uint16"), 32: ("float32", "uint32")}[width]
-    name = a.dtype.name
-    if name not in want:
-        raise UnsupportedDtypeError(f"{what} takes a {want[0]} array (or its {want[1]} bits); got dtype {a.dtype}")
+_U16, _U32, _F32, _F64 = np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.float32), np.dtype(np.float64)
+#: what _flat_bits takes for each width (dtypes compared whole: a byte-swapped float32 is not float32)
+_FLAT: dict[int, tuple[tuple[str, str], tuple[np.dtype, ...], np.dtype]] = {
+    16: (("bfloat16", "uint16"), tuple(d for d in (dtypes.bfloat16, _U16) if d is not None), _U16),
+    32: (("float32", "uint32"), (_F32, _U32), _U32)}
+
+
+def _flat_bits(a: np.ndarray, width: int, what: str) -> np.ndarray:
+    # dtype objects compared, not dtype.name: that is a Python property in numpy, about a
+    # microsecond a call, a tenth of a 1 KiB conversion
+    names, takes, bits = _FLAT[width]
+    d = a.dtype
+    # another package's own bfloat16 type (not ml_dtypes'), in this machine's byte order, holds the same bits
+    if d not in takes and not (d.name in names and d.itemsize == width // 8 and d.isnative):
+        # a byte-swapped array has the same name ('>f4' is "float32"): its bytes read as ours are wrong values
+        swapped = not d.isnative and d.newbyteorder("=") in takes
+        raise UnsupportedDtypeError(f"{what} takes a {names[0]} array (or its {names[1]} bits); got dtype {d}"
+                                    + (" (byte-swapped: pass x.astype(x.dtype.newbyteorder('=')), a copy in "
+                                       "this machine's byte order)" if swapped else ""))
     if not a.flags.c_contiguous:
         raise CopyRequiredError(f"{what} takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
-    if not a.dtype.isnative:  # its name says nothing of byte order: read as native, every value was wrong
-        raise CopyRequiredError(f"{what} takes native byte order; got {a.dtype.str}: pass "
-                                f"x.astype(x.dtype.newbyteorder('=')) (a copy)")
-    return a.reshape(-1).view(f"u{width // 8}")
+    return a.reshape(-1).view(bits)
 
 
 def _out(out, shape, dtype, what: str) -> np.ndarray:
@@ -126,7 +136,9 @@ def _out(out, shape, dtype, what: str) -> np.ndarray:
 class _Progress:
     """A plain progress bar on stderr, shown only once a conversion has taken a while."""
 
-    def __init__(self, total: int, label: str, enabled: bool | None):
+    def __init__(self, total: int, label, enabled: bool | None):
+        # label: a str, or a call giving one, made only when the bar shows (a dtype's name costs
+        # about a microsecond, a tenth of a 1 KiB conversion that shows no bar)
         self.total, self.label, self.enabled = total, label, enabled
         self.start = time.perf_counter()
         self.shown = False
@@ -138,6 +150,8 @@ class _Progress:
             if self.enabled is None and (time.perf_counter() - self.start < PROGRESS_AFTER_S or not sys.stderr.isatty()):
                 return
             self.shown = True
+            if callable(self.label):
+                self.label = self.label()
         frac = done / self.total if self.total else 1.0
         bar = "#" * int(30 * frac)
         sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%}")
@@ -153,10 +167,10 @@ def to_float32(x, *, dtype=None, out=None, chunk: int = CHUNK, backend: str = "a
     NaN patterns become the quiet NaN with their sign; bf16 keeps its NaN payloads."""
     name = _narrow_name(dtype) if dtype is not None else None
     a = np.asarray(x)
-    if name not in (None, "bfloat16") or a.dtype.name in FORMATS:
+    if name not in (None, "bfloat16") or _NARROW_DTYPES.get(a.dtype, "bfloat16") != "bfloat16":
         return _widen_narrow(a, name, out, chunk, backend, threads, progress)
-    src = _flat_bits(x, 16, "to_float32")
-    result = _out(out, np.shape(x), np.float32, "to_float32")
+    src = _flat_bits(a, 16, "to_float32")
+    result = _out(out, a.shape, _F32, "to_float32")
     dst = result.reshape(-1).view(np.uint32)
     _run(True, backend, src, dst, chunk, threads, _Progress(src.size, "bf16 -> float32", progress))
     return result
@@ -169,9 +183,10 @@ def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: 
     Returns an ml_dtypes.bfloat16 array, or uint16 bits where ml_dtypes is unusable
     (then ``out`` must be uint16 too).
     """
-    src = _flat_bits(x, 32, "to_bf16")
-    bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else np.dtype(np.uint16)
-    result = _out(out, np.shape(x), bf16, "to_bf16")
+    a = np.asarray(x)
+    src = _flat_bits(a, 32, "to_bf16")
+    bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else _U16
+    result = _out(out, a.shape, bf16, "to_bf16")
     dst = result.reshape(-1).view(np.uint16)
     _run(False, backend, src, dst, chunk, threads, _Progress(src.size, "float32 -> bf16", progress))
     return result
@@ -196,6 +211,11 @@ def _spread(kernel, threaded: bool, src, dst, chunk: int, threads: int | None, b
     workers = 1 if threaded else max(1, min(threads or _CORES, 8))
     if chunk < 1:
         raise InvalidArgumentError(f"chunk must be a positive number of elements; got {chunk}")
+    if n <= chunk and (workers == 1 or n <= MIN_PIECE):  # one piece (the spans below would be one)
+        if n:
+            kernel(src, dst)
+            bar.update(n)
+        return
     if workers > 1:
         chunk = min(chunk, max(MIN_PIECE, -(-n // workers)))
     spans = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
@@ -307,6 +327,7 @@ _INT_FORMATS = (
 FORMATS: dict[str, Format] = {f.name: f for f in _FLOAT_FORMATS + _INT_FORMATS}
 #: every dtype to_dtype rounds to
 NARROW = ("bfloat16", *FORMATS)
+_NARROW_NAMES = frozenset(NARROW)
 
 
 def format_of(dtype) -> Format:
@@ -327,6 +348,13 @@ def numpy_dtype_of(name: str) -> np.dtype | None:
         return None
     t = getattr(dtypes._ml_dtypes, name, None)
     return None if t is None else np.dtype(t)
+
+
+#: {ml_dtypes' dtype: its name} for the narrow dtypes this ml_dtypes has (bf16 too): a dtype's
+#: ``.name`` is a Python property in numpy, about a microsecond a call; a lookup is not
+_NARROW_DTYPES = {d: n for n in NARROW
+                  if (d := dtypes.bfloat16 if n == "bfloat16" else numpy_dtype_of(n)) is not None}
+_U8 = np.dtype(np.uint8)
 
 
 def decoded(fmt: Format) -> np.ndarray:
@@ -480,6 +508,9 @@ BLOCK = 1 << 16
 def _blocked(step):
     """A kernel that runs ``step`` over pieces of BLOCK elements."""
     def kernel(src: np.ndarray, dst: np.ndarray) -> None:
+        if src.size <= BLOCK:
+            step(src, dst)
+            return
         for lo in range(0, src.size, BLOCK):
             step(src[lo:lo + BLOCK], dst[lo:lo + BLOCK])
     return kernel
@@ -493,12 +524,12 @@ def _round_by_table(table: np.ndarray):
         low += 0x7FFF
         low >>= 15  # 1 where any of bits 0-14 is set
         idx |= low
-        np.take(table, idx, out=dst)
+        table.take(idx, out=dst)
     return _blocked(step)
 
 
 def _float32_bits(src: np.ndarray) -> np.ndarray:
-    if src.dtype == np.float64:  # rounded to float32 first, as ml_dtypes does
+    if src.dtype == _F64:  # rounded to float32 first, as ml_dtypes does
         with np.errstate(over="ignore", invalid="ignore"):
             return src.astype(np.float32).view(np.uint32)
     return src.view(np.uint32)
@@ -549,7 +580,7 @@ def _widen_astype(nd: np.dtype):
 
 
 def _widen_by_table(table: np.ndarray):
-    return _blocked(lambda src, dst: np.take(table, src, out=dst))
+    return _blocked(lambda src, dst: table.take(src, out=dst))
 
 
 def _narrow_name(dtype) -> str:
@@ -557,10 +588,11 @@ def _narrow_name(dtype) -> str:
         name = dtype
     else:
         try:
-            name = np.dtype(dtype).name
+            d = np.dtype(dtype)
+            name = _NARROW_DTYPES.get(d) or d.name
         except TypeError:
             name = str(dtype)
-    if name not in NARROW:
+    if name not in _NARROW_NAMES:
         raise UnsupportedDtypeError(f"to_dtype / to_float32 take the narrow dtypes {', '.join(NARROW)}; "
                                     f"got {dtype!r}")
     return name
@@ -587,7 +619,7 @@ def _narrow_backend(backend: str, name: str, nd: np.dtype | None, widen: bool = 
 
 def _float_source(x, what: str) -> np.ndarray:
     a = np.asarray(x)
-    if a.dtype not in (np.float32, np.float64):
+    if a.dtype not in (_F32, _F64):
         raise UnsupportedDtypeError(f"{what} takes a float32 or float64 array; got dtype {a.dtype} "
                                     f"(pass x.astype(np.float32) first)")
     if not a.flags.c_contiguous:
@@ -611,23 +643,39 @@ def to_dtype(x, dtype, *, saturate: bool = False, out=None, chunk: int = CHUNK, 
         raise InvalidArgumentError(f"saturate must be True or False; got {saturate!r}")
     if name == "bfloat16":
         return _to_bf16_from(src, saturate, out, chunk, backend, threads, progress)
-    fmt = FORMATS[name]
     nd = numpy_dtype_of(name)
-    result = _out(out, src.shape, nd if nd is not None else np.dtype(np.uint8), "to_dtype")
-    picked = _narrow_backend(backend, name, nd)
-    if picked == "ml_dtypes" and nd is not None:
-        kernel = _round_astype(nd, fmt, saturate)
-    elif fmt.integer:
-        kernel = _round_int_kernel(fmt, saturate)
-    else:
-        kernel = _round_by_table(_round_table(fmt, saturate))
-    _spread(kernel, False, src.reshape(-1), result.reshape(-1).view(np.uint8), chunk, threads,
-            _Progress(src.size, f"{src.dtype.name} -> {name}", progress))
+    result = _out(out, src.shape, nd if nd is not None else _U8, "to_dtype")
+    kernel = _narrow_kernel(name, _narrow_backend(backend, name, nd), saturate, nd)
+    _spread(kernel, False, src.reshape(-1), result.reshape(-1).view(_U8), chunk, threads,
+            _Progress(src.size, lambda: f"{src.dtype.name} -> {name}", progress))
     return result
 
 
+_KERNELS: dict = {}
+
+
+def _narrow_kernel(name: str, picked: str, saturate: bool | None, nd: np.dtype | None):
+    """The kernel for one narrow dtype and backend (saturate=None: widening), made once: its
+    closures and tables are the same every call."""
+    key = (name, picked, saturate)
+    kernel = _KERNELS.get(key)
+    if kernel is None:  # two threads may make it at once; both get an equal kernel
+        fmt = FORMATS[name]
+        if saturate is None:
+            kernel = (_widen_astype(nd) if picked == "ml_dtypes" and nd is not None
+                      else _widen_by_table(_widen_table(fmt)))
+        elif picked == "ml_dtypes" and nd is not None:
+            kernel = _round_astype(nd, fmt, saturate)
+        elif fmt.integer:
+            kernel = _round_int_kernel(fmt, saturate)
+        else:
+            kernel = _round_by_table(_round_table(fmt, saturate))
+        _KERNELS[key] = kernel
+    return kernel
+
+
 def _widen_narrow(a: np.ndarray, name: str | None, out, chunk, backend, threads, progress) -> np.ndarray:
-    held = a.dtype.name
+    held = _NARROW_DTYPES.get(a.dtype) or ("uint8" if a.dtype == _U8 else a.dtype.name)
     if name is None:
         name = held
     if held != name and held != "uint8":
@@ -636,13 +684,9 @@ def _widen_narrow(a: np.ndarray, name: str | None, out, chunk, backend, threads,
     if not a.flags.c_contiguous:
         raise CopyRequiredError("to_float32 takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
     nd = numpy_dtype_of(name)
-    picked = _narrow_backend(backend, name, nd, widen=True)
-    if picked == "ml_dtypes" and nd is not None:
-        kernel = _widen_astype(nd)
-    else:
-        kernel = _widen_by_table(_widen_table(FORMATS[name]))
-    result = _out(out, a.shape, np.dtype(np.float32), "to_float32")
-    _spread(kernel, False, a.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint32), chunk, threads,
+    kernel = _narrow_kernel(name, _narrow_backend(backend, name, nd, widen=True), None, nd)
+    result = _out(out, a.shape, _F32, "to_float32")
+    _spread(kernel, False, a.reshape(-1).view(_U8), result.reshape(-1).view(_U32), chunk, threads,
             _Progress(a.size, f"{name} -> float32", progress))
     return result
 
@@ -662,7 +706,7 @@ def _to_bf16_from(src, saturate, out, chunk, backend, threads, progress) -> np.n
     bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else np.dtype(np.uint16)
     result = _out(out, src.shape, bf16, "to_dtype")
     _spread(kernel, threaded, src.reshape(-1), result.reshape(-1).view(np.uint16), chunk, threads,
-            _Progress(src.size, f"{src.dtype.name} -> bfloat16", progress))
+            _Progress(src.size, lambda: f"{src.dtype.name} -> bfloat16", progress))
     return result
 
 

@@ -191,6 +191,19 @@ def test_progress_bar_when_asked(capsys):
     assert capsys.readouterr().err == ""  # quick conversions stay quiet
 
 
+@pytest.mark.parametrize("call, label", [
+    (lambda: kernels.to_dtype(np.zeros(10, np.float64), "float8_e4m3fn", progress=True), "float64 -> float8_e4m3fn"),
+    (lambda: kernels.to_dtype(np.zeros(10, np.float64), "bfloat16", progress=True), "float64 -> bfloat16"),
+    (lambda: kernels.to_float32(np.zeros(10, ml_dtypes.float8_e5m2), progress=True), "float8_e5m2 -> float32"),
+])
+def test_progress_bar_of_one_piece_names_the_conversion(call, label, capsys):
+    """A small input runs as one piece on the calling thread, and its bar's label is built only
+    when the bar shows: it still names the conversion."""
+    call()
+    err = capsys.readouterr().err
+    assert f"\r{label} [" in err and "100.0%" in err, err
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: kernels.to_bf16(np.zeros(3, dtype=np.float64)), bb_errors.UnsupportedDtypeError, "float32"),
     (lambda: kernels.to_float32(np.zeros(3, dtype=np.float32)), bb_errors.UnsupportedDtypeError, "bfloat16"),
@@ -202,11 +215,15 @@ def test_progress_bar_when_asked(capsys):
      "backend must be"),
     (lambda: kernels.to_bf16(np.zeros(10, dtype=np.float32), chunk=0), bb_errors.InvalidArgumentError,
      "chunk must be a positive number"),
-    # byte-swapped input: its dtype's name is the native one's, and read as native every value was wrong (audit)
-    (lambda: kernels.to_bf16(np.ones(3, dtype=">f4")), bb_errors.CopyRequiredError, r"native byte order.*>f4"),
-    (lambda: kernels.to_float32(np.ones(3, dtype=">u2")), bb_errors.CopyRequiredError, "native byte order"),
+    # byte-swapped arrays share the name ('>f4' is "float32"): read as ours, their bytes were wrong values
+    (lambda: kernels.to_bf16(np.ones(3, dtype=">f4")), bb_errors.UnsupportedDtypeError,
+     r"got dtype >f4 \(byte-swapped: pass x.astype\(x.dtype.newbyteorder\('='\)\)"),
+    (lambda: kernels.to_bf16(np.ones(3, dtype=">u4")), bb_errors.UnsupportedDtypeError, "got dtype >u4 .byte-swapped"),
+    (lambda: kernels.to_float32(np.full(3, 0x3F80, dtype=">u2")), bb_errors.UnsupportedDtypeError,
+     "got dtype >u2 .byte-swapped"),
+    (lambda: kernels.to_dtype(np.ones(3, dtype=">f4"), "bfloat16"), bb_errors.UnsupportedDtypeError, "got dtype >f4"),
     (lambda: kernels.to_float32(np.ones(3, np.float32).astype(ml_dtypes.bfloat16).astype(
-        np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))), bb_errors.CopyRequiredError, "native byte order"),
+        np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))), bb_errors.UnsupportedDtypeError, "byte-swapped"),
 ])
 def test_bad_inputs_get_our_errors(call, error, match):
     with pytest.raises(error, match=match) as err:

@@ -134,6 +134,48 @@ def test_probe_imports_no_framework_unless_asked():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")
+def test_probe_and_the_cast_trials_print_nothing_on_stderr_and_keep_their_reasons():
+    """The trials run framework calls that fail on purpose, and the frameworks' C++ logs some
+    refusals to file descriptor 2 (tensorflow: "OP_REQUIRES failed at cast_op.cc:122 :
+    UNIMPLEMENTED: Cast float4_e2m1fn to float is not supported"; torch's profiler, which the fp8
+    matmul trial runs under: "USDT:... profiler_start"). A fresh process (every trial cold)
+    imports the frameworks first (their import lines are theirs), then holds fd 2 around a full
+    probe and tensorflow's cast trials: nothing may reach it, and the reasons are still kept."""
+    code = textwrap.dedent("""
+        import json, os, sys, tempfile
+        import torch, jax, tensorflow
+        import bf16bridge as bb
+        from bf16bridge import registry
+        for name in ("torch", "jax", "tensorflow"):
+            registry.get(name)
+        tf = registry.get("tensorflow")
+        sys.stderr.flush()
+        held, saved = tempfile.TemporaryFile(), os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            caps = bb.probe(frameworks="all", refresh=True)
+            casts = {f"{s} {w}": tf.casts(s, w) for s in sorted(tf.narrow_held) for w in ("float32", "float16")}
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+        held.seek(0)
+        fws = caps.frameworks
+        print(json.dumps({"stderr": held.read().decode(errors="replace"), "casts": casts,
+                          "why": [s.export_why for fw in fws.values() for s in fw.dtypes.values() if not s.dlpack_export],
+                          "matmuls": [c.how for fw in fws.values() for c in fw.narrow_compute]}))
+        sys.stdout.flush()
+        os._exit(0)  # torch, tensorflow and jax together have crashed at shutdown here
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    assert got["stderr"] == "", got["stderr"][-3000:]
+    assert got["casts"] and False in got["casts"].values(), got["casts"]  # some casts are refused: they were tried
+    assert got["why"] and all(got["why"]), got["why"]  # each DLPack refusal keeps its reason
+    assert got["matmuls"] and "unknown" not in got["matmuls"], got["matmuls"]  # the traced trials still read
+
+
 @pytest.mark.frameworks("torch")
 def test_fallback_auto_runs_no_trial_and_leaves_a_users_profiler_running():
     """fallback='auto' asks probe(trials=False): no narrow-dtype matmul (run under torch's
@@ -169,6 +211,29 @@ def test_fallback_auto_runs_no_trial_and_leaves_a_users_profiler_running():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.frameworks("torch", "jax")
+def test_probe_reads_the_imported_frameworks_devices_by_default(monkeypatch):
+    """probe()'s public default is devices=True: probe(trials=False), as a user calls it, reads
+    each imported framework's devices (what decide(device=...) needs); only devices=False, which
+    fallback='auto' passes for a CPU decision, leaves them unread."""
+    import jax  # noqa: F401 - imported, so the probe reads it
+    import torch  # noqa: F401
+
+    from bf16bridge import registry
+
+    read = []
+    for name in ("torch", "jax"):
+        kind = type(registry.get(name))
+        monkeypatch.setattr(kind, "devices", (lambda real, name: lambda self: read.append(name) or real(self))(
+            kind.devices, name))
+    caps = bb.probe(trials=False, refresh=True)
+    assert {"torch", "jax"} <= set(read), read
+    assert "devices not read" not in caps.frameworks["torch"].why
+    read.clear()
+    caps = bb.probe(trials=False, devices=False, refresh=True)
+    assert read == [] and "devices not read" in caps.frameworks["torch"].why
 
 
 @pytest.fixture

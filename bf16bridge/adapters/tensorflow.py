@@ -12,9 +12,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
-import tempfile
-import threading
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +20,7 @@ from .. import dtypes, versions
 from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
 from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches
+from ._quiet import without_native_lines
 
 versions.require("tensorflow", tf.__version__)
 
@@ -133,51 +131,19 @@ def _narrow_rows():
 _HELD, _CANNOT, _DLPACK_OUT, _VIEWS = _narrow_rows()
 
 
-_STDERR = threading.Lock()
-
-
-def _without_native_lines(fn, marker: bytes):
-    """``fn()`` with the process's stderr (file descriptor 2) held in a temporary file, then every
-    line written there meanwhile written back but those holding ``marker``. tensorflow's kernels
-    log their refusals natively ("W0000 ... OP_REQUIRES failed at inplace_ops.cc:338 :
-    INVALID_ARGUMENT: Unsupported data type: float8_e4m3fn", and a "Local rendezvous is aborting"
-    line), which no logging setting reached from Python silences after import, and its kernel
-    registry cannot answer first (DeepCopy's CPU kernel is registered for every type; its own
-    switch refuses). Other threads' output in that window comes out after it, not lost."""
-    with _STDERR:
-        try:
-            if sys.stderr is not None:
-                sys.stderr.flush()
-            saved = os.dup(2)
-        except (OSError, ValueError):  # no stderr to hold: let the lines through
-            return fn()
-        with tempfile.TemporaryFile() as held:
-            os.dup2(held.fileno(), 2)
-            try:
-                return fn()
-            finally:
-                try:
-                    if sys.stderr is not None:
-                        sys.stderr.flush()
-                finally:
-                    os.dup2(saved, 2)
-                    os.close(saved)
-                    held.seek(0)
-                    kept = [line for line in held.read().splitlines(keepends=True) if marker not in line]
-                    if kept:
-                        os.write(2, b"".join(kept))
-
-
 @functools.lru_cache(maxsize=None)
 def _copy_kernel(name: str) -> bool:
-    """Whether tensorflow's copy kernel takes ``name``, tried when first asked (a missing kernel
-    logs native warning lines, which the trial keeps off stderr)."""
+    """Whether tensorflow's copy kernel takes ``name``, tried when first asked. A missing kernel
+    logs native lines ("W0000 ... OP_REQUIRES failed at inplace_ops.cc:338 : INVALID_ARGUMENT:
+    Unsupported data type: float8_e4m3fn", and a "Local rendezvous is aborting" line), which the
+    trial keeps off stderr; tensorflow's kernel registry cannot answer first (DeepCopy's CPU
+    kernel is registered for every type; its own switch refuses)."""
     def trial():
         with tf.init_scope():
             tf.raw_ops.DeepCopy(x=tf.constant(np.zeros(2, dtypes.numpy_dtype(name))))
 
     try:
-        _without_native_lines(trial, f"Unsupported data type: {_tf_dtype(name).name}".encode())
+        without_native_lines(trial, f"Unsupported data type: {_tf_dtype(name).name}".encode())
         return True
     except Exception:  # noqa: BLE001 - no copy kernel for it
         return False
@@ -193,8 +159,18 @@ _POINTER = frozenset(_tf_dtype(n).as_datatype_enum for n in (*dtypes.ALL, *_DLPA
 
 @functools.lru_cache(maxsize=None)
 def _casts(src: str, dst: str) -> bool:
-    """Whether tf.cast keeps every src value in dst, tried once."""
-    return cast_matches(src, dst, lambda a: tf.cast(tf.constant(a), _tf_dtype(dst)).numpy())
+    """Whether tf.cast keeps every src value in dst, tried once. A cast tensorflow has no kernel
+    for raises (the finding) and logs "OP_REQUIRES failed at cast_op.cc : UNIMPLEMENTED: Cast
+    float4_e2m1fn to float is not supported" and a "Local rendezvous is aborting" line natively;
+    a first float16 cast on this CPU logs "oneDNN supports DT_HALF only on platforms with
+    AVX-512": the trial keeps those lines off stderr."""
+    return without_native_lines(
+        lambda: cast_matches(src, dst, lambda a: tf.cast(tf.constant(a), _tf_dtype(dst)).numpy()),
+        f"UNIMPLEMENTED: Cast {_CPP_NAMES.get(src, src)} to ".encode(), b"oneDNN supports DT_HALF only")
+
+
+#: tensorflow's C++ names (DataTypeString) where they differ from ours
+_CPP_NAMES = {"float32": "float", "float16": "half", "float64": "double"}
 
 
 def _numpy(x):
