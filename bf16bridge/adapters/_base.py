@@ -54,6 +54,9 @@ class Source(NamedTuple):
     must_copy: str | None = None  # why the value cannot leave as it is (torch conj/neg bits)
     notes: tuple = ()  # what the user should know (gradients dropped, a Variable's snapshot)
     requires_grad: bool = False  # the input takes part in autodiff: its gradient does not cross
+    #: what the input's memory belongs to beyond an immutable tensor, where a writable alias of
+    #: it changes that owner ("a live tf.Variable"): the alias message names it; None: a tensor
+    owner: str | None = None
 
 
 class Handoff(NamedTuple):
@@ -126,6 +129,9 @@ class Adapter:
     #: tests/test_benchmarks_smoke.py checks the declared value is on the measured side of 1;
     #: the planner prefers the cheaper)
     import_copy_cost: ClassVar[float] = 1.0
+    #: how ``convert``'s warning says an input's gradient is dropped (``Source.requires_grad``):
+    #: "this {framework} tensor {grad_words}; its data crosses ..."
+    grad_words: ClassVar[str] = "requires grad"
 
     # Labels shown by plan(); the adapter names its own calls.
     label_bitview: ClassVar[str] = "view as {dtype}"
@@ -185,8 +191,10 @@ class Adapter:
         """A cheap, hashable description of everything ``describe`` would report of ``x``
         that a route depends on (dtype, layout, read-only, device, empty or not, and, when
         ``alignment``, whether the buffer is ALIGN-aligned), for ``convert``'s cache of
-        zero-copy plans; None where ``describe`` would change the value (a tensor that
-        requires grad, a tf.Variable) or the input is unusual: those take the full path.
+        zero-copy plans, ``Source.requires_grad`` included where the value stays the same
+        (a tf tensor a tape watches); None where ``describe`` would change the value (a
+        tensor that requires grad, a tf.Variable) or the input is unusual: those take the
+        full path.
         Default: None (no fast path)."""
         return None
 

@@ -26,6 +26,26 @@ from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches
 
 versions.require("tensorflow", tf.__version__)
 
+try:
+    # how tensorflow itself decides whether to record an op (eager/record.py could_possibly_record,
+    # execute.py record_gradient): no active tape or accumulator on this thread (stop_recording
+    # included), else which of the inputs one watches, backward (GradientTape, a Variable read
+    # under it included) or forward (ForwardAccumulator); both C calls, the same in 2.16 and 2.21
+    from tensorflow.python import pywrap_tfe as _tfe
+
+    _NO_TAPE = _tfe.TFE_Py_TapeSetIsEmpty
+    _GRADIENT_TYPES = _tfe.TFE_Py_TapeSetPossibleGradientTypes
+    _TAPE_FACT = (True, "pywrap_tfe.TFE_Py_TapeSetPossibleGradientTypes says whether a tape watches an input")
+except (ImportError, AttributeError) as _err:  # pragma: no cover - every tensorflow tested has them
+    _NO_TAPE = None
+    _TAPE_FACT = (False, f"{_err}: whether a gradient tape watches a tf input is not known, and not said")
+
+
+def _recorded(x) -> bool:
+    """Whether an active gradient tape or forward accumulator watches eager tensor ``x`` (its
+    gradient, or tangent, would not cross)."""
+    return _NO_TAPE is not None and not _NO_TAPE() and _GRADIENT_TYPES((x,)) != 0
+
 
 def _find_export():
     """How this tensorflow hands a tensor out over DLPack, tried once: (capsule maker, fact)."""
@@ -254,15 +274,25 @@ class TensorflowAdapter(Adapter):
                 Handoff("tensorflow", "numpy", "Tensor.numpy", _numpy, _copies, dtypes=_BY_NUMPY,
                         copies_aligned=False)]
 
+    grad_words = "is watched by an active gradient tape (tf.GradientTape, or tf.autodiff.ForwardAccumulator)"
+
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
+        owner = None
         if isinstance(x, tf.Variable):
+            # read here, under the caller's tape: a tape that watches the Variable watches the read
             x = x.read_value()
             notes = ("a tf.Variable crosses as its current value (later assignments do not show)",)
+            # the read is the Variable's own buffer (a zero-copy alias writes into the Variable)
+            owner = "the live tf.Variable it was read from"
         if not hasattr(x, "numpy"):
             raise UnsupportedTypeError(
                 "a symbolic tf.Tensor (inside tf.function or a graph) has no data; convert eagerly"
             )
+        grad = _recorded(x)
+        if grad:
+            notes += ("a gradient tape watches the input: its data crosses, its gradient does not cross "
+                      "(tf.stop_gradient(x), or on_grad='drop', says that is meant)",)
         name = _name(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
@@ -278,7 +308,7 @@ class TensorflowAdapter(Adapter):
             # (the storage-only types have no capsule; nothing imports them zero-copy: tf allocated them)
             aligned=(not alignment or nbytes == 0 or x._datatype_enum() not in _POINTER
                      or self.data_ptr(x) % ALIGN == 0),
-            readonly=False, device=_device(x.device), notes=notes,
+            readonly=False, device=_device(x.device), notes=notes, requires_grad=grad, owner=owner,
         )
 
     def fast_key(self, x, alignment):
@@ -294,7 +324,9 @@ class TensorflowAdapter(Adapter):
             # no DLPack capsule to read a pointer from (asking for one of a tf.string aborts the
             # process): the full path, which refuses the dtype or routes it by a copy
             return None
-        return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0)
+        return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0,
+                # Source.requires_grad: whether a tape watches it, asked per call (one C call without a tape)
+                _NO_TAPE is not None and not _NO_TAPE() and _GRADIENT_TYPES((x,)) != 0)
 
     def data_ptr(self, x) -> int:
         if x._datatype_enum() not in _POINTER:  # a capsule of it would abort the process
@@ -349,7 +381,7 @@ class TensorflowAdapter(Adapter):
         return out
 
     def facts(self):
-        return {"Tensor.__dlpack__": _EXPORT_FACT}
+        return {"Tensor.__dlpack__": _EXPORT_FACT, "gradient tapes": _TAPE_FACT}
 
     computes = True
 
