@@ -28,7 +28,8 @@ Fallback = Literal["error", "float32", "bits", "auto"]
 #: what to do when the result would be a writable alias of memory its owner treats as
 #: read-only or immutable (a torch tensor over a jax or tensorflow buffer)
 OnAlias = Literal["warn", "copy", "error", "allow"]
-#: what to do when the input requires grad: its data crosses, its gradient does not
+#: what to do when the input takes part in autodiff (a torch tensor that requires grad, a tf
+#: tensor a gradient tape watches): its data crosses, its gradient does not
 OnGrad = Literal["warn", "error", "drop"]
 ON_ALIAS = ("warn", "copy", "error", "allow")
 ON_GRAD = ("warn", "error", "drop")
@@ -111,8 +112,9 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     ``on_alias`` ("warn", "copy", "error", "allow") chooses what happens when the
     result would be writable over memory its owner treats as immutable or read-only
     (jax or tensorflow -> torch, zero-copy); ``on_grad`` ("warn", "error", "drop")
-    when the input requires grad, whose gradient does not cross. Warnings are
-    ``Bf16BridgeWarning``.
+    when the input takes part in autodiff (a torch tensor that requires grad, a tf
+    tensor an active gradient tape watches), whose gradient does not cross.
+    Warnings are ``Bf16BridgeWarning``.
     """
     return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
 

@@ -33,18 +33,20 @@ try:
     # under it included) or forward (ForwardAccumulator); both C calls, the same in 2.16 and 2.21
     from tensorflow.python import pywrap_tfe as _tfe
 
-    _NO_TAPE = _tfe.TFE_Py_TapeSetIsEmpty
-    _GRADIENT_TYPES = _tfe.TFE_Py_TapeSetPossibleGradientTypes
+    _no_tape, _gradient_types = _tfe.TFE_Py_TapeSetIsEmpty, _tfe.TFE_Py_TapeSetPossibleGradientTypes
     _TAPE_FACT = (True, "pywrap_tfe.TFE_Py_TapeSetPossibleGradientTypes says whether a tape watches an input")
 except (ImportError, AttributeError) as _err:  # pragma: no cover - every tensorflow tested has them
-    _NO_TAPE = None
+    def _no_tape() -> bool:
+        return True
+
+    _gradient_types = None
     _TAPE_FACT = (False, f"{_err}: whether a gradient tape watches a tf input is not known, and not said")
 
 
 def _recorded(x) -> bool:
     """Whether an active gradient tape or forward accumulator watches eager tensor ``x`` (its
-    gradient, or tangent, would not cross)."""
-    return _NO_TAPE is not None and not _NO_TAPE() and _GRADIENT_TYPES((x,)) != 0
+    gradient, or tangent, would not cross). fast_key asks the same, inline."""
+    return not _no_tape() and _gradient_types((x,)) != 0
 
 
 def _find_export():
@@ -311,7 +313,7 @@ class TensorflowAdapter(Adapter):
             readonly=False, device=_device(x.device), notes=notes, requires_grad=grad, owner=owner,
         )
 
-    def fast_key(self, x, alignment):
+    def fast_key(self, x, alignment, _no_tape=_no_tape, _gradient_types=_gradient_types):
         # convert keeps plans per input type, and never one for a tf.Variable (describe swaps it
         # for a snapshot) or a symbolic tensor (refused): only eager tensors get here with a plan
         try:
@@ -325,8 +327,9 @@ class TensorflowAdapter(Adapter):
             # process): the full path, which refuses the dtype or routes it by a copy
             return None
         return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0,
-                # Source.requires_grad: whether a tape watches it, asked per call (one C call without a tape)
-                _NO_TAPE is not None and not _NO_TAPE() and _GRADIENT_TYPES((x,)) != 0)
+                # Source.requires_grad (_recorded): whether a tape watches it, asked per call (one C
+                # call without a tape; the functions bound as defaults: no global lookup)
+                not _no_tape() and _gradient_types((x,)) != 0)
 
     def data_ptr(self, x) -> int:
         if x._datatype_enum() not in _POINTER:  # a capsule of it would abort the process
