@@ -443,7 +443,10 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         _check_copy_size(src, source, target, route.steps)
     shape = tuple(src.shape)
     return Plan(source, target, src.dtype, route.dtype, shape, src.nbytes, src.device,
-                route.steps, copies, shares, writable, route.decision, notes, alias, src.requires_grad,
+                route.steps, copies, shares, writable, route.decision, notes, alias,
+                # a route with no steps hands back the described value: its gradient is lost only
+                # where describe detached it
+                src.requires_grad and (bool(route.steps) or not registry.get(source).grad_stays_on_value),
                 _result_shape(shape, src.dtype, route.steps))
 
 

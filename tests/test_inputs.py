@@ -339,6 +339,33 @@ def test_tf_input_recorded_by_a_tape_says_its_gradient_is_dropped(case, dst):
                 np.testing.assert_array_equal(bits(out), want)
 
 
+@pytest.mark.frameworks("tensorflow")
+@pytest.mark.parametrize("copy", [None, True])
+@pytest.mark.parametrize("kind", ["tensor", "Variable"])
+def test_tf_to_tf_under_a_tape_keeps_the_gradient_or_says_it_drops_it(kind, copy):
+    """tf -> tf with nothing to do hands back the tensor (or the Variable's recorded read): the
+    gradient flows, and nothing is said. copy=True copies with DeepCopy, which has no gradient:
+    recorded, it made tape.gradient raise LookupError; now unrecorded, said and dropped."""
+    import tensorflow as tf
+
+    x = tf.constant([1.0, 2.0])
+    inp = tf.Variable(x) if kind == "Variable" else x
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        p = bb.plan(inp, to="tensorflow", copy=copy)
+        assert p.drops_grad is bool(copy), p
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            y = tf.reduce_sum(bb.convert(inp, "tensorflow", copy=copy) * 2)
+    said = [w for w in got if "gradient tape" in str(w.message)]
+    assert len(said) == (1 if copy else 0), [str(w.message) for w in got]
+    g = tape.gradient(y, inp)
+    if copy:
+        assert g is None
+    else:
+        np.testing.assert_array_equal(g.numpy(), [2.0, 2.0])
+
+
 @pytest.mark.frameworks("tensorflow", "torch")
 def test_tf_recorded_into_torch_says_both_on_the_hot_path():
     """Under a tape, tf -> torch is both a dropped gradient and a writable alias: each call says

@@ -55,7 +55,8 @@ class Source(NamedTuple):
     notes: tuple = ()  # what the user should know (gradients dropped, a Variable's snapshot)
     requires_grad: bool = False  # the input takes part in autodiff: its gradient does not cross
     #: what the input's memory belongs to beyond an immutable tensor, where a writable alias of
-    #: it changes that owner ("a live tf.Variable"): the alias message names it; None: a tensor
+    #: it changes that owner ("the live tf.Variable it was read from"): the alias message names
+    #: it; None: an immutable tensor of its own
     owner: str | None = None
 
 
@@ -132,6 +133,10 @@ class Adapter:
     #: how ``convert``'s warning says an input's gradient is dropped (``Source.requires_grad``):
     #: "this {framework} tensor {grad_words}; its data crosses ..."
     grad_words: ClassVar[str] = "requires grad"
+    #: ``describe``'s value still carries the input's gradient (tensorflow: the tensor itself, or a
+    #: Variable's read, recorded by the tape), so a route with no steps (already a tensor of the
+    #: target) keeps it; False: describe detached it (torch), and even that route drops it
+    grad_stays_on_value: ClassVar[bool] = False
 
     # Labels shown by plan(); the adapter names its own calls.
     label_bitview: ClassVar[str] = "view as {dtype}"

@@ -277,6 +277,7 @@ class TensorflowAdapter(Adapter):
                         copies_aligned=False)]
 
     grad_words = "is watched by an active gradient tape (tf.GradientTape, or tf.autodiff.ForwardAccumulator)"
+    grad_stays_on_value = True
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
@@ -363,14 +364,14 @@ class TensorflowAdapter(Adapter):
     def copy(self, x):
         # never reached with an unaligned tensor (kernels_unaligned is False: the planner
         # copies those in numpy, as plan() shows)
-        return tf.raw_ops.DeepCopy(x=x)
+        return _unrecorded(tf.raw_ops.DeepCopy, x)
 
     def astype(self, x, dtype):
         return tf.cast(x, _tf_dtype(dtype))
 
     def to_host(self, x):
         with tf.device("/CPU:0"):
-            return tf.raw_ops.DeepCopy(x=x)
+            return _unrecorded(tf.raw_ops.DeepCopy, x)
 
     def devices(self):
         out: list[tuple[str, bool | None, str]] = []
@@ -498,6 +499,18 @@ def _recording(leaves) -> bool:
     # a tf.Variable is read under the tape by call_foreign: ask about what will be read
     return bool(record.should_record_backprop([tf.identity(x) if isinstance(x, tf.Variable) else x
                                                for x in leaves]))
+
+
+def _unrecorded(op, x):
+    """``op(x=x)``, which no tape records where one watches ``x``: DeepCopy has no registered
+    gradient, and a recorded one made the tape's ``gradient`` raise LookupError; unrecorded, the
+    copy's gradient is dropped, as plan's ``drops_grad`` says and ``convert`` warns."""
+    if _no_tape():
+        return op(x=x)
+    from tensorflow.python.eager import record
+
+    with record.stop_recording():
+        return op(x=x)
 
 
 def _static_shape_dtype(x):
