@@ -28,7 +28,8 @@ Fallback = Literal["error", "float32", "bits", "auto"]
 #: what to do when the result would be a writable alias of memory its owner treats as
 #: read-only or immutable (a torch tensor over a jax or tensorflow buffer)
 OnAlias = Literal["warn", "copy", "error", "allow"]
-#: what to do when the input requires grad: its data crosses, its gradient does not
+#: what to do when the input takes part in autodiff (a torch tensor that requires grad, a tf
+#: tensor a gradient tape watches): its data crosses, its gradient does not
 OnGrad = Literal["warn", "error", "drop"]
 ON_ALIAS = ("warn", "copy", "error", "allow")
 ON_GRAD = ("warn", "error", "drop")
@@ -111,8 +112,9 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     ``on_alias`` ("warn", "copy", "error", "allow") chooses what happens when the
     result would be writable over memory its owner treats as immutable or read-only
     (jax or tensorflow -> torch, zero-copy); ``on_grad`` ("warn", "error", "drop")
-    when the input requires grad, whose gradient does not cross. Warnings are
-    ``Bf16BridgeWarning``.
+    when the input takes part in autodiff (a torch tensor that requires grad, a tf
+    tensor an active gradient tape watches), whose gradient does not cross.
+    Warnings are ``Bf16BridgeWarning``.
     """
     return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
 
@@ -135,9 +137,10 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
             if k is not None:
                 hit = fast.plans.get(k if fast.state is None else (k, fast.state()))
                 if hit is not None:
-                    p, direct, message = hit
-                    if message is not None:
-                        _say(message)
+                    p, direct, messages = hit
+                    if messages is not None:
+                        for message in messages:
+                            _say(message)
                     if direct is None:
                         return _run(p, x, fast.source, copy, fast.dst)
                     for run in direct:
@@ -165,7 +168,7 @@ class _Fast:
         self.alignment = dst.dlpack_unaligned != "ok"
         #: fast_key, or (fast_key, state()) -> (plan, its steps' run functions where _run would add
         #: nothing to them: no pointer to verify, no read-only mark to set; else None,
-        #: the warning it gives with these keywords, or None)
+        #: the warnings it gives with these keywords, in order, or None)
         self.plans: dict = {}
 
 
@@ -188,8 +191,9 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
         if not p.writable and dst.marks_readonly:
             runs += (dst.mark_readonly,)
         direct = None if any(step.verify for step in p.steps) else runs
-        message = _alias_message(p) if p.alias is not None and on_alias == "warn" else None
-        fast.plans[k if fast.state is None else (k, fast.state())] = (p, direct, message)
+        messages = ((_grad_message(p),) if p.drops_grad and on_grad == "warn" else ()) + (
+            (_alias_message(p),) if p.alias is not None and on_alias == "warn" else ())
+        fast.plans[k if fast.state is None else (k, fast.state())] = (p, direct, messages or None)
 
 
 def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
@@ -204,15 +208,16 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
                        on_alias=on_alias, on_grad=on_grad)
     routes = _routes()
     p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
-    if (not p.copies and not p.drops_grad and src.value is x and on_alias != "copy"
+    # a plan that drops a gradient is kept only where the input stays as it is (src.value is x: a
+    # tf tensor a tape watches, which fast_key tells apart; a torch one is detached) and the call
+    # goes on (on_grad='error' refuses every time, on the full path)
+    if (not p.copies and not (p.drops_grad and on_grad == "error") and src.value is x and on_alias != "copy"
             and not (p.alias is not None and on_alias == "error")):
         _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p, source, target)
     if p.drops_grad and on_grad != "drop":
-        why = (f"this {source} tensor requires grad; its data crosses to {target} detached and its "
-               "gradient does not cross")
         if on_grad == "error":
-            raise UnsupportedTypeError(f"{why}; pass on_grad='drop' to detach, or use bb.bridge for gradients")
-        _say(f"{why} (on_grad='drop' silences this; on_grad='error' refuses)")
+            raise UnsupportedTypeError(f"{_grad_why(p)}; pass on_grad='drop' to detach, or use bb.bridge for gradients")
+        _say(_grad_message(p))
     if p.alias is not None and on_alias != "allow":
         if on_alias == "copy":
             p = routes.plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute)
@@ -225,6 +230,15 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
 
 def _warn_alias(p: Plan) -> None:
     _say(_alias_message(p))
+
+
+def _grad_why(p: Plan) -> str:
+    return (f"this {p.source} tensor {registry.get(p.source).grad_words}; its data crosses to {p.target} "
+            "detached and its gradient does not cross")
+
+
+def _grad_message(p: Plan) -> str:
+    return f"{_grad_why(p)} (on_grad='drop' silences this; on_grad='error' refuses)"
 
 
 def _alias_message(p: Plan) -> str:
@@ -486,9 +500,10 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
                 if k is not None:
                     hit = fast.plans.get(k if fast.state is None else (k, state))
                     if hit is not None:
-                        p, direct, message = hit
-                        if message is not None:
-                            pending[message] = pending.get(message, 0) + 1
+                        p, direct, messages = hit
+                        if messages is not None:
+                            for message in messages:
+                                pending[message] = pending.get(message, 0) + 1
                         if direct is None:
                             return _run(p, x, fast.source, copy, fast.dst)
                         y = x

@@ -134,6 +134,11 @@ class TreePlan:
         """Paths of leaves whose result would be writable over immutable or read-only memory."""
         return tuple(w for w, p in self.leaves if isinstance(p, Plan) and p.alias is not None)
 
+    @property
+    def drops_grad(self) -> tuple[str, ...]:
+        """Paths of leaves whose gradient would not cross (``on_grad`` says what ``convert_tree`` does)."""
+        return tuple(w for w, p in self.leaves if isinstance(p, Plan) and p.drops_grad)
+
     def __str__(self) -> str:
         plans = self.plans
         lines = [f"{len(self.leaves)} tensor leaves: {sum(not p.copies for p in plans)} zero-copy "
@@ -147,10 +152,12 @@ class TreePlan:
                 lines.append(f"  {where}: copies {size(p.nbytes)} ({why})")
         for where in self.aliases:
             lines.append(f"  {where}: writable alias of immutable or read-only memory")
+        for where in self.drops_grad:
+            lines.append(f"  {where}: takes part in autodiff; its gradient does not cross")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"zero_copy_bytes": self.zero_copy_bytes, "copied_bytes": self.copied_bytes,
-                "aliases": list(self.aliases),
+                "aliases": list(self.aliases), "drops_grad": list(self.drops_grad),
                 "leaves": [{"path": w, **(p.to_dict() if isinstance(p, Plan) else
                                           {"error": f"{type(p).__name__}: {p}"})} for w, p in self.leaves]}

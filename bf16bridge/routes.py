@@ -438,12 +438,15 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         # a later fallback may unpack on its way too (a packed row widens as its values, one a byte)
         _check_packing(src, source, target, route.steps)
     copies, shares, writable, notes, alias = _outcome(
-        route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation())
+        route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation(), src.owner)
     if copies:
         _check_copy_size(src, source, target, route.steps)
     shape = tuple(src.shape)
     return Plan(source, target, src.dtype, route.dtype, shape, src.nbytes, src.device,
-                route.steps, copies, shares, writable, route.decision, notes, alias, src.requires_grad,
+                route.steps, copies, shares, writable, route.decision, notes, alias,
+                # a route with no steps hands back the described value: its gradient is lost only
+                # where describe detached it
+                src.requires_grad and (bool(route.steps) or not registry.get(source).grad_stays_on_value),
                 _result_shape(shape, src.dtype, route.steps))
 
 
@@ -461,7 +464,7 @@ def _result_shape(shape: tuple[int, ...], dtype: str, steps: tuple[Step, ...]) -
 
 @lru_cache(maxsize=1024)
 def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: bool, src_notes: tuple,
-             generation: int):
+             generation: int, owner: str | None = None):
     """What the result is (copied? shares memory? writable?) and what the user should know."""
     src_adapter, dst_adapter = registry.get(source), registry.get(target)
     final = route.final
@@ -469,11 +472,18 @@ def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: b
     writable = (not dst_adapter.immutable) and not final.readonly
     notes = list(src_notes)
     alias = None
-    if shares and writable and src_adapter.immutable:
+    if shares and writable and src_adapter.immutable and owner is not None:
+        # not a tensor nobody writes: its owner's own storage (a tf.Variable's), which every later
+        # read of it sees, changed without an assignment its framework knows of
+        alias = (f"the {target} result is writable and shares memory with {owner}: writing to it changes "
+                 f"that owner's value in place (every later read of it sees the write, which {source} does "
+                 f"not know of as an assignment); pass copy=True (or on_alias='copy') to write safely")
+    elif shares and writable and src_adapter.immutable:
         alias = (f"the {target} result is writable and shares memory with an immutable {source} tensor: "
                  f"writing to it changes that tensor too (and whatever it aliases: where that is read-only "
                  f"memory, such as a numpy.memmap opened mode='r' that reached {source} without a copy, a "
                  f"write kills the process); pass copy=True (or on_alias='copy') to write safely")
+    if alias is not None:
         notes.append(alias)
     if shares and dst_adapter.immutable and not src_adapter.immutable and not readonly:
         notes.append(f"the {target} result shares the {source} input's memory: writing to the input "

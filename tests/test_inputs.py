@@ -253,6 +253,179 @@ def test_tf_variable_crosses_as_its_current_value(dst):
     np.testing.assert_array_equal(bits(y), snapshot)
 
 
+def _tf_recorded(case, stack):
+    """A tf input as ``case`` makes it, inside the contexts it enters on ``stack``: (the input,
+    whether an active tape or accumulator records it, so that its gradient is dropped)."""
+    import tensorflow as tf
+
+    x = tf.constant(np.array([1.5, -0.0, 3.0], dtype=BF16))
+    if case == "no tape":
+        return x, False
+    if case == "ForwardAccumulator":  # forward mode: its tangent is dropped alike
+        stack.enter_context(tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)))
+        return x, True
+    tape = stack.enter_context(
+        tf.GradientTape(watch_accessed_variables=case != "Variable, watch_accessed_variables=False"))
+    if case.endswith("Variable") or case.startswith("Variable"):
+        v = tf.Variable(x, trainable=case != "non-trainable Variable")
+        return v, case == "trainable Variable"
+    if case == "unwatched, under a tape":
+        return x, False
+    if case == "integer tensor, watched":
+        x = tf.constant([1, 2, 3], tf.int32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tensorflow warns that it never watches integers
+            tape.watch(x)
+        return x, False
+    tape.watch(x)
+    if case == "watched":
+        return x, True
+    if case == "computed from a watched tensor":
+        return x * 1, True
+    if case == "stop_gradient of a watched tensor":
+        return tf.stop_gradient(x), False
+    assert case == "watched, under tape.stop_recording()", case
+    stack.enter_context(tape.stop_recording())
+    return x, False
+
+
+TF_RECORDED = ["no tape", "unwatched, under a tape", "watched", "computed from a watched tensor",
+               "stop_gradient of a watched tensor", "watched, under tape.stop_recording()",
+               "integer tensor, watched", "trainable Variable", "non-trainable Variable",
+               "Variable, watch_accessed_variables=False", "ForwardAccumulator"]
+
+
+@pytest.mark.frameworks("tensorflow")
+@pytest.mark.parametrize("dst", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("case", TF_RECORDED)
+def test_tf_input_recorded_by_a_tape_says_its_gradient_is_dropped(case, dst):
+    """A tf input a tape (or forward accumulator) records loses its gradient at the border, as
+    a torch tensor that requires grad does: plan() says drops_grad, convert() warns (or refuses,
+    or drops silently, as on_grad says), convert_tree too; and with a plan for the same type
+    cached outside a tape first (the hot path), the answer is still per call."""
+    import contextlib
+
+    import tensorflow as tf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # the hot path's cache holds a plan for these types, from calls outside any tape
+        bb.convert(tf.constant(np.zeros(3, BF16)), dst, on_alias="allow")
+        bb.convert(tf.constant([0, 0, 0], tf.int32), dst, on_alias="allow")
+    with contextlib.ExitStack() as stack:
+        x, drops = _tf_recorded(case, stack)
+        p = bb.plan(x, to=dst)
+        assert p.drops_grad is drops, p
+        assert any("gradient tape" in n for n in p.notes) is drops, p.notes
+        for _ in range(3):  # the later calls take the hot path where a plan is cached
+            if drops:
+                with pytest.warns(bb.Bf16BridgeWarning, match="watched by an active gradient tape") as got:
+                    y = bb.convert(x, dst, on_alias="allow")
+                assert len([w for w in got if "gradient" in str(w.message)]) == 1
+                with pytest.warns(bb.Bf16BridgeWarning, match="1 leaf of this tree: .*gradient tape"):
+                    tree = bb.convert_tree({"x": x}, dst, on_alias="allow")
+                with pytest.raises(bb.UnsupportedTypeError, match="on_grad='drop'"):
+                    bb.convert(x, dst, on_grad="error")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # nothing recorded, or "drop" said: nothing to warn about
+                quiet = bb.convert(x, dst, on_alias="allow", on_grad="drop")
+                quiet_tree = bb.convert_tree({"x": x}, dst, on_alias="allow", on_grad="drop")
+                if not drops:
+                    y = bb.convert(x, dst, on_alias="allow")
+                    tree = bb.convert_tree({"x": x}, dst, on_alias="allow")
+                    bb.convert(x, dst, on_grad="error", on_alias="allow")
+            want = bits(x.read_value() if isinstance(x, tf.Variable) else x)
+            for out in (y, quiet, tree["x"], quiet_tree["x"]):
+                np.testing.assert_array_equal(bits(out), want)
+
+
+@pytest.mark.frameworks("tensorflow")
+@pytest.mark.parametrize("copy", [None, True])
+@pytest.mark.parametrize("kind", ["tensor", "Variable"])
+def test_tf_to_tf_under_a_tape_keeps_the_gradient_or_says_it_drops_it(kind, copy):
+    """tf -> tf with nothing to do hands back the tensor (or the Variable's recorded read): the
+    gradient flows, and nothing is said. copy=True copies with DeepCopy, which has no gradient:
+    recorded, it made tape.gradient raise LookupError; now unrecorded, said and dropped."""
+    import tensorflow as tf
+
+    x = tf.constant([1.0, 2.0])
+    inp = tf.Variable(x) if kind == "Variable" else x
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        p = bb.plan(inp, to="tensorflow", copy=copy)
+        assert p.drops_grad is bool(copy), p
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            y = tf.reduce_sum(bb.convert(inp, "tensorflow", copy=copy) * 2)
+    said = [w for w in got if "gradient tape" in str(w.message)]
+    assert len(said) == (1 if copy else 0), [str(w.message) for w in got]
+    g = tape.gradient(y, inp)
+    if copy:
+        assert g is None
+    else:
+        np.testing.assert_array_equal(g.numpy(), [2.0, 2.0])
+
+
+@pytest.mark.frameworks("tensorflow", "torch")
+def test_tf_recorded_into_torch_says_both_on_the_hot_path():
+    """Under a tape, tf -> torch is both a dropped gradient and a writable alias: each call says
+    both, the cached (hot path) ones too."""
+    import tensorflow as tf
+
+    x = tf.constant(np.ones(4, BF16))
+    bb.convert(x, "torch", on_alias="allow")
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        for _ in range(3):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                bb.convert(x, "torch")
+            said = sorted(str(w.message).split(";")[0][:40] for w in got if w.category is bb.Bf16BridgeWarning)
+            assert len(said) == 2 and any("gradient tape" in str(w.message) for w in got), said
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        bb.convert(x, "torch")  # the tape has ended: the alias alone
+    assert [("gradient" in str(w.message)) for w in got] == [False]
+
+
+@pytest.mark.frameworks("tensorflow")
+@pytest.mark.parametrize("dst", ["numpy", "torch", "jax"])
+def test_tf_inside_tf_function_is_refused_before_any_gradient_question(dst):
+    """Inside tf.function a tf input is symbolic: no data to move, refused with our error, tape
+    or not (the bridge's functions, bb.bridge, are the way to cross there, gradients included)."""
+    import tensorflow as tf
+
+    v = tf.Variable(np.ones(3, BF16))
+
+    @tf.function
+    def f(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            for inp in (x, v):
+                with pytest.raises(bb.UnsupportedTypeError, match="symbolic"):
+                    bb.convert(inp, dst, on_alias="allow")
+        return x
+
+    f(tf.constant(np.ones(3, BF16)))
+
+
+@pytest.mark.frameworks("tensorflow", "torch")
+def test_tf_variable_into_torch_says_writes_change_the_live_variable():
+    """A zero-copy torch result of a tf.Variable shares the Variable's own buffer: writing to it
+    changes the Variable (what every later read sees), which the warning says."""
+    import tensorflow as tf
+
+    v = tf.Variable(np.zeros(4, np.float32))
+    p = bb.plan(v, to="torch")
+    assert p.alias is not None and "live tf.Variable" in p.alias and "immutable" not in p.alias, p.alias
+    with pytest.warns(bb.Bf16BridgeWarning, match="live tf.Variable"):
+        t = bb.to_torch(v)
+    t[0] = 42.0
+    assert v.numpy()[0] == 42.0  # what the warning says happens
+    # a plain tensor keeps the immutable-tensor message
+    assert "immutable tensorflow tensor" in (bb.plan(tf.constant(np.zeros(4, np.float32)), to="torch").alias or "")
+
+
 @pytest.mark.parametrize("src", FRAMEWORKS)
 @pytest.mark.parametrize("dst", TARGETS)
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2)])

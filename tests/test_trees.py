@@ -270,6 +270,22 @@ def test_plan_tree_says_what_copies_and_what_aliases():
     assert p.to_dict()["copied_bytes"] == readonly.nbytes
 
 
+@pytest.mark.frameworks("torch", "tensorflow")
+def test_plan_tree_says_which_leaves_drop_their_gradient():
+    """What convert_tree would warn about a leaf's gradient, plan_tree lists too: a torch tensor
+    that requires grad, a tf tensor a tape watches; not an unwatched one."""
+    import tensorflow as tf
+    import torch
+
+    w, x, quiet = torch.ones(2, requires_grad=True), tf.constant([1.0, 2.0]), tf.constant([3.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        p = bb.plan_tree({"w": w, "x": x, "quiet": quiet}, "numpy")
+    assert p.drops_grad == ("['w']", "['x']"), p
+    assert "['x']: takes part in autodiff; its gradient does not cross" in str(p)
+    assert p.to_dict()["drops_grad"] == ["['w']", "['x']"]
+
+
 def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
     import jax
     import torch

@@ -54,6 +54,10 @@ class Source(NamedTuple):
     must_copy: str | None = None  # why the value cannot leave as it is (torch conj/neg bits)
     notes: tuple = ()  # what the user should know (gradients dropped, a Variable's snapshot)
     requires_grad: bool = False  # the input takes part in autodiff: its gradient does not cross
+    #: what the input's memory belongs to beyond an immutable tensor, where a writable alias of
+    #: it changes that owner ("the live tf.Variable it was read from"): the alias message names
+    #: it; None: an immutable tensor of its own
+    owner: str | None = None
 
 
 class Handoff(NamedTuple):
@@ -126,6 +130,13 @@ class Adapter:
     #: tests/test_benchmarks_smoke.py checks the declared value is on the measured side of 1;
     #: the planner prefers the cheaper)
     import_copy_cost: ClassVar[float] = 1.0
+    #: how ``convert``'s warning says an input's gradient is dropped (``Source.requires_grad``):
+    #: "this {framework} tensor {grad_words}; its data crosses ..."
+    grad_words: ClassVar[str] = "requires grad"
+    #: ``describe``'s value still carries the input's gradient (tensorflow: the tensor itself, or a
+    #: Variable's read, recorded by the tape), so a route with no steps (already a tensor of the
+    #: target) keeps it; False: describe detached it (torch), and even that route drops it
+    grad_stays_on_value: ClassVar[bool] = False
 
     # Labels shown by plan(); the adapter names its own calls.
     label_bitview: ClassVar[str] = "view as {dtype}"
@@ -185,8 +196,10 @@ class Adapter:
         """A cheap, hashable description of everything ``describe`` would report of ``x``
         that a route depends on (dtype, layout, read-only, device, empty or not, and, when
         ``alignment``, whether the buffer is ALIGN-aligned), for ``convert``'s cache of
-        zero-copy plans; None where ``describe`` would change the value (a tensor that
-        requires grad, a tf.Variable) or the input is unusual: those take the full path.
+        zero-copy plans, ``Source.requires_grad`` included where the value stays the same
+        (a tf tensor a tape watches); None where ``describe`` would change the value (a
+        tensor that requires grad, a tf.Variable) or the input is unusual: those take the
+        full path.
         Default: None (no fast path)."""
         return None
 

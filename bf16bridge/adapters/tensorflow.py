@@ -24,6 +24,28 @@ from ._quiet import without_native_lines
 
 versions.require("tensorflow", tf.__version__)
 
+try:
+    # how tensorflow itself decides whether to record an op (eager/record.py could_possibly_record,
+    # execute.py record_gradient): no active tape or accumulator on this thread (stop_recording
+    # included), else which of the inputs one watches, backward (GradientTape, a Variable read
+    # under it included) or forward (ForwardAccumulator); both C calls, the same in 2.16 and 2.21
+    from tensorflow.python import pywrap_tfe as _tfe
+
+    _no_tape, _gradient_types = _tfe.TFE_Py_TapeSetIsEmpty, _tfe.TFE_Py_TapeSetPossibleGradientTypes
+    _TAPE_FACT = (True, "pywrap_tfe.TFE_Py_TapeSetPossibleGradientTypes says whether a tape watches an input")
+except (ImportError, AttributeError) as _err:  # pragma: no cover - every tensorflow tested has them
+    def _no_tape() -> bool:
+        return True
+
+    _gradient_types = None
+    _TAPE_FACT = (False, f"{_err}: whether a gradient tape watches a tf input is not known, and not said")
+
+
+def _recorded(x) -> bool:
+    """Whether an active gradient tape or forward accumulator watches eager tensor ``x`` (its
+    gradient, or tangent, would not cross). fast_key asks the same, inline."""
+    return not _no_tape() and _gradient_types((x,)) != 0
+
 
 def _find_export():
     """How this tensorflow hands a tensor out over DLPack, tried once: (capsule maker, fact)."""
@@ -230,15 +252,26 @@ class TensorflowAdapter(Adapter):
                 Handoff("tensorflow", "numpy", "Tensor.numpy", _numpy, _copies, dtypes=_BY_NUMPY,
                         copies_aligned=False)]
 
+    grad_words = "is watched by an active gradient tape (tf.GradientTape, or tf.autodiff.ForwardAccumulator)"
+    grad_stays_on_value = True
+
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
+        owner = None
         if isinstance(x, tf.Variable):
+            # read here, under the caller's tape: a tape that watches the Variable watches the read
             x = x.read_value()
             notes = ("a tf.Variable crosses as its current value (later assignments do not show)",)
+            # the read is the Variable's own buffer (a zero-copy alias writes into the Variable)
+            owner = "the live tf.Variable it was read from"
         if not hasattr(x, "numpy"):
             raise UnsupportedTypeError(
                 "a symbolic tf.Tensor (inside tf.function or a graph) has no data; convert eagerly"
             )
+        grad = _recorded(x)
+        if grad:
+            notes += ("a gradient tape watches the input: its data crosses, its gradient does not cross "
+                      "(tf.stop_gradient(x), or on_grad='drop', says that is meant)",)
         name = _name(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(
@@ -254,10 +287,10 @@ class TensorflowAdapter(Adapter):
             # (the storage-only types have no capsule; nothing imports them zero-copy: tf allocated them)
             aligned=(not alignment or nbytes == 0 or x._datatype_enum() not in _POINTER
                      or self.data_ptr(x) % ALIGN == 0),
-            readonly=False, device=_device(x.device), notes=notes,
+            readonly=False, device=_device(x.device), notes=notes, requires_grad=grad, owner=owner,
         )
 
-    def fast_key(self, x, alignment):
+    def fast_key(self, x, alignment, _no_tape=_no_tape, _gradient_types=_gradient_types):
         # convert keeps plans per input type, and never one for a tf.Variable (describe swaps it
         # for a snapshot) or a symbolic tensor (refused): only eager tensors get here with a plan
         try:
@@ -270,7 +303,10 @@ class TensorflowAdapter(Adapter):
             # no DLPack capsule to read a pointer from (asking for one of a tf.string aborts the
             # process): the full path, which refuses the dtype or routes it by a copy
             return None
-        return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0)
+        return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0,
+                # Source.requires_grad (_recorded): whether a tape watches it, asked per call (one C
+                # call without a tape; the functions bound as defaults: no global lookup)
+                not _no_tape() and _gradient_types((x,)) != 0)
 
     def data_ptr(self, x) -> int:
         if x._datatype_enum() not in _POINTER:  # a capsule of it would abort the process
@@ -304,14 +340,14 @@ class TensorflowAdapter(Adapter):
     def copy(self, x):
         # never reached with an unaligned tensor (kernels_unaligned is False: the planner
         # copies those in numpy, as plan() shows)
-        return tf.raw_ops.DeepCopy(x=x)
+        return _unrecorded(tf.raw_ops.DeepCopy, x)
 
     def astype(self, x, dtype):
         return tf.cast(x, _tf_dtype(dtype))
 
     def to_host(self, x):
         with tf.device("/CPU:0"):
-            return tf.raw_ops.DeepCopy(x=x)
+            return _unrecorded(tf.raw_ops.DeepCopy, x)
 
     def devices(self):
         out: list[tuple[str, bool | None, str]] = []
@@ -325,7 +361,7 @@ class TensorflowAdapter(Adapter):
         return out
 
     def facts(self):
-        return {"Tensor.__dlpack__": _EXPORT_FACT}
+        return {"Tensor.__dlpack__": _EXPORT_FACT, "gradient tapes": _TAPE_FACT}
 
     computes = True
 
@@ -439,6 +475,18 @@ def _recording(leaves) -> bool:
     # a tf.Variable is read under the tape by call_foreign: ask about what will be read
     return bool(record.should_record_backprop([tf.identity(x) if isinstance(x, tf.Variable) else x
                                                for x in leaves]))
+
+
+def _unrecorded(op, x):
+    """``op(x=x)``, which no tape records where one watches ``x``: DeepCopy has no registered
+    gradient, and a recorded one made the tape's ``gradient`` raise LookupError; unrecorded, the
+    copy's gradient is dropped, as plan's ``drops_grad`` says and ``convert`` warns."""
+    if _no_tape():
+        return op(x=x)
+    from tensorflow.python.eager import record
+
+    with record.stop_recording():
+        return op(x=x)
 
 
 def _static_shape_dtype(x):
