@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 
 from . import dtypes, registry, versions
+from .errors import InvalidArgumentError
 from .machine import CPU, Reader, read_cpu
 
 __all__ = ["CPU", "Capabilities", "Decision", "Device", "DtypeSupport", "FrameworkCaps", "NarrowCompute", "NumpyCaps",
@@ -455,7 +456,7 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
           trials: bool = True, devices: bool = True) -> Capabilities:
     """What this machine can do with bf16. Cached (``refresh=True`` probes again).
 
-    ``frameworks``: names to import and try ("all" for every registered one);
+    ``frameworks``: a name or names to import and try ("all" for every registered one);
     others are tried only if already imported, and otherwise reported by version.
 
     ``trials=False``: only what ``decide()`` reads (the CPU, numpy's bf16 storage, the
@@ -474,7 +475,13 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     if frameworks == "all":
         asked = frozenset(names)
     else:
-        asked = frozenset(registry.resolve(f) for f in (frameworks or ()))
+        if isinstance(frameworks, str):  # one name ("torch"), not its letters
+            frameworks = (frameworks,)
+        try:
+            asked = frozenset(registry.resolve(f) for f in (frameworks or ()))
+        except TypeError as err:
+            raise InvalidArgumentError(f"frameworks must be a name, a list of names, 'all' or None; got "
+                                       f"{frameworks!r}") from err
     key = (asked, frozenset(n for n in names if sys.modules.get(registry.spec(n).requires or n)))
     if reader is None:
         with _LOCK:

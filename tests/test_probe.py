@@ -128,6 +128,15 @@ def test_probe_imports_no_framework_unless_asked():
         caps = bb.probe(frameworks=["pt"])
         assert caps.frameworks["torch"].probed and not caps.frameworks["jax"].probed
         assert "jax" not in sys.modules and "tensorflow" not in sys.modules
+        # one name is that name, not its letters (audit: "unknown framework 't'")
+        assert bb.probe(frameworks="pt") == bb.probe(frameworks=["torch"])
+        for bad in (5, [5]):
+            try:
+                bb.probe(frameworks=bad)
+            except (bb.InvalidArgumentError, bb.UnknownFrameworkError) as err:
+                assert "5" in str(err) or "int" in str(err), err
+            else:
+                raise AssertionError(bad)
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
