@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+import types
 from typing import NamedTuple
 
 from .adapters._base import Adapter
@@ -209,6 +210,26 @@ def tree_children(node):
     return None
 
 
+def not_a_tensor(x) -> str | None:
+    """What an object that holds tensors but is no tensor of any framework is, and the way out
+    (a torch model, a tensorflow ragged or sparse tensor; ``Adapter.not_a_tensor`` of the
+    frameworks already imported), or None. Imports no framework."""
+    for adapter in imported():
+        why = adapter.not_a_tensor(x)
+        if why is not None:
+            return why
+    return None
+
+
+#: containers of Python's own that a tree walk does not enter, and the way out
+_NOT_WALKED = (
+    ((set, frozenset), "a set is not walked (its order is not fixed, and most tensors cannot be set "
+                       "members): pass a list or a tuple"),
+    ((types.GeneratorType,), "a generator is not walked (walking it would use it up): pass a list of "
+                             "what it yields"),
+)
+
+
 def framework_of(x) -> str:
     """The name of the framework whose tensor ``x`` is, without importing any framework."""
     t = type(x)
@@ -219,7 +240,13 @@ def framework_of(x) -> str:
         if any(issubclass(t, cls) for cls in _classes(s)):
             _TYPE_CACHE[t] = s.name
             return s.name
+    why = not_a_tensor(x)
+    if why is not None:
+        raise UnsupportedTypeError(why)
     hint = ""
+    for kinds, way_out in _NOT_WALKED:
+        if isinstance(x, kinds):
+            hint = f"; {way_out}"
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (
             "; make an array first, for example "

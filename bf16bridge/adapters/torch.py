@@ -406,6 +406,9 @@ class TorchAdapter(Adapter):
         return outs, pullback
 
     # -- casting models --------------------------------------------------------------------
+    model_way_out = ("pass its weights, model.state_dict(), to convert or save them; "
+                     "bb.cast_module(model, dtype) casts the model itself, in place")
+
     def submodules(self, model):
         if not isinstance(model, torch.nn.Module):
             return None
