@@ -286,7 +286,11 @@ class Adapter:
         subs = self.submodules(x)
         if subs is None or not any(sub.leaves for sub in subs):
             return None
-        t = type(x)
+        return self.model_message(x)
+
+    def model_message(self, model) -> str:
+        """What ``not_a_tensor`` says of a model object with weights."""
+        t = type(model)
         return (f"{t.__module__}.{t.__qualname__} is a model object of {self.name}, not a tensor or a tree of "
                 f"tensors: {self.model_way_out or 'pass its weights'}")
 
