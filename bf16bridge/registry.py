@@ -210,10 +210,28 @@ def tree_children(node):
     return None
 
 
+#: libraries that are no framework of their own but hold tensors in objects of theirs (Keras
+#: layers): their top-level package -> "module:function" answering as ``Adapter.not_a_tensor``
+_HOLDERS: dict[str, str] = {}
+
+
+def register_holder(requires: str, function: str) -> None:
+    """Make ``not_a_tensor`` ask ``function`` ("module:function", imported on first use) once
+    ``requires`` is in ``sys.modules``: a library whose objects hold tensors (Keras layers)."""
+    _HOLDERS[requires] = function
+
+
 def not_a_tensor(x) -> str | None:
     """What an object that holds tensors but is no tensor of any framework is, and the way out
-    (a torch model, a tensorflow ragged or sparse tensor; ``Adapter.not_a_tensor`` of the
-    frameworks already imported), or None. Imports no framework."""
+    (a torch model, a tensorflow ragged or sparse tensor, a Keras layer: ``register_holder``'s
+    libraries, then ``Adapter.not_a_tensor`` of the frameworks already imported), or None.
+    Imports no framework."""
+    for requires, function in _HOLDERS.items():
+        if requires in sys.modules:
+            mod_name, _, fn = function.partition(":")
+            why = getattr(importlib.import_module(mod_name), fn)(x)
+            if why is not None:
+                return why
     for adapter in imported():
         why = adapter.not_a_tensor(x)
         if why is not None:
@@ -268,3 +286,4 @@ register_adapter("tensorflow", "bf16bridge.adapters.tensorflow",
                  types=("tensorflow:Tensor", "tensorflow:Variable"),
                  aliases=("tf",), extra="tensorflow", requires="tensorflow")
 register_dynamic_alias("keras", "bf16bridge.adapters.keras:backend")
+register_holder("keras", "bf16bridge.adapters.keras:not_a_tensor")

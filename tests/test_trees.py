@@ -378,7 +378,16 @@ def _hidden_cases():
         ("tf-ragged", lambda: tf.ragged.constant([[1.0], []]), r"tensorflow ragged tensor.*rt\.to_tensor\(\)"),
         ("tf-sparse", lambda: tf.sparse.from_dense([[0.0, 1.0]]), r"tensorflow sparse tensor.*tf\.sparse\.to_dense"),
         ("tf-module", _TfModule, r"tensorflow module object.*module\.variables"),
+        ("keras-layer", _KerasLayer, r"Keras layer \(or model\) object.*layer\.weights"),
     ]
+
+
+def _KerasLayer():
+    import keras
+
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    return layer
 
 
 def _TfModule():
@@ -390,7 +399,7 @@ def _TfModule():
 
 
 @pytest.mark.parametrize("case", ["torch-module", "set-of-tensors", "frozenset-in-list", "generator", "tf-ragged",
-                                  "tf-sparse", "tf-module"])
+                                  "tf-sparse", "tf-module", "keras-layer"])
 @pytest.mark.parametrize("to", ["jax", "numpy"])
 def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its_path(case, to):
     mk, says = {name: (mk, says) for name, mk, says in _hidden_cases()}[case]
@@ -430,9 +439,11 @@ def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
 
 
 @pytest.mark.parametrize("value", ["np.float32", "ml_dtypes.bfloat16", "jnp.bfloat16", "torch.bfloat16",
-                                   "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()", "range(3)", "print"])
+                                   "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()", "keras.layers.ReLU()",
+                                   "range(3)", "print"])
 def test_plain_values_and_dtypes_still_pass_through(value):
     import jax.numpy as jnp  # noqa: F401 - named by the parameters
+    import keras  # noqa: F401
     import ml_dtypes  # noqa: F401
     import torch  # noqa: F401
 
