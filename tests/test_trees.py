@@ -385,7 +385,7 @@ def _hidden_cases():
 def _KerasLayer():
     import keras
 
-    layer = keras.layers.Dense(2)
+    layer = keras.layers.Dense(2, name="held")  # named: an auto name would move the other tests' ("dense_1")
     layer.build((None, 3))
     return layer
 
@@ -439,7 +439,8 @@ def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
 
 
 @pytest.mark.parametrize("value", ["np.float32", "ml_dtypes.bfloat16", "jnp.bfloat16", "torch.bfloat16",
-                                   "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()", "keras.layers.ReLU()",
+                                   "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()",
+                                   "keras.layers.ReLU(name='act')",
                                    "range(3)", "print"])
 def test_plain_values_and_dtypes_still_pass_through(value):
     import jax.numpy as jnp  # noqa: F401 - named by the parameters
