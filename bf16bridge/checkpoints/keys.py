@@ -59,7 +59,8 @@ def _refuse_values(node, path: tuple) -> None:
                 "(a torch module's state_dict(), a flax model's parameters)")
         raise InvalidArgumentError(
             f"at {trees.where(path)}: {what} is neither a tensor nor a container bf16bridge walks (dicts, "
-            "lists, tuples, deques, dataclasses, jax pytrees); a checkpoint holds tensors only: convert it or leave it out")
+            "lists, tuples, deques, dataclasses, jax pytrees); a checkpoint holds tensors only: convert it "
+            "or leave it out")
 
 
 def leaves(tree) -> list[tuple[str, Any]]:
