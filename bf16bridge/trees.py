@@ -205,6 +205,8 @@ def _walk(fn, node, path, walk: _Walk):
     if type(node) in registry._TYPE_CACHE or node is SLOT:  # a tensor of a type seen before: no ABC checks
         return fn(node, path)
     t = type(node)
+    if t is int or t is float or t is bool or t is complex:  # kept, as the plain walk keeps them, without
+        return node  # asking every adapter what they are (numpy's scalars are types of their own)
     if t is dict or t is list or t is tuple or isinstance(node, (Mapping, list, tuple, *SEQUENCES)):
         if id(node) in walk.active:
             raise UnsupportedTypeError(f"at {where(path)}: the tree contains itself; a tree must be finite")
