@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes, registry, trees
-from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
+from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
 from .plans import size
 
 T = TypeVar("T")
@@ -398,7 +398,7 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
         found.append((x, _label(path, _wrapper_path(tree, path, x)), adapter, name, shape))
         return x
 
-    trees.map_leaves(collect, tree)
+    trees.map_leaves(collect, tree, strict=True)  # a model object in the tree: refused, naming cast_module
     labels = [f[1] for f in found]
     decide = _Decide(rules, labels)
 
@@ -437,17 +437,26 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
             elif (key, to) in done:
                 out = done[key, to]
             else:
+                # a framework that cannot hold the dtype here may narrow it without a word (jax without
+                # x64 makes float64 float32): refused as convert refuses it
+                why = adapter.cannot_hold(to)
+                if why is not None:
+                    raise UnsupportedDtypeError(f"at {label}: cannot cast {name} to {to}: {why}")
                 try:
                     out = adapter.astype(x, to)
                 except Bf16BridgeError as err:
                     raise type(err)(f"at {label}: {err}") from err
+                got = adapter.shape_dtype(out)[1]
+                if got != to:  # the report says the dtype the result has, or the call fails
+                    raise UnsupportedDtypeError(f"at {label}: {adapter.name} cast {name} to {got}, not {to}; "
+                                                "the leaf is refused rather than reported as what it is not")
                 done[key, to] = out
             rows.append(LeafCast(label, action, name, to, n0, _nbytes(out, shape, to),
                                  rule=rule.name if rule else "", why=why or (rule.why if rule else "")))
             results.append(out)
 
     it = iter(results)
-    out_tree = trees.map_leaves(lambda x, path: next(it), tree)
+    out_tree = trees.map_leaves(lambda x, path: next(it), tree, strict=True)
     return out_tree, CastReport(target, tuple(rows))
 
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, overload
 
 from . import registry, trees
 from .adapters._base import Adapter
-from .errors import Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
+from .errors import (Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, DeviceError, InvalidArgumentError,
+                     UnsupportedDtypeError, UnsupportedTypeError)
 
 if TYPE_CHECKING:
     import jax
@@ -47,7 +48,17 @@ def _routes():
 
 
 def _describe(x, to):
-    source = registry.framework_of(x)
+    """(source, target, Source) of ``x``; a wrapper that holds a tensor in ``.value`` (a
+    keras.Variable, an nnx.Param) is described by that tensor (``Source.value``): plan and
+    convert both take this one unwrap."""
+    try:
+        source = registry.framework_of(x)
+    except UnsupportedTypeError:
+        inner = trees.unwrap(x)
+        if inner is None:
+            raise
+        x = inner
+        source = registry.framework_of(x)
     target = registry.resolve(to)
     # a missing target framework fails here, naming its pip extra
     alignment = _needs_alignment(registry.get(source), registry.get(target))
@@ -71,7 +82,8 @@ def _check(copy, fallback, for_compute, on_alias, on_grad) -> None:
 
 def plan(x, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
          for_compute: bool = False) -> Plan:
-    """What ``convert(x, to, ...)`` with the same keywords would do, without doing it.
+    """What ``convert(x, to, ...)`` with the same keywords would do, without doing it (a
+    ``keras.Variable`` or ``nnx.Param``: for the tensor it holds, as convert converts it).
 
     ``Plan.alias`` and ``Plan.drops_grad`` say what ``convert`` would warn about.
     """
@@ -198,14 +210,7 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
 
 def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
     _check(copy, fallback, for_compute, on_alias, on_grad)
-    try:
-        source, target, src = _describe(x, to)
-    except UnsupportedTypeError:
-        inner = trees.unwrap(x)  # a keras.Variable, an nnx.Param: convert the tensor it holds
-        if inner is None:
-            raise
-        return convert(inner, to, copy=copy, fallback=fallback, for_compute=for_compute,
-                       on_alias=on_alias, on_grad=on_grad)
+    source, target, src = _describe(x, to)  # src.value: the tensor a keras.Variable or nnx.Param holds
     routes = _routes()
     p = routes.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
     # a plan that drops a gradient is kept only where the input stays as it is (src.value is x: a
@@ -469,8 +474,13 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     ``unwrap=True``: every such wrapper does (an nnx.State's Params become plain tensors).
 
     Returns new containers of the same types; the input is not modified. Leaves that are not
-    tensors (ints, strings, None, other objects) are kept as they are. A tensor leaf that
-    cannot cross raises our error naming its path (``on_unsupported="keep"``: kept as it is).
+    tensors and hold none (ints, strings, None, dtypes, other objects) are kept as they are.
+    A tensor leaf that cannot cross raises our error naming its path, and so does an object that
+    holds tensors the walk does not enter (a torch model, a tf ragged or sparse tensor, a set of
+    tensors, a generator), naming the way out. ``on_unsupported="keep"``: a leaf that cannot
+    cross at all (``plan`` refuses it) is kept as it is, and the call warns once naming how many
+    and where; a refusal the caller chose (``copy=False``, ``on_alias="error"``,
+    ``on_grad="error"``) still raises.
     What a leaf's conversion would warn about (aliases, dropped gradients) is said once per
     call, with how many leaves it concerns.
     """
@@ -512,18 +522,39 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
                         return y
             return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
         except Bf16BridgeError as err:
-            if on_unsupported == "keep" and not isinstance(err, InvalidArgumentError):
+            if on_unsupported == "keep" and _cannot_cross(x, to, fallback, for_compute):
+                kept.append(trees.where(path))
                 return x
             raise type(err)(f"at {trees.where(path)}: {err}") from err
 
+    kept: list[str] = []
     token = _SAYING.set(pending)
     try:
-        out = trees.map_leaves(leaf, tree, unwrap_values=unwrap)
+        out = trees.map_leaves(leaf, tree, unwrap_values=unwrap, strict=True)
     finally:
         _SAYING.reset(token)
     for message, n in pending.items():
         _warn(f"{n} lea{'f' if n == 1 else 'ves'} of this tree: {message}")
+    if kept:
+        n = len(kept)
+        _warn(f"on_unsupported='keep' kept {n} lea{'f' if n == 1 else 'ves'} of this tree as "
+              f"{'it is' if n == 1 else 'they are'}, not in {registry.resolve(to)}: {', '.join(kept[:3])}"
+              f"{f' and {n - 3} more' if n > 3 else ''} (bb.plan_tree says why of each)")
     return out
+
+
+def _cannot_cross(x, to, fallback, for_compute) -> bool:
+    """Whether the leaf ``x`` cannot cross to ``to`` at all (what ``on_unsupported="keep"`` keeps):
+    planned with the caller's fallback, but without the refusals the caller chose (``copy=False``,
+    ``on_grad="error"``, ``on_alias="error"``), it still has no route: not a tensor, a dtype or a
+    device the target cannot hold."""
+    try:
+        plan(x, to, fallback=fallback, for_compute=for_compute)
+    except (UnsupportedTypeError, UnsupportedDtypeError, DeviceError):
+        return True
+    except Bf16BridgeError:
+        return False
+    return False
 
 
 def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
@@ -541,5 +572,5 @@ def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fal
             leaves.append((trees.where(path), err))
         return x
 
-    trees.map_leaves(leaf, tree)
+    trees.map_leaves(leaf, tree, strict=True)
     return TreePlan(tuple(leaves))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+import types
 from typing import NamedTuple
 
 from .adapters._base import Adapter
@@ -209,6 +210,44 @@ def tree_children(node):
     return None
 
 
+#: libraries that are no framework of their own but hold tensors in objects of theirs (Keras
+#: layers): their top-level package -> "module:function" answering as ``Adapter.not_a_tensor``
+_HOLDERS: dict[str, str] = {}
+
+
+def register_holder(requires: str, function: str) -> None:
+    """Make ``not_a_tensor`` ask ``function`` ("module:function", imported on first use) once
+    ``requires`` is in ``sys.modules``: a library whose objects hold tensors (Keras layers)."""
+    _HOLDERS[requires] = function
+
+
+def not_a_tensor(x) -> str | None:
+    """What an object that holds tensors but is no tensor of any framework is, and the way out
+    (a torch model, a tensorflow ragged or sparse tensor, a Keras layer: ``register_holder``'s
+    libraries, then ``Adapter.not_a_tensor`` of the frameworks already imported), or None.
+    Imports no framework."""
+    for requires, function in _HOLDERS.items():
+        if requires in sys.modules:
+            mod_name, _, fn = function.partition(":")
+            why = getattr(importlib.import_module(mod_name), fn)(x)
+            if why is not None:
+                return why
+    for adapter in imported():
+        why = adapter.not_a_tensor(x)
+        if why is not None:
+            return why
+    return None
+
+
+#: containers of Python's own that a tree walk does not enter, and the way out
+_NOT_WALKED = (
+    ((set, frozenset), "a set is not walked (its order is not fixed, and most tensors cannot be set "
+                       "members): pass a list or a tuple"),
+    ((types.GeneratorType,), "a generator is not walked (walking it would use it up): pass a list of "
+                             "what it yields"),
+)
+
+
 def framework_of(x) -> str:
     """The name of the framework whose tensor ``x`` is, without importing any framework."""
     t = type(x)
@@ -219,7 +258,13 @@ def framework_of(x) -> str:
         if any(issubclass(t, cls) for cls in _classes(s)):
             _TYPE_CACHE[t] = s.name
             return s.name
+    why = not_a_tensor(x)
+    if why is not None:
+        raise UnsupportedTypeError(why)
     hint = ""
+    for kinds, way_out in _NOT_WALKED:
+        if isinstance(x, kinds):
+            hint = f"; {way_out}"
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (
             "; make an array first, for example "
@@ -241,3 +286,4 @@ register_adapter("tensorflow", "bf16bridge.adapters.tensorflow",
                  types=("tensorflow:Tensor", "tensorflow:Variable"),
                  aliases=("tf",), extra="tensorflow", requires="tensorflow")
 register_dynamic_alias("keras", "bf16bridge.adapters.keras:backend")
+register_holder("keras", "bf16bridge.adapters.keras:not_a_tensor")

@@ -5,16 +5,19 @@ type keeps its type: defaultdict with its factory, OrderedDict), other mappings,
 lists, tuples, namedtuples, and, once a framework that knows its own containers
 is imported, those too (jax pytree nodes: flax and equinox parameter trees,
 registered dataclasses; asked through ``Adapter.tree_children``, so nothing here
-names a framework or imports one). Everything else (ints, strings, None) is kept
-as it is.
+names a framework or imports one), deques. Everything else (ints, strings, None,
+classes) is kept as it is, except, in a strict walk, objects that hold tensors the walk
+does not enter (``hidden``): those are handed to the caller's function, which refuses them.
 """
 
 from __future__ import annotations
 
+import collections
 import copy as _copy
 import dataclasses
 import struct
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,13 +32,17 @@ def where(path) -> str:
     return "".join(f"[{p!r}]" for p in path) or "the root"
 
 
-def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = False):
+def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = False, strict: bool = False):
     """The tree with every tensor leaf ``x`` at ``path`` replaced by ``fn(x, path)``;
     new containers of the same types, the input untouched. ``unwrap_values``: a wrapper
     that holds a tensor in ``.value`` (an nnx.Variable, even where it is a tree node)
-    is replaced by ``fn(its value, path)``."""
+    is replaced by ``fn(its value, path)``. ``strict``: an object the walk does not enter but
+    that holds tensors (a model object, a tensorflow ragged or sparse tensor, a set of tensors,
+    a generator: ``hidden``) is handed to ``fn`` too, as a leaf, for ``fn`` to refuse naming
+    its path (convert does: ``registry.framework_of`` names what it is and the way out),
+    rather than kept as it is, tensors unseen."""
     try:
-        return _walk(fn, tree, (), _Walk(unwrap_values))
+        return _walk(fn, tree, (), _Walk(unwrap_values, strict))
     except RecursionError as err:  # the walk recurses, a few frames a level
         raise UnsupportedTypeError(
             f"this tree is nested too deeply to walk (Python's recursion limit is {sys.getrecursionlimit()} "
@@ -46,11 +53,12 @@ def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = F
 class _Walk:
     """What one walk carries: the containers being walked (to refuse a cycle), its options."""
 
-    __slots__ = ("active", "unwrap_values")
+    __slots__ = ("active", "unwrap_values", "strict")
 
-    def __init__(self, unwrap_values: bool):
+    def __init__(self, unwrap_values: bool, strict: bool = False):
         self.active: set = set()
         self.unwrap_values = unwrap_values
+        self.strict = strict
 
 
 class _Slot:
@@ -190,12 +198,16 @@ def _freeze(node, values_only: bool = False):
 
 
 def _walk(fn, node, path, walk: _Walk):
-    if isinstance(node, (str, bytes)) or node is None:  # np.str_ too: a label, not a tensor
+    # np.str_ too: a label, not a tensor; a class (np.float32, ml_dtypes.bfloat16 as a dtype in a
+    # config) is never data, though numpy's scalar types have __array__
+    if isinstance(node, (str, bytes, type)) or node is None:
         return node
     if type(node) in registry._TYPE_CACHE or node is SLOT:  # a tensor of a type seen before: no ABC checks
         return fn(node, path)
     t = type(node)
-    if t is dict or t is list or t is tuple or isinstance(node, (Mapping, list, tuple)):
+    if t is int or t is float or t is bool or t is complex:  # kept, as the plain walk keeps them, without
+        return node  # asking every adapter what they are (numpy's scalars are types of their own)
+    if t is dict or t is list or t is tuple or isinstance(node, (Mapping, list, tuple, *SEQUENCES)):
         if id(node) in walk.active:
             raise UnsupportedTypeError(f"at {where(path)}: the tree contains itself; a tree must be finite")
         walk.active.add(id(node))
@@ -219,8 +231,34 @@ def _walk(fn, node, path, walk: _Walk):
             return fn(inner, path)  # a keras.Variable and the like: its value
         if any(hasattr(node, a) for a in _ARRAY_PROTOCOLS):
             return fn(node, path)  # holds data we cannot move: fn says so, naming the path
+        if walk.strict and hidden(node, path, walk):
+            return fn(node, path)  # holds tensors the walk does not reach: fn says so, naming the path
         return node  # a number, a string, an object: kept
     return fn(node, path)
+
+
+#: sequences of Python's own that are no list or tuple, walked as one and rebuilt as the same
+#: type (a deque with its maxlen)
+SEQUENCES = (collections.deque, collections.UserList)
+
+
+def hidden(node, path=(), walk: _Walk | None = None) -> bool:
+    """Whether ``node``, an object the walk keeps as it is, may hold tensors the walk would not
+    reach: a model object or a composite tensor of an imported framework
+    (``registry.not_a_tensor``), a set holding a tensor, a generator (what it yields is not known
+    until it is used up)."""
+    if isinstance(node, types.GeneratorType):
+        return True
+    if isinstance(node, (set, frozenset)):
+        found: list = []
+
+        def seen(x, p):
+            found.append(p)
+            return x
+
+        _walk(seen, list(node), path, walk or _Walk(False, True))
+        return bool(found)
+    return registry.not_a_tensor(node) is not None
 
 
 #: what marks an object as holding array data (numpy's and DLPack's protocols)
@@ -312,6 +350,11 @@ def _container(fn, node, path, walk: _Walk):
                 "pass a dict, or register the type with jax.tree_util"
             ) from err
     values = [_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)]
+    if isinstance(node, SEQUENCES):
+        seq = _copy.copy(node)  # keeps the type, a deque's maxlen, attributes
+        seq.clear()
+        seq.extend(values)
+        return seq
     if hasattr(node, "_fields"):  # namedtuple
         return type(node)(*values)
     try:

@@ -115,6 +115,27 @@ def test_float64_rounds_twice_like_ml_dtypes_in_every_framework(framework, x64):
     assert report.leaves[0].before == "float64" and report.bytes_before == 32 and report.bytes_after == 8
 
 
+@pytest.mark.parametrize("kw", [dict(dtype="float64"), dict(dtype="bfloat16", keep="w", keep_dtype="float64")],
+                         ids=["dtype", "keep_dtype"])
+def test_jax_without_x64_refuses_float64_rather_than_report_it(kw):
+    # jax without x64 makes astype(float64) float32: the report once said "cast float32 -> float64"
+    import jax
+    import jax.numpy as jnp
+
+    assert not jax.config.jax_enable_x64
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"at w: .*float64.*jax_enable_x64"):
+        bb.cast_tree({"w": jnp.ones(3, jnp.float32)}, **kw)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_report_says_the_dtype_the_result_has(framework, x64):
+    out, report = bb.cast_tree({"w": make(framework, np.ones(3, np.float32)), "n": make(framework, np.ones(2))},
+                               "float64", keep="n", keep_dtype="float16")
+    for name, row in (("w", report.leaves[0]), ("n", report.leaves[1])):
+        assert dtype_name(out[name]) == row.after, (name, row)
+    assert [r.after for r in report.leaves] == ["float64", "float16"]
+
+
 # -- the default policy against real names ---------------------------------------------------------
 
 #: (label, the rule that keeps it; None: cast). Names from the models' own state dicts and

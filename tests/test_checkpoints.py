@@ -1031,3 +1031,22 @@ def test_a_report_names_a_key_it_lacks_with_our_error(tmp_path):
     assert report["n"].key == "n"
     with pytest.raises(bb.MissingKeyError, match="'nope' is not in this report"):
         report["nope"]
+
+
+def test_a_deque_is_saved_by_position_and_a_tf_composite_or_keras_layer_refused(tmp_path):
+    # a deque: once "neither a tensor nor a container" though convert_tree walks it; a ragged tensor
+    # and a Keras layer: refused with the way out convert_tree names
+    import collections
+
+    import keras
+    import tensorflow as tf
+
+    bb.save({"d": collections.deque([np.arange(2, dtype=np.float32)])}, tmp_path / "d.safetensors")
+    assert list(bb.load(tmp_path / "d.safetensors")) == ["d.0"]
+    layer = keras.layers.Dense(2, name="saved")
+    layer.build((None, 3))
+    for held, says in ((tf.ragged.constant([[1.0], []]), r"ragged tensor.*rt\.to_tensor\(\)"),
+                       (layer, r"Keras layer.*layer\.weights")):
+        with pytest.raises(InvalidArgumentError, match=r"at \['h'\]: .*" + says):
+            bb.save({"a": np.zeros(1), "h": held}, tmp_path / "m.safetensors")
+    assert sorted(os.listdir(tmp_path)) == ["d.safetensors"]

@@ -792,7 +792,8 @@ if CHILD == "jax8":
                          lambda: bb.convert_tree({"w": d}, to)):
                 with pytest.raises(UnsupportedTypeError, match=ways_out):
                     call()
-            assert bb.convert_tree({"w": d}, to, on_unsupported="keep")["w"] is d
+            with pytest.warns(bb.Bf16BridgeWarning, match=r"on_unsupported='keep' kept 1 leaf .*\['w'\]"):
+                assert bb.convert_tree({"w": d}, to, on_unsupported="keep")["w"] is d
             assert registry.get("torch").fast_key(d, True) is None
             assert not any(issubclass(key[0], DTensor) for key in conv._FAST)
 

@@ -5,6 +5,7 @@ kept, nothing handed back unconverted without a word."""
 from __future__ import annotations
 
 import collections
+import re
 import warnings
 from collections import namedtuple
 
@@ -79,6 +80,20 @@ def test_keras_variables_convert_by_their_value():
     np.testing.assert_array_equal(out["weights"][0], np.arange(3, dtype=np.float32))
 
 
+@pytest.mark.parametrize("to", ["torch", "jax", "numpy"])
+def test_plan_plans_a_keras_variable_as_convert_converts_it(to):
+    # plan once refused what convert (and plan_tree) took by its value
+    import keras
+
+    v = keras.Variable(np.arange(3, dtype=np.float32))
+    p = bb.plan(v, to)
+    y = bb.convert(v, to, on_alias="allow")
+    assert p.source == bb.plan(v.value, to).source and p.dtype_out == "float32" and p.result_shape in (None, (3,))
+    np.testing.assert_array_equal(bb.to_numpy(y, on_alias="allow"), np.arange(3, dtype=np.float32))
+    with pytest.raises(bb.UnsupportedTypeError, match="builtins.object is not a tensor"):
+        bb.plan(object(), to)
+
+
 def test_optree_registered_nodes_are_walked():
     import optree
     import torch
@@ -108,7 +123,8 @@ def test_a_data_leaf_that_cannot_cross_raises_with_its_path_unless_kept():
     tree = {"a": {"labels": np.array(["x", "y"]), "w": _bf16((2,))}}
     with pytest.raises(bb.UnsupportedDtypeError, match=r"\['a'\]\['labels'\]"):
         bb.convert_tree(tree, "torch")
-    out = bb.convert_tree(tree, "torch", on_unsupported="keep")
+    with pytest.warns(bb.Bf16BridgeWarning, match=r"on_unsupported='keep' kept 1 leaf .*\['a'\]\['labels'\]"):
+        out = bb.convert_tree(tree, "torch", on_unsupported="keep")
     assert out["a"]["labels"] is tree["a"]["labels"]
     with pytest.raises(bb.InvalidArgumentError):
         bb.convert_tree(tree, "torch", on_unsupported="drop")  # type: ignore[arg-type]
@@ -358,3 +374,149 @@ def test_plain_dataclasses_are_walked():
     assert type(got) is Layer and got.name == "dense" and isinstance(got.w, np.ndarray)
     assert isinstance(layer.w, torch.Tensor)  # the input is not modified
     np.testing.assert_array_equal(bits(got.w), bits(_bf16((3,))))
+
+
+# -- what the walk does not enter: walked, or refused naming the path and the way out ----------
+
+
+def _hidden_cases():
+    """(name, tree maker, what the error says) for objects that hold tensors the walk would not
+    reach (once kept as they were, tensors unconverted, and plan_tree counted nothing)."""
+    import tensorflow as tf
+    import torch
+
+    t = torch.ones(4, dtype=torch.bfloat16)
+    return [
+        ("torch-module", lambda: torch.nn.Linear(2, 2), r"model object of torch.*state_dict\(\).*cast_module"),
+        ("set-of-tensors", lambda: {t}, r"a set is not walked.*a list"),
+        ("frozenset-in-list", lambda: [frozenset([t])], r"a set is not walked"),
+        ("generator", lambda: (x for x in [t]), r"a generator is not walked.*list"),
+        ("tf-ragged", lambda: tf.ragged.constant([[1.0], []]), r"tensorflow ragged tensor.*rt\.to_tensor\(\)"),
+        ("tf-sparse", lambda: tf.sparse.from_dense([[0.0, 1.0]]), r"tensorflow sparse tensor.*tf\.sparse\.to_dense"),
+        ("tf-module", _TfModule, r"tensorflow module object.*module\.variables"),
+        ("keras-layer", _KerasLayer, r"Keras layer \(or model\) object.*layer\.weights"),
+    ]
+
+
+def _KerasLayer():
+    import keras
+
+    layer = keras.layers.Dense(2, name="held")  # named: an auto name would move the other tests' ("dense_1")
+    layer.build((None, 3))
+    return layer
+
+
+def _TfModule():
+    import tensorflow as tf
+
+    m = tf.Module()
+    m.w = tf.Variable([1.0, 2.0])
+    return m
+
+
+@pytest.mark.parametrize("case", ["torch-module", "set-of-tensors", "frozenset-in-list", "generator", "tf-ragged",
+                                  "tf-sparse", "tf-module", "keras-layer"])
+@pytest.mark.parametrize("to", ["jax", "numpy"])
+def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its_path(case, to):
+    mk, says = {name: (mk, says) for name, mk, says in _hidden_cases()}[case]
+    tree = {"ok": np.zeros(2, np.float32), "h": mk()}
+    where = "['h'][0]" if case == "frozenset-in-list" else "['h']"
+    with pytest.raises(bb.UnsupportedTypeError, match=f"at {re.escape(where)}: .*{says}"):
+        bb.convert_tree(tree, to)
+    p = bb.plan_tree({"ok": np.zeros(2, np.float32), "h": mk()}, to)
+    assert [w for w, _ in p.errors] == [where] and len(p.plans) == 1
+    assert re.search(says, str(p.errors[0][1]))
+    tree = {"ok": np.zeros(2, np.float32), "h": mk()}
+    with pytest.warns(bb.Bf16BridgeWarning, match=f"kept 1 leaf of this tree as it is, not in .*{re.escape(where)}"):
+        out = bb.convert_tree(tree, to, on_unsupported="keep")
+    assert (out["h"][0] is tree["h"][0]) if case == "frozenset-in-list" else (out["h"] is tree["h"])
+
+
+def test_cast_tree_refuses_a_model_object_naming_cast_module():
+    import torch
+
+    with pytest.raises(bb.UnsupportedTypeError, match=r"at \['m'\]: .*model object.*bb\.cast_module"):
+        bb.cast_tree({"m": torch.nn.Linear(2, 2)}, "bfloat16")
+
+
+def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
+    import torch
+
+    t = torch.ones(4, dtype=torch.bfloat16)
+    tree = {"d": collections.deque([t, 3], maxlen=5), "u": collections.UserList([t])}
+    out = bb.convert_tree(tree, "numpy")
+    assert type(out["d"]) is collections.deque and out["d"].maxlen == 5 and out["d"][1] == 3
+    assert type(out["u"]) is collections.UserList
+    for y in (out["d"][0], out["u"][0]):
+        assert isinstance(y, np.ndarray)
+        np.testing.assert_array_equal(bits(y), bits(t))
+    assert tree["d"][0] is t  # the input untouched
+    assert "2 tensor leaves" in str(bb.plan_tree(tree, "numpy"))
+
+
+@pytest.mark.parametrize("value", ["np.float32", "ml_dtypes.bfloat16", "jnp.bfloat16", "torch.bfloat16",
+                                   "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()",
+                                   "keras.layers.ReLU(name='act')",
+                                   "range(3)", "print"])
+def test_plain_values_and_dtypes_still_pass_through(value):
+    import jax.numpy as jnp  # noqa: F401 - named by the parameters
+    import keras  # noqa: F401
+    import ml_dtypes  # noqa: F401
+    import torch  # noqa: F401
+
+    v = eval(value)
+    tree = {"v": v, "w": np.zeros(2, np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = bb.convert_tree(tree, "torch")
+        assert out["v"] is v
+        p = bb.plan_tree(tree, "torch")
+        assert not any(isinstance(leaf, Exception) for _, leaf in p.leaves), str(p)
+        assert bb.cast_tree(tree, "bfloat16")[0]["v"] is v
+
+
+@pytest.mark.parametrize("tree, to, kw, error", [
+    ({"g": "torch-grad"}, "jax", dict(on_grad="error"), bb.UnsupportedTypeError),
+    ({"r": "numpy-reversed"}, "torch", dict(copy=False), bb.CopyRequiredError),
+    ({"j": "jax"}, "torch", dict(on_alias="error"), bb.CopyRequiredError),
+], ids=["on_grad-error", "copy-false", "on_alias-error"])
+def test_keep_does_not_keep_a_refusal_the_caller_asked_for(tree, to, kw, error):
+    import jax.numpy as jnp
+    import torch
+
+    make_leaf = {"torch-grad": lambda: torch.ones(3, requires_grad=True),
+                 "numpy-reversed": lambda: np.ones(3, np.float32)[::-1],
+                 "jax": lambda: jnp.ones(3, jnp.bfloat16)}
+    tree = {k: make_leaf[v]() for k, v in tree.items()}
+    with pytest.raises(error, match=r"at \['[grj]'\]"):
+        bb.convert_tree(tree, to, on_unsupported="keep", **kw)
+
+
+def test_keep_says_what_it_kept_that_the_target_cannot_hold():
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    tree = {"i": np.arange(3), "w": np.zeros(2, np.float32)}
+    with pytest.warns(bb.Bf16BridgeWarning, match=r"kept 1 leaf .*not in jax: \['i'\]"):
+        out = bb.convert_tree(tree, "jax", on_unsupported="keep")
+    assert out["i"] is tree["i"] and not isinstance(out["w"], np.ndarray)
+    assert "1 refused" in str(bb.plan_tree(tree, "jax"))
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("ragged", r"RaggedTensor is a tensorflow ragged tensor.*rt\.to_tensor\(\)"),
+    ("sparse", r"SparseTensor is a tensorflow sparse tensor.*tf\.sparse\.to_dense\(sp\)"),
+    ("indexed-slices", r"IndexedSlices is a tensorflow IndexedSlices.*tf\.convert_to_tensor\(x\)"),
+    ("tensor-array", r"TensorArray is a tensorflow TensorArray.*ta\.stack\(\)"),
+])
+@pytest.mark.parametrize("call", ["convert", "plan"])
+def test_a_tensorflow_composite_is_named_as_tensorflows_with_its_way_out(kind, says, call):
+    # once: "RaggedTensor is not a tensor of any registered framework (numpy, torch, jax, tensorflow)"
+    import tensorflow as tf
+
+    x = {"ragged": lambda: tf.ragged.constant([[1.0], []]),
+         "sparse": lambda: tf.sparse.from_dense([[0.0, 1.0]]),
+         "indexed-slices": lambda: tf.IndexedSlices(tf.ones((1, 2)), tf.constant([0])),
+         "tensor-array": lambda: tf.TensorArray(tf.float32, size=1)}[kind]()
+    with pytest.raises(bb.UnsupportedTypeError, match=says):
+        getattr(bb, call)(x, "torch")

@@ -286,6 +286,27 @@ class Adapter:
         container; None for anything else. Asked only once the framework is imported."""
         return None
 
+    #: how to get at the tensors of one of this framework's model objects, for errors that
+    #: refuse one (``not_a_tensor``); "" where it has none (``submodules`` says what a model is)
+    model_way_out: ClassVar[str] = ""
+
+    def not_a_tensor(self, x) -> str | None:
+        """For an object of this framework that holds tensors but is no tensor bf16bridge moves
+        or walks (a model, a composite tensor): what it is and the way out, as an error names
+        them; None for anything else. Asked only once the framework is imported, and only of
+        objects no adapter claims as a tensor. Default: a model object (``submodules``) with any
+        parameter or buffer."""
+        subs = self.submodules(x)
+        if subs is None or not any(sub.leaves for sub in subs):
+            return None
+        return self.model_message(x)
+
+    def model_message(self, model) -> str:
+        """What ``not_a_tensor`` says of a model object with weights."""
+        t = type(model)
+        return (f"{t.__module__}.{t.__qualname__} is a model object of {self.name}, not a tensor or a tree of "
+                f"tensors: {self.model_way_out or 'pass its weights'}")
+
     def to_host(self, x):
         """A copy in host memory (only asked for with copy=True)."""
         raise NotImplementedError(f"{self.name} cannot move data to the host")

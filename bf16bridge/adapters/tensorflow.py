@@ -204,6 +204,21 @@ def _copies(layout, aligned):
     return "tensorflow has no bit-view or DLPack for this dtype: it copies from and to numpy"
 
 
+#: tensorflow's objects that hold tensors but are not one (no single buffer to move), each with
+#: what it is and the way out; the first that matches says it
+_COMPOSITES: tuple = (
+    (tf.RaggedTensor, "ragged tensor (flat values and row partitions), not one tensor: pass rt.to_tensor() "
+                      "(padded to a dense tensor), or its parts rt.flat_values and rt.nested_row_splits"),
+    (tf.SparseTensor, "sparse tensor (indices, values and a shape), not one dense tensor: pass "
+                      "tf.sparse.to_dense(sp), or its parts sp.indices and sp.values"),
+    (tf.IndexedSlices, "IndexedSlices (a sparse gradient: indices and values), not one dense tensor: pass "
+                       "tf.convert_to_tensor(x), or its parts x.indices and x.values"),
+    (tf.TensorArray, "TensorArray (a list of tensors), not one tensor: pass ta.stack()"),
+    (tf.__internal__.CompositeTensor, "composite tensor (several tensors), not one tensor: pass its "
+                                      "components, tf.nest.flatten(x, expand_composites=True)"),
+)
+
+
 class TensorflowAdapter(Adapter):
     def narrow_compute(self, dtype):
         if not self.holds(dtype):
@@ -254,6 +269,17 @@ class TensorflowAdapter(Adapter):
 
     grad_words = "is watched by an active gradient tape (tf.GradientTape, or tf.autodiff.ForwardAccumulator)"
     grad_stays_on_value = True
+
+    def not_a_tensor(self, x):
+        t = type(x)
+        what = f"{t.__module__}.{t.__qualname__}"
+        for cls, way_out in _COMPOSITES:
+            if isinstance(x, cls):
+                return f"{what} is a tensorflow {way_out}"
+        if isinstance(x, tf.Module) and x.variables:
+            return (f"{what} is a tensorflow module object, not a tensor or a tree of tensors: pass its "
+                    "variables (module.variables, or module.trainable_variables)")
+        return None
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()

@@ -4,6 +4,7 @@ free ``view(torch.uint16)``."""
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 
 import torch
@@ -451,6 +452,16 @@ class TorchAdapter(Adapter):
         return outs, pullback
 
     # -- casting models --------------------------------------------------------------------
+    model_way_out = ("pass its weights, model.state_dict(), to convert or save them; "
+                     "bb.cast_module(model, dtype) casts the model itself, in place")
+
+    def not_a_tensor(self, x):
+        # asked wherever a walk meets an object no adapter claims (a bridged call's arguments too):
+        # the first parameter or buffer answers, without listing every module as submodules does
+        if isinstance(x, torch.nn.Module) and next(itertools.chain(x.parameters(), x.buffers()), None) is not None:
+            return self.model_message(x)
+        return None
+
     def submodules(self, model):
         if not isinstance(model, torch.nn.Module):
             return None

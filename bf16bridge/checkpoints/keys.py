@@ -34,7 +34,7 @@ def _refuse_values(node, path: tuple) -> None:
     if isinstance(node, Mapping):
         for k, v in node.items():
             _refuse_values(v, path + (k,))
-    elif isinstance(node, (list, tuple)):
+    elif isinstance(node, (list, tuple, *trees.SEQUENCES)):
         for i, v in enumerate(node):
             _refuse_values(v, path + (i,))
     elif isinstance(node, _PLAIN):
@@ -48,6 +48,9 @@ def _refuse_values(node, path: tuple) -> None:
             for k, v in zip(keys, values):
                 _refuse_values(v, path + (k,))
             return
+        why = registry.not_a_tensor(node)  # a model with weights, a tf ragged tensor: what it is, the way out
+        if why is not None:
+            raise InvalidArgumentError(f"at {trees.where(path)}: {why}")
         t = type(node)
         what = f"{t.__module__}.{t.__qualname__}"
         if any(adapter.submodules(node) is not None for adapter in registry.imported()):
@@ -56,7 +59,8 @@ def _refuse_values(node, path: tuple) -> None:
                 "(a torch module's state_dict(), a flax model's parameters)")
         raise InvalidArgumentError(
             f"at {trees.where(path)}: {what} is neither a tensor nor a container bf16bridge walks (dicts, "
-            "lists, tuples, dataclasses, jax pytrees); a checkpoint holds tensors only: convert it or leave it out")
+            "lists, tuples, deques, dataclasses, jax pytrees); a checkpoint holds tensors only: convert it "
+            "or leave it out")
 
 
 def leaves(tree) -> list[tuple[str, Any]]:
