@@ -17,7 +17,7 @@ import types
 from typing import NamedTuple
 
 from .adapters._base import Adapter
-from .errors import FrameworkNotInstalledError, UnknownFrameworkError, UnsupportedTypeError
+from .errors import FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError, UnsupportedTypeError
 
 
 class AdapterSpec(NamedTuple):
@@ -63,12 +63,26 @@ def register_adapter(
     ``types`` lists the tensor classes as ``"module:Attr"`` strings: they are
     looked up only once that module is in ``sys.modules``.
     """
+    def names(what: str, value, check=lambda v: True, form: str = "names") -> tuple:
+        # a str is a sequence too: taken as one, each letter would be a type or an alias
+        if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(
+                isinstance(v, str) and v and check(v) for v in value):
+            raise InvalidArgumentError(f"register_adapter: {what} must be a tuple or list of {form}; got {value!r}")
+        return tuple(value)
+
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(f"register_adapter: name must be a non-empty string; got {name!r}")
+    if not isinstance(module, Adapter) and not (isinstance(module, str) and module):
+        raise InvalidArgumentError(f"register_adapter: module must be an import path (whose ADAPTER is an "
+                                   f"Adapter) or an Adapter instance; got {module!r}")
+    types = names("types", types, lambda v: ":" in v, "'module:Attr' strings")
+    aliases = names("aliases", aliases)
     key = name.lower()
     with _LOCK:
         taken = {key, *(a.lower() for a in aliases)}
         clash = [n for n in taken if (n in _SPECS or n in _ALIASES) and _ALIASES.get(n, n) != key]
         if (key in _SPECS or clash) and not replace:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"register_adapter: {sorted(clash) or [key]} already registered; pass replace=True to override"
             )
         instance = module if isinstance(module, Adapter) else None

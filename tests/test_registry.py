@@ -41,8 +41,24 @@ def _unregister(name):
 
 
 def test_register_refuses_a_taken_name():
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register_adapter("torch2", "x", types=(), aliases=("pt",))
+    for name, aliases in (("torch2", ("pt",)), ("torch", ()), ("Torch", ())):
+        with pytest.raises(bb.InvalidArgumentError, match="already registered.*replace=True"):
+            registry.register_adapter(name, "x", types=(), aliases=aliases)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    # each was registered without a word (audit): a str of types is read letter by letter
+    (dict(name="bad", module=42, types=()), "module must be an import path"),
+    (dict(name="bad", module="m", types="abc"), "types must be a tuple or list of 'module:Attr'"),
+    (dict(name="bad", module="m", types=("Tensor",)), "types must be"),
+    (dict(name="bad", module="m", types=(), aliases="b"), "aliases must be a tuple or list"),
+    (dict(name="", module="m", types=()), "name must be a non-empty string"),
+    (dict(name=None, module="m", types=()), "name must be a non-empty string"),
+])
+def test_register_refuses_what_it_cannot_use(kwargs, match):
+    with pytest.raises(bb.InvalidArgumentError, match=match):
+        registry.register_adapter(**kwargs)
+    assert "bad" not in registry.names()
 
 
 class _Box:
