@@ -15,7 +15,7 @@ from ..adapters.numpy import aligned_empty
 from ..convert import convert, plan
 from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
-from ..shards import convert_shards
+from ..shards import _check_replicas, convert_shards
 from . import format as fmt
 from .keys import leaves
 
@@ -78,6 +78,10 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
             raise type(err)(f"key {key!r}: {err}") from err
         sharded.add(key)
         shape, name = adapter.shape_dtype(x)  # the global shape
+        if name in dtypes.PACKED:  # held packed (torch's fp4 x2): its shards cross unpacked, their index packed
+            raise UnsupportedDtypeError(
+                f"key {key!r}: a sharded {name} tensor (values packed {dtypes.ROWS[name].packing} a byte) is not "
+                "gathered by bb.save; save x.full_tensor() (a DTensor gathered onto this rank) instead")
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
     code = fmt.NAMES.get(name)
@@ -104,8 +108,14 @@ def _gather(key: str, x) -> np.ndarray:
     """A sharded tensor's values as one numpy array (a copy), from the shards this process holds;
     refused (naming the key) if they do not cover it: a file holds whole tensors."""
     try:
+        held = registry.get(registry.framework_of(x)).local_shards(x)
+        if held is not None and not (held[1] is not None and held[1].partial):  # (partial sums: refused below)
+            _check_replicas(held[2], "bb.save writes one value per element: recompute the array so that its "
+                            "replicas agree, or save the replica you want (bb.convert_shards(x, 'numpy', "
+                            "replicas='all') numbers them)")
         # one shard per index (replica 0), as a file holds one value per element
-        got = convert_shards(x, registry.HUB, replicas="one", on_alias="allow", on_grad="drop")
+        got = convert_shards(x, registry.HUB, replicas="one", compare_replicas=False, on_alias="allow",
+                             on_grad="drop")
         out = aligned_empty(got.shape, fmt.numpy_dtype(got.dtype))
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
