@@ -323,10 +323,11 @@ def _dtype_docs(caps) -> str:
         "## Routes, pair by pair",
         "bit-exact: the result, brought back to numpy, has every byte of the input (`.view(uint8)` of each), "
         "a padded row's padding bits (zero in the input) included. Padding bits that are not zero (no value has "
-        "them; ml_dtypes never writes them) are kept on every route but those through jax of the rows XLA packs "
-        "(4 bits and fewer), which keep only the value bits and give them back zero. ml_dtypes ignores them in "
-        "the integer rows, but reads a set one as the sign in the fp4 row: there such a route changes the value "
-        "numpy reads (tests/test_dtypes.py checks this).",
+        "them; ml_dtypes never writes them) are kept on every route but those that pack: through jax for the rows "
+        "XLA packs (4 bits and fewer), into torch's float4_e2m1fn_x2, and into a checkpoint's F4 (two values a "
+        "byte); those keep only the value bits and give the padding back zero. ml_dtypes ignores padding bits "
+        "in the integer rows, but reads a set one as the sign in the fp4 row: there a packing route changes "
+        "the value numpy reads (tests/test_dtypes.py checks this).",
         route_table(rows, "markdown"),
     ]
     return "\n\n".join(p.strip() for p in parts)

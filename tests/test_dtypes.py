@@ -240,9 +240,9 @@ def test_every_pattern_crosses_unchanged(dtype, source, target):
 PADDED = [d for d in NARROW if dtypes.ROWS[d].bits < 8 * dtypes.ROWS[d].itemsize]
 
 
-@pytest.mark.parametrize("dtype,target", [(d, t) for d in PADDED for t in FRAMEWORKS
-                                          if t != "numpy" and d in HELD[t]])
-def test_padding_bits_that_are_set_are_kept_but_where_xla_packs(dtype, target):
+@pytest.mark.parametrize("dtype,target", [(d, t) for d in PADDED for t in FRAMEWORKS if t != "numpy"
+                                          and (d in HELD[t] or dtypes.UNPACKED.get(d) in HELD[t])])
+def test_padding_bits_that_are_set_are_kept_but_where_a_route_packs(dtype, target):
     """What docs/dtypes.md says of padding bits no value needs (tables.py's text)."""
     value_bits = dtypes.ROWS[dtype].bits
     a = _patterns(dtype)
@@ -252,11 +252,20 @@ def test_padding_bits_that_are_set_are_kept_but_where_xla_packs(dtype, target):
     # ml_dtypes ignores them in the integer rows, and reads a set one as the sign in the fp4/fp6 rows
     same_values = np.array_equal(dirty.astype(np.float32), a.astype(np.float32), equal_nan=True)
     assert same_values == (dtypes.ROWS[dtype].kind in ("int", "uint")), dtype
-    # XLA packs the rows of 4 bits and fewer (jax 0.11 stores fp6 a byte each, as numpy does)
-    packed = any("packed" in step.reason for step in bb.plan(dirty, target).steps if step.copies)
-    assert packed == (target == "jax" and dtypes.ROWS[dtype].bits <= 4), dtype
+    # XLA packs the rows of 4 bits and fewer (jax 0.11 stores fp6 a byte each, as numpy does); torch
+    # holds fp4 packed two a byte (float4_e2m1fn_x2)
+    packed = any(step.kind == "pack" or "packed" in step.reason for step in bb.plan(dirty, target).steps)
+    held_packed = dtype not in HELD[target]  # (torch: the _x2 row)
+    assert packed == ((target == "jax" and dtypes.ROWS[dtype].bits <= 4) or held_packed), dtype
     back = np.asarray(bb.to_numpy(bb.convert(dirty, target, on_alias="allow"), on_alias="allow"))
     np.testing.assert_array_equal(back.view(np.uint8), a.view(np.uint8) if packed else raw)
+
+
+def test_padding_bits_that_are_set_are_cleared_by_a_checkpoints_f4(tmp_path):
+    a = _patterns("float4_e2m1fn")
+    raw = a.view(np.uint8) | np.uint8(0xF0)
+    bb.save({"a": raw.view(a.dtype)}, tmp_path / "f4.safetensors")  # F4 packs two values a byte
+    np.testing.assert_array_equal(bb.load(tmp_path / "f4.safetensors")["a"].view(np.uint8), a.view(np.uint8))
 
 
 @pytest.mark.parametrize("dtype,source,target", PAIR_CASES)
