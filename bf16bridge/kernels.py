@@ -117,7 +117,9 @@ def _flat_bits(a: np.ndarray, width: int, what: str) -> np.ndarray:
     if d not in takes and not (d.name in names and d.itemsize == width // 8 and d.isnative):
         # a byte-swapped array has the same name ('>f4' is "float32"): its bytes read as ours are wrong values
         swapped = not d.isnative and d.newbyteorder("=") in takes
-        raise UnsupportedDtypeError(f"{what} takes a {names[0]} array (or its {names[1]} bits); got dtype {d}"
+        # (a byte-swapped bfloat16 prints as ">V2": named by its native twin)
+        shown = f"{d.newbyteorder('=').name} in the other byte order ({d.str})" if swapped else str(d)
+        raise UnsupportedDtypeError(f"{what} takes a {names[0]} array (or its {names[1]} bits); got dtype {shown}"
                                     + (" (byte-swapped: pass x.astype(x.dtype.newbyteorder('=')), a copy in "
                                        "this machine's byte order)" if swapped else ""))
     if not a.flags.c_contiguous:

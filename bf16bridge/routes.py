@@ -442,11 +442,13 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
     if copies:
         _check_copy_size(src, source, target, route.steps)
     shape = tuple(src.shape)
+    # a route with no steps hands back the described value: its gradient is lost only where
+    # describe detached it (and then describe's note of it does not hold)
+    drops_grad = src.requires_grad and (bool(route.steps) or not registry.get(source).grad_stays_on_value)
+    if src.requires_grad and not drops_grad:
+        notes = tuple(n for n in notes if n != registry.get(source).grad_note)
     return Plan(source, target, src.dtype, route.dtype, shape, src.nbytes, src.device,
-                route.steps, copies, shares, writable, route.decision, notes, alias,
-                # a route with no steps hands back the described value: its gradient is lost only
-                # where describe detached it
-                src.requires_grad and (bool(route.steps) or not registry.get(source).grad_stays_on_value),
+                route.steps, copies, shares, writable, route.decision, notes, alias, drops_grad,
                 _result_shape(shape, src.dtype, route.steps))
 
 

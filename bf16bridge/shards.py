@@ -183,6 +183,7 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     """
     if replicas not in REPLICAS:
         raise InvalidArgumentError(f"replicas must be one of {', '.join(map(repr, REPLICAS))}; got {replicas!r}")
+    _check_flag(compare_replicas)
     _check(copy, fallback, False, on_alias, on_grad)
     source = registry.framework_of(x)
     target = registry.resolve(to)
@@ -249,6 +250,7 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
     takes the shard that came from it, else the first, and the array's replicas may disagree.
     A layout with partial sums (``Layout.partial``) is refused: its shards are not pieces of one array.
     """
+    _check_flag(compare_replicas)
     _check(copy, "error", False, on_alias, "warn")
     target = registry.resolve(to)
     adapter = registry.get(target)
@@ -348,6 +350,12 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
             raise InvalidArgumentError(
                 f"{where} holds {got_dtype}, and the other shards {dtype}: a sharded tensor has one dtype; "
                 "convert the odd shard first")
+
+
+def _check_flag(compare_replicas) -> None:
+    # None or 0 read as False skipped the comparison without a word (review)
+    if compare_replicas is not True and compare_replicas is not False:
+        raise InvalidArgumentError(f"compare_replicas must be True or False; got {compare_replicas!r}")
 
 
 def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:

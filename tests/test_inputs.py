@@ -354,6 +354,8 @@ def test_tf_to_tf_under_a_tape_keeps_the_gradient_or_says_it_drops_it(kind, copy
         tape.watch(x)
         p = bb.plan(inp, to="tensorflow", copy=copy)
         assert p.drops_grad is bool(copy), p
+        # the plan's notes say what the call does (review: they said the gradient did not cross)
+        assert any("gradient does not cross" in n for n in p.notes) is bool(copy), p.notes
         with warnings.catch_warnings(record=True) as got:
             warnings.simplefilter("always")
             y = tf.reduce_sum(bb.convert(inp, "tensorflow", copy=copy) * 2)
@@ -545,6 +547,17 @@ def test_torch_tensor_without_memory_is_refused(kind, dst):
             bb.convert(x, dst)
     with pytest.raises(bb.UnsupportedTypeError, match=way_out):
         bb.plan(x, dst)
+
+
+@pytest.mark.frameworks("torch")
+def test_a_wrapper_subclass_is_told_to_convert_what_it_holds():
+    import torch
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    t = TwoTensor(torch.ones(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16))
+    # (review: it was told its storage was freed, and to clone it, which gives another wrapper)
+    with pytest.raises(bb.UnsupportedTypeError, match="TwoTensor .a torch tensor subclass. has no memory of its own"):
+        bb.to_numpy(t)
 
 
 @pytest.mark.frameworks("torch")

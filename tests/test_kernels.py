@@ -217,13 +217,14 @@ def test_progress_bar_of_one_piece_names_the_conversion(call, label, capsys):
      "chunk must be a positive number"),
     # byte-swapped arrays share the name ('>f4' is "float32"): read as ours, their bytes were wrong values
     (lambda: kernels.to_bf16(np.ones(3, dtype=">f4")), bb_errors.UnsupportedDtypeError,
-     r"got dtype >f4 \(byte-swapped: pass x.astype\(x.dtype.newbyteorder\('='\)\)"),
-    (lambda: kernels.to_bf16(np.ones(3, dtype=">u4")), bb_errors.UnsupportedDtypeError, "got dtype >u4 .byte-swapped"),
+     r"got dtype float32 in the other byte order \(>f4\) \(byte-swapped: pass x.astype\(x.dtype.newbyteorder\('='\)\)"),
+    (lambda: kernels.to_bf16(np.ones(3, dtype=">u4")), bb_errors.UnsupportedDtypeError, "got dtype uint32 in the other byte order .>u4. .byte-swapped"),
     (lambda: kernels.to_float32(np.full(3, 0x3F80, dtype=">u2")), bb_errors.UnsupportedDtypeError,
-     "got dtype >u2 .byte-swapped"),
+     "got dtype uint16 in the other byte order .>u2. .byte-swapped"),
     (lambda: kernels.to_dtype(np.ones(3, dtype=">f4"), "bfloat16"), bb_errors.UnsupportedDtypeError, "got dtype >f4"),
     (lambda: kernels.to_float32(np.ones(3, np.float32).astype(ml_dtypes.bfloat16).astype(
-        np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))), bb_errors.UnsupportedDtypeError, "byte-swapped"),
+        np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))), bb_errors.UnsupportedDtypeError,
+     r"got dtype bfloat16 in the other byte order \(>V2\) \(byte-swapped"),
 ])
 def test_bad_inputs_get_our_errors(call, error, match):
     with pytest.raises(error, match=match) as err:

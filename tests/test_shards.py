@@ -338,6 +338,10 @@ def test_compare_replicas_is_checked_before_any_assembly():
     (lambda x: bb.convert_shards(x, "torch", copy="yes"), "copy"),
     (lambda x: bb.from_shards([], "jax"), "no shards, and no shape="),
     (lambda x: bb.from_shards(["not a shard"], "jax"), "Shards or Shard objects"),
+    # None or 0 skipped the comparison without a word (review)
+    (lambda x: bb.from_shards([], "jax", compare_replicas=None), "compare_replicas must be True or False"),
+    (lambda x: bb.from_shards([], "jax", compare_replicas=0), "compare_replicas must be True or False"),
+    (lambda x: bb.convert_shards(x, "torch", compare_replicas="no"), "compare_replicas must be True or False"),
 ])
 def test_keywords_are_checked(call, words):
     x = make("numpy", np.zeros(2, BF16))

@@ -144,7 +144,8 @@ def test_copy_zero_does_not_poison_copy_false():
 @pytest.mark.parametrize("args", [(-1,), ((2, -3),), ((2.5,),), (3, "nope"), ((True, 2),),
                                   # numpy's TypeError / ValueError before (audit)
                                   ((2, 3), np.dtype(object)), ((2,), np.dtype([("a", object)])),
-                                  ((1 << 62,),), ((1 << 40, 1 << 40), np.float32), ((3,), np.dtype("V0"))])
+                                  ((1 << 62,),), ((1 << 40, 1 << 40), np.float32), ((3,), np.dtype("V0")),
+                                  ((3,), np.dtype(("f4", (2,))))])
 def test_aligned_empty_refuses_what_numpy_refuses(args):
     with pytest.raises(bb.InvalidArgumentError):
         bb.aligned_empty(*args)

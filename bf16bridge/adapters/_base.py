@@ -137,6 +137,9 @@ class Adapter:
     #: Variable's read, recorded by the tape), so a route with no steps (already a tensor of the
     #: target) keeps it; False: describe detached it (torch), and even that route drops it
     grad_stays_on_value: ClassVar[bool] = False
+    #: the note describe adds for an input whose gradient would not cross, where grad_stays_on_value:
+    #: a route with no steps leaves it out (the gradient flows there)
+    grad_note: ClassVar[str | None] = None
 
     # Labels shown by plan(); the adapter names its own calls.
     label_bitview: ClassVar[str] = "view as {dtype}"

@@ -31,9 +31,10 @@ def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidArgumentError(f"aligned_empty: the shape must be whole numbers >= 0; got {shape!r}")
-    if dtype.hasobject or dtype.itemsize == 0:  # a raw buffer viewed as Python objects is not an array of them
-        raise InvalidArgumentError(f"aligned_empty: dtype {dtype} holds Python objects or no bytes; pass a "
-                                   "numeric dtype, or use np.empty for an object array")
+    if dtype.hasobject or dtype.itemsize == 0 or dtype.subdtype is not None:
+        # a raw buffer viewed as Python objects is not an array of them; a sub-array dtype adds dimensions
+        raise InvalidArgumentError(f"aligned_empty: dtype {dtype} holds Python objects, no bytes, or a sub-array; "
+                                   "pass a numeric dtype (a sub-array's shape goes into the shape), or use np.empty")
     n = math.prod(shape) * dtype.itemsize
     if n > np.iinfo(np.intp).max - ALIGN:
         raise InvalidArgumentError(f"aligned_empty: shape {shape} of {dtype} is {n} bytes, more than any "

@@ -269,6 +269,8 @@ class TensorflowAdapter(Adapter):
 
     grad_words = "is watched by an active gradient tape (tf.GradientTape, or tf.autodiff.ForwardAccumulator)"
     grad_stays_on_value = True
+    grad_note = ("a gradient tape watches the input: its data crosses, its gradient does not cross "
+                 "(tf.stop_gradient(x), or on_grad='drop', says that is meant)")
 
     def not_a_tensor(self, x):
         t = type(x)
@@ -296,8 +298,7 @@ class TensorflowAdapter(Adapter):
             )
         grad = _recorded(x)
         if grad:
-            notes += ("a gradient tape watches the input: its data crosses, its gradient does not cross "
-                      "(tf.stop_gradient(x), or on_grad='drop', says that is meant)",)
+            notes += (self.grad_note,)
         name = _name(x.dtype)
         if name is None:
             raise UnsupportedDtypeError(

@@ -644,15 +644,22 @@ def _no_data(x) -> str | None:
                 "(vmap, grad, ...) or a tensor subclass with no memory of its own; convert outside the "
                 "transform (bb.bridge makes a function callable under torch.autograd), or convert the plain "
                 "tensors the subclass holds")
-    if type(x) is not torch.Tensor and isinstance(x, _FakeTensor):  # its pointer is 0, and reading it warns
+    subclass = type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter
+    if subclass and isinstance(x, _FakeTensor):  # its pointer is 0, and reading it warns
         return (f"a torch FakeTensor of shape {tuple(x.shape)} has no memory behind it (fake mode traces "
                 "shapes only); convert real tensors, outside fake mode")
-    if x.numel() == 0:
-        return None
-    need = x.storage_offset() + 1
-    for n, step in zip(x.shape, x.stride()):
-        need += (n - 1) * step
-    need *= x.element_size()
+    if x.is_contiguous():  # (every call on the hot path asks: the common case in few calls)
+        need = x.nbytes
+        if not need:
+            return None
+        need += x.storage_offset() * x.element_size()
+    else:
+        if x.numel() == 0:
+            return None
+        need = x.storage_offset() + 1
+        for n, step in zip(x.shape, x.stride()):
+            need += (n - 1) * step
+        need *= x.element_size()
     have = storage.nbytes()
     try:
         at = storage.data_ptr()
@@ -660,6 +667,10 @@ def _no_data(x) -> str | None:
         at = 0
     if at and have >= need:
         return None
+    if subclass and not at:  # a wrapper subclass (__torch_dispatch__): the tensors it holds have the data
+        return (f"a {type(x).__module__}.{type(x).__qualname__} (a torch tensor subclass) has no memory of its "
+                "own; convert the plain tensors it holds (its own way to get them, such as a dequantize or "
+                "an attribute), not the wrapper")
     return (f"a torch tensor of shape {tuple(x.shape)} whose storage holds {have} bytes at {at:#x} where it "
             f"needs {need}: its storage was freed (untyped_storage().resize_(0), as FSDP does to sharded "
             "parameters), or it is a zero tensor (_efficientzerotensor) with no memory behind it; convert it "
