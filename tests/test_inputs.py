@@ -533,12 +533,14 @@ def _tensors_without_memory():
         fake = torch.ones(3, dtype=torch.bfloat16)
     return {"freed": freed, "freed_offset": freed_offset, "short": short, "strided_short": strided,
             "fake": fake, "zero": torch._efficientzerotensor(5, dtype=torch.bfloat16),
+            "zero_offset": torch._efficientzerotensor(5, dtype=torch.bfloat16)[1:],
             "uninitialized": torch.nn.parameter.UninitializedParameter(dtype=torch.bfloat16)}
 
 
 @pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", [d for d in TARGETS if d != "torch"])
-@pytest.mark.parametrize("kind", ["freed", "freed_offset", "short", "strided_short", "fake", "zero", "uninitialized"])
+@pytest.mark.parametrize("kind", ["freed", "freed_offset", "short", "strided_short", "fake", "zero", "zero_offset",
+                                  "uninitialized"])
 def test_torch_tensor_without_memory_is_refused(kind, dst):
     x = _tensors_without_memory()[kind]
     way_out = {"uninitialized": "run the module on one batch", "fake": "outside fake mode"}.get(kind, "summon_full_params")
@@ -571,6 +573,17 @@ def test_a_freed_tensor_does_not_take_a_plan_cached_for_a_live_one():
     freed.untyped_storage().resize_(0)
     with pytest.raises(bb.UnsupportedTypeError, match="storage was freed"):
         bb.to_numpy(freed)
+    # an offset view: its pointer is not 0 (a zero tensor's: 2; a freed flat parameter's: its offset)
+    live = torch.ones(5, dtype=torch.bfloat16)[1:]
+    bb.to_numpy(live)
+    bb.to_numpy(live)
+    flat = torch.ones(64, dtype=torch.bfloat16)
+    view = flat[33:37]
+    flat.untyped_storage().resize_(0)
+    for x in (torch._efficientzerotensor(5, dtype=torch.bfloat16)[1:], view):
+        assert x.data_ptr() != 0
+        with pytest.raises(bb.UnsupportedTypeError, match="storage was freed"):
+            bb.to_numpy(x)
 
 
 @pytest.mark.frameworks("torch")

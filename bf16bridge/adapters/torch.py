@@ -294,12 +294,26 @@ class TorchAdapter(Adapter):
         # describe detaches, restrides or refuses these: the full path
         if x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape:
             return None
-        if type(x) is not torch.Tensor and _is_dtensor(x):  # refused by describe: never a cached plan
+        if type(x) is not torch.Tensor:  # a DTensor, a fake or wrapper subclass, a Parameter: describe decides
             return None
-        if _no_data(x) is not None:  # nor a tensor without memory behind it
+        # nor a tensor without memory behind it (_no_data's question, in few calls for the contiguous
+        # case every hot call is; any doubt goes to describe, which says why)
+        contiguous = x.is_contiguous()
+        n = x.nbytes
+        try:
+            at = x.data_ptr()
+            if n:
+                if not at:  # freed at offset 0, a zero tensor
+                    return None
+                if contiguous:  # a freed storage under an offset view (FSDP's flat parameters): its size
+                    storage, offset = x.untyped_storage(), x.storage_offset()
+                    if storage.nbytes() < n + offset * x.element_size() or (offset and not storage.data_ptr()):
+                        return None  # (a zero tensor's storage raises there)
+                elif _no_data(x) is not None:
+                    return None
+        except (NotImplementedError, RuntimeError):  # torch.func's wrappers
             return None
-        return (x.dtype, x.device, x.is_contiguous(), x.numel() == 0,
-                x.is_conj() or x.is_neg(), alignment and x.data_ptr() % ALIGN == 0)
+        return (x.dtype, x.device, contiguous, not n, x.is_conj() or x.is_neg(), alignment and at % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
         return x.data_ptr()
