@@ -262,6 +262,9 @@ def _keep_dtype(keep_dtype, what: str) -> str | None:
 def _describe(x) -> tuple[Any, str, tuple]:
     """(adapter, dtype name, shape) of a tensor leaf; reads no data."""
     adapter = registry.get(registry.framework_of(x))
+    empty = adapter.no_data(x)  # (a freed torch storage: its cast raised torch's own error)
+    if empty is not None:
+        raise UnsupportedTypeError(empty)
     shape, name = adapter.shape_dtype(x)
     return adapter, name, tuple(shape)
 
@@ -439,9 +442,9 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
             else:
                 # a framework that cannot hold the dtype here may narrow it without a word (jax without
                 # x64 makes float64 float32): refused as convert refuses it
-                why = adapter.cannot_hold(to)
-                if why is not None:
-                    raise UnsupportedDtypeError(f"at {label}: cannot cast {name} to {to}: {why}")
+                refused = adapter.cannot_hold(to)
+                if refused is not None:
+                    raise UnsupportedDtypeError(f"at {label}: cannot cast {name} to {to}: {refused}")
                 try:
                     out = adapter.astype(x, to)
                 except Bf16BridgeError as err:

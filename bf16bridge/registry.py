@@ -14,6 +14,7 @@ import importlib
 import sys
 import threading
 import types
+from collections import abc
 from typing import NamedTuple
 
 from .adapters._base import Adapter
@@ -259,6 +260,9 @@ _NOT_WALKED = (
                        "members): pass a list or a tuple"),
     ((types.GeneratorType,), "a generator is not walked (walking it would use it up): pass a list of "
                              "what it yields"),
+    ((abc.MappingView,), "a dict view (d.values(), d.items()) is not walked: pass the dict, or list(view)"),
+    ((abc.Iterator,), "an iterator (map, zip, iter(...)) is not walked (walking it would use it up): pass a "
+                      "list of what it yields"),
 )
 
 
@@ -277,8 +281,9 @@ def framework_of(x) -> str:
         raise UnsupportedTypeError(why)
     hint = ""
     for kinds, way_out in _NOT_WALKED:
-        if isinstance(x, kinds):
+        if isinstance(x, kinds):  # the first that fits: a generator is an iterator too
             hint = f"; {way_out}"
+            break
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (
             "; make an array first, for example "

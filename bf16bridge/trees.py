@@ -15,11 +15,13 @@ from __future__ import annotations
 import collections
 import copy as _copy
 import dataclasses
+import io
 import struct
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MappingView
 from typing import Any
+from typing import cast as typing_cast
 
 import numpy as np
 
@@ -246,17 +248,19 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
     """Whether ``node``, an object the walk keeps as it is, may hold tensors the walk would not
     reach: a model object or a composite tensor of an imported framework
     (``registry.not_a_tensor``), a set holding a tensor, a generator (what it yields is not known
-    until it is used up)."""
-    if isinstance(node, types.GeneratorType):
+    until it is used up), any other one-shot iterator of Python's (map, zip, iter(list); not a file),
+    a dict view holding a tensor."""
+    if isinstance(node, Iterator) and not isinstance(node, io.IOBase):  # a generator among them
         return True
-    if isinstance(node, (set, frozenset)):
+    if isinstance(node, (set, frozenset, MappingView)):
         found: list = []
 
         def seen(x, p):
-            found.append(p)
+            if not isinstance(x, np.generic):  # a numpy scalar in a set is a plain value, as a Python one is
+                found.append(p)
             return x
 
-        _walk(seen, list(node), path, walk or _Walk(False, True))
+        _walk(seen, list(typing_cast(Iterable, node)), path, walk or _Walk(False, True))
         return bool(found)
     return registry.not_a_tensor(node) is not None
 

@@ -275,6 +275,29 @@ def test_gpt2_state_dict():
     assert out["transformer.wte.weight"].dtype == torch.float32
 
 
+@pytest.mark.frameworks("torch")
+def test_a_tied_leaf_kept_in_another_dtype_says_it_is_tied():
+    import torch
+
+    # a bf16 weight tied to a norm's: kept as float32 with the norm, and said so (review: the x64 check
+    # reused the reason's variable and the row said fc.weight was a normalisation layer)
+    w = torch.ones(4, 4, dtype=torch.bfloat16)
+    out, report = bb.cast_tree({"fc.weight": w, "norm.weight": w}, "bfloat16")
+    rows = {r.path: r for r in report.leaves}
+    assert rows["fc.weight"].why.startswith("the same tensor as norm.weight"), rows["fc.weight"].why
+
+
+@pytest.mark.frameworks("torch")
+def test_cast_tree_refuses_a_torch_tensor_with_no_memory():
+    import torch
+
+    freed = torch.ones(8)
+    freed.untyped_storage().resize_(0)
+    for x in (freed, torch._efficientzerotensor(8)):  # torch's RuntimeError before (review)
+        with pytest.raises(bb.UnsupportedTypeError, match="storage was freed"):
+            bb.cast_tree({"fc.weight": x}, "bfloat16")
+
+
 def test_flax_linen_variables():
     import jax
     import jax.numpy as jnp

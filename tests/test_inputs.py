@@ -552,6 +552,19 @@ def test_torch_tensor_without_memory_is_refused(kind, dst):
 
 
 @pytest.mark.frameworks("torch")
+def test_live_torch_tensors_keep_their_fast_key():
+    """The memory check must not send a live tensor to the full path (review: nothing failed when
+    fast_key gave no key at all; a frozen Parameter lost its key and took 3x as long)."""
+    import torch
+
+    adapter = bb.registry.get("torch")
+    base = torch.arange(64, dtype=torch.float32).to(torch.bfloat16)
+    for x in (base, base[3:40], base.reshape(8, 8)[:, ::2], base.reshape(8, 8).T, base[:0],
+              torch.nn.Parameter(base.clone(), requires_grad=False), torch.from_numpy(np.ones(9, np.float32))[2:]):
+        assert adapter.fast_key(x, True) is not None, x.shape
+
+
+@pytest.mark.frameworks("torch")
 def test_a_wrapper_subclass_is_told_to_convert_what_it_holds():
     import torch
     from torch.testing._internal.two_tensor import TwoTensor

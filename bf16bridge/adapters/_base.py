@@ -386,6 +386,12 @@ class Adapter:
         framework's tensors. Default (no autodiff): the forward alone."""
         return call.forward(leaves, False, self.name)[0]
 
+    def no_data(self, x) -> str | None:
+        """Why tensor ``x`` has no memory behind it to read (a freed or fake torch tensor), naming the
+        way out; None where it has (the default). ``describe`` refuses such a tensor itself: this is for
+        callers that read a tensor without describing it (cast_tree)."""
+        return None
+
     def watch_writes(self, leaves: list):
         """Callee side: what shows, after the callee ran, that it wrote in place into these input
         leaves (this framework's tensors, as the callee got them); None where writes cannot be seen

@@ -242,11 +242,6 @@ class TorchAdapter(Adapter):
                 "buffer: bb.convert_shards(x, to) moves the shards this rank holds (no gather), or "
                 "x.full_tensor() gathers the whole tensor onto every rank (communicates and copies) for bb.convert"
             )
-        if isinstance(x, _Uninitialized):  # every other read of it raises torch's ValueError
-            raise UnsupportedTypeError(
-                f"an uninitialized {type(x).__name__} (a lazy module's, before its first forward) has no data "
-                "yet: run the module on one batch first"
-            )
         if x.is_nested:
             raise UnsupportedTypeError(
                 "a torch nested (ragged) tensor has no single strided buffer; convert each of "
@@ -290,12 +285,15 @@ class TorchAdapter(Adapter):
             readonly=False, device=device, must_copy=must_copy, notes=notes, requires_grad=grad,
         )
 
+    def no_data(self, x):
+        return _no_data(x)
+
     def fast_key(self, x, alignment):
         # describe detaches, restrides or refuses these: the full path
         if x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape:
             return None
-        if type(x) is not torch.Tensor:  # a DTensor, a fake or wrapper subclass, a Parameter: describe decides
-            return None
+        if type(x) is not torch.Tensor and type(x) is not _Parameter:  # a DTensor, a fake or wrapper subclass:
+            return None  # describe decides (a frozen Parameter is a plain tensor: the check below holds for it)
         # nor a tensor without memory behind it (_no_data's question, in few calls for the contiguous
         # case every hot call is; any doubt goes to describe, which says why)
         contiguous = x.is_contiguous()
@@ -644,13 +642,17 @@ def _remove_cast_hooks(m):
 
 
 _Uninitialized = torch.nn.parameter.UninitializedTensorMixin
+_Parameter = torch.nn.Parameter
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor  # imported by `import torch`
 
 
 def _no_data(x) -> str | None:
     """Why ``x`` has no memory to move (None where it has): asked before its pointer is read, which
     would be 0 or garbage (a freed, fake or zero tensor: a zero-copy result over it read the heap)
-    or raise torch's error (torch.func's wrappers)."""
+    or raise torch's error (torch.func's wrappers, lazy parameters)."""
+    if isinstance(x, _Uninitialized):  # every read of it raises torch's ValueError
+        return (f"an uninitialized {type(x).__name__} (a lazy module's, before its first forward) has no data "
+                "yet: run the module on one batch first")
     try:
         storage = x.untyped_storage()
     except (NotImplementedError, RuntimeError) as err:
