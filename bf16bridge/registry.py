@@ -76,7 +76,9 @@ def register_adapter(
     if not isinstance(module, Adapter) and not (isinstance(module, str) and module):
         raise InvalidArgumentError(f"register_adapter: module must be an import path (whose ADAPTER is an "
                                    f"Adapter) or an Adapter instance; got {module!r}")
-    types = names("types", types, lambda v: ":" in v, "'module:Attr' strings")
+    types = names("types", types, lambda v: all(v.partition(":")[::2]), "'module:Attr' strings")
+    if requires is not None and not (isinstance(requires, str) and requires):
+        raise InvalidArgumentError(f"register_adapter: requires must be a module name or None; got {requires!r}")
     aliases = names("aliases", aliases)
     key = name.lower()
     with _LOCK:
