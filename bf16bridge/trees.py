@@ -18,7 +18,6 @@ import dataclasses
 import io
 import struct
 import sys
-import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, MappingView
 from typing import Any
 from typing import cast as typing_cast
