@@ -268,8 +268,9 @@ _NOT_WALKED = (
 )
 
 
-def framework_of(x) -> str:
-    """The name of the framework whose tensor ``x`` is, without importing any framework."""
+def tensor_framework(x) -> str | None:
+    """``framework_of``'s answer, or None where ``x`` is no registered framework's tensor (without
+    asking what it is instead: a walk that keeps such objects asks only when it must)."""
     t = type(x)
     name = _TYPE_CACHE.get(t)
     if name is not None:
@@ -278,6 +279,15 @@ def framework_of(x) -> str:
         if any(issubclass(t, cls) for cls in _classes(s)):
             _TYPE_CACHE[t] = s.name
             return s.name
+    return None
+
+
+def framework_of(x) -> str:
+    """The name of the framework whose tensor ``x`` is, without importing any framework."""
+    name = tensor_framework(x)
+    if name is not None:
+        return name
+    t = type(x)
     why = not_a_tensor(x)
     if why is not None:
         raise UnsupportedTypeError(why)

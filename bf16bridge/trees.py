@@ -216,9 +216,7 @@ def _walk(fn, node, path, walk: _Walk):
             return _container(fn, node, path, walk)
         finally:
             walk.active.discard(id(node))
-    try:
-        registry.framework_of(node)
-    except UnsupportedTypeError:
+    if registry.tensor_framework(node) is None:  # (what it is instead is asked below only if it matters)
         if walk.unwrap_values:
             inner = unwrap(node)
             if inner is not None:
