@@ -353,6 +353,8 @@ def test_open_lists_without_reading_data_and_names_missing_keys(tmp_path):
             with pytest.raises(bb.MissingKeyError, match="has no tensor 'nope' .*keys\\(\\) lists them") as err:
                 ask("nope")
             assert isinstance(err.value, KeyError) and str(err.value).startswith(str(p))
+            with pytest.raises(bb.InvalidArgumentError, match="keys are strings; got \\[\\]"):
+                ask([])  # (review: TypeError, unhashable type)
     with pytest.raises(CheckpointError, match="closed"):
         f.get("w")
 

@@ -88,6 +88,9 @@ class Checkpoint:
 
     def info(self, key: str) -> fmt.TensorInfo:
         """Key, dtype, shape, nbytes, file offset and alignment of one tensor (reads no data)."""
+        if not isinstance(key, str):  # (a list raised TypeError: unhashable)
+            raise InvalidArgumentError(f"a checkpoint's keys are strings; got {key!r} ({len(self._keys)} keys; "
+                                       "keys() lists them)")
         try:
             return self._entries[key]
         except KeyError:
