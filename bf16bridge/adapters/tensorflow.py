@@ -214,6 +214,8 @@ _COMPOSITES: tuple = (
     (tf.IndexedSlices, "IndexedSlices (a sparse gradient: indices and values), not one dense tensor: pass "
                        "tf.convert_to_tensor(x), or its parts x.indices and x.values"),
     (tf.TensorArray, "TensorArray (a list of tensors), not one tensor: pass ta.stack()"),
+    (tf.data.Dataset, "dataset (a pipeline that yields elements), not a tensor: convert its elements as "
+                      "they come (for x in ds: ...), or a batch of them (next(iter(ds.batch(n))))"),
     (tf.__internal__.CompositeTensor, "composite tensor (several tensors), not one tensor: pass its "
                                       "components, tf.nest.flatten(x, expand_composites=True)"),
 )
@@ -273,7 +275,7 @@ class TensorflowAdapter(Adapter):
                  "(tf.stop_gradient(x), or on_grad='drop', says that is meant)")
 
     def not_a_tensor(self, x):
-        t = type(x)
+        t = x.__class__  # (a written TensorArray's type is tf's ShouldUseWrapper; its __class__ is TensorArray)
         what = f"{t.__module__}.{t.__qualname__}"
         for cls, way_out in _COMPOSITES:
             if isinstance(x, cls):
