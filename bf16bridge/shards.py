@@ -389,7 +389,10 @@ def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:
 
             index = _show(ref[0])
             where = "; ".join(f"{who(p)} differs first at element {at}" for p, at in differ)
-            raise InvalidArgumentError(f"the replicas of shard {index} disagree: {where}, against {who(ref)}. {way_out}")
+            what = f"the replicas of shard {index} disagree: {where}, against {who(ref)}"
+            err = InvalidArgumentError(f"{what}. {way_out}")
+            err.disagreement = what  # for a caller with a way out of its own (bb.save)
+            raise err
 
 
 def _same_memory(a, b) -> bool:

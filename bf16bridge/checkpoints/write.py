@@ -15,7 +15,7 @@ from ..adapters.numpy import aligned_empty
 from ..convert import convert, plan
 from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
-from ..shards import _check_replicas, convert_shards
+from ..shards import convert_shards
 from . import format as fmt
 from .keys import leaves
 
@@ -108,16 +108,15 @@ def _gather(key: str, x) -> np.ndarray:
     """A sharded tensor's values as one numpy array (a copy), from the shards this process holds;
     refused (naming the key) if they do not cover it: a file holds whole tensors."""
     try:
-        held = registry.get(registry.framework_of(x)).local_shards(x)
-        if held is not None and not (held[1] is not None and held[1].partial):  # (partial sums: refused below)
-            _check_replicas(held[2], "bb.save writes one value per element: recompute the array so that its "
-                            "replicas agree, or save the replica you want (bb.convert_shards(x, 'numpy', "
-                            "replicas='all') numbers them)")
-        # one shard per index (replica 0), as a file holds one value per element
-        got = convert_shards(x, registry.HUB, replicas="one", compare_replicas=False, on_alias="allow",
-                             on_grad="drop")
+        # one shard per index (replica 0, the others compared with it), as a file holds one value per element
+        got = convert_shards(x, registry.HUB, replicas="one", on_alias="allow", on_grad="drop")
         out = aligned_empty(got.shape, fmt.numpy_dtype(got.dtype))
     except Bf16BridgeError as err:
+        disagreement = getattr(err, "disagreement", None)
+        if disagreement is not None:  # the way out convert_shards names is its keywords, which save has not
+            raise type(err)(f"key {key!r}: {disagreement}. bb.save writes one value per element: recompute the "
+                            "array so that its replicas agree, or save the replica you want "
+                            "(bb.convert_shards(x, 'numpy', replicas='all') numbers them)") from err
         raise type(err)(f"key {key!r}: {err}") from err
     seen: set[tuple] = set()
     covered = 0
