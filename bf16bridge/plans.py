@@ -141,7 +141,8 @@ class TreePlan:
 
     def __str__(self) -> str:
         plans = self.plans
-        lines = [f"{len(self.leaves)} tensor leaves: {sum(not p.copies for p in plans)} zero-copy "
+        n = len(self.leaves)  # a refused leaf need not be a tensor (a model object in the tree)
+        lines = [f"{n} lea{'f' if n == 1 else 'ves'}: {sum(not p.copies for p in plans)} zero-copy "
                  f"({size(self.zero_copy_bytes)}), {sum(p.copies for p in plans)} copied "
                  f"({size(self.copied_bytes)}), {len(self.errors)} refused"]
         for where, p in self.leaves:

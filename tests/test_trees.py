@@ -435,6 +435,7 @@ def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its
     p = bb.plan_tree({"ok": np.zeros(2, np.float32), "h": mk()}, to)
     assert [w for w, _ in p.errors] == [where] and len(p.plans) == 1
     assert re.search(says, str(p.errors[0][1]))
+    assert str(p).startswith("2 leaves: ") and "1 refused" in str(p)  # the object is no tensor leaf
     tree = {"ok": np.zeros(2, np.float32), "h": mk()}
     with pytest.warns(bb.Bf16BridgeWarning, match=f"kept 1 leaf of this tree as it is, not in .*{re.escape(where)}"):
         out = bb.convert_tree(tree, to, on_unsupported="keep")
@@ -460,7 +461,7 @@ def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
         assert isinstance(y, np.ndarray)
         np.testing.assert_array_equal(bits(y), bits(t))
     assert tree["d"][0] is t  # the input untouched
-    assert "2 tensor leaves" in str(bb.plan_tree(tree, "numpy"))
+    assert "2 leaves: 2 zero-copy" in str(bb.plan_tree(tree, "numpy"))
 
 
 @pytest.mark.parametrize("value", ["np.float32", "ml_dtypes.bfloat16", "jnp.bfloat16", "torch.bfloat16",
