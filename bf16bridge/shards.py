@@ -422,8 +422,10 @@ def _bits(piece: tuple) -> tuple[np.ndarray, int | None]:
     try:
         a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
     except Bf16BridgeError as err:
-        raise type(err)(f"the shard {_show(piece[0])} on {piece[1]}, read to compare it with its replicas "
-                        f"(compare_replicas=False skips that): {err}") from err
+        what = f"the shard {_show(piece[0])} on {piece[1]}, read to compare it with its replicas"
+        raised = type(err)(f"{what} (compare_replicas=False skips that): {err}")
+        raised.unreadable = f"{what}: {err}"  # for a caller without that keyword (bb.save)
+        raise raised from err
     n = a.dtype.itemsize
     u = a.view(f"u{n}") if n in (1, 2, 4, 8) else np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (n,))
     name = dtypes.name_of_numpy(a.dtype)

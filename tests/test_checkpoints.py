@@ -934,6 +934,20 @@ _SHARDED = textwrap.dedent("""
         assert "compare_replicas" not in str(err), err
     else:
         raise AssertionError("replicas that disagree were saved")
+    bbconvert = sys.modules["bf16bridge.convert"]  # the module (bb.convert is the function)
+    real_convert = bbconvert.convert
+    def unreadable(x, to, **kw):
+        raise bb.DeviceError("numpy cannot reach this device (a test's stand-in)")
+    bbconvert.convert = unreadable  # how the replica comparison reads a shard
+    try:  # a replica save cannot read: our error, naming the key and no keyword save has not (review)
+        bb.save({"x": tree["x"]}, sys.argv[1] + ".3")
+    except bb.DeviceError as err:
+        assert "key 'x'" in str(err) and "read to compare it with its replicas" in str(err), err
+        assert "stand-in" in str(err) and "compare_replicas" not in str(err), err
+    else:
+        raise AssertionError("an unreadable replica was saved")
+    finally:
+        bbconvert.convert = real_convert
     gone = jax.device_put(a, NamedSharding(mesh, P("x")))
     gone.delete()
     try:  # a deleted (donated) sharded array: our error, naming the key

@@ -117,6 +117,9 @@ def _gather(key: str, x) -> np.ndarray:
             raise type(err)(f"key {key!r}: {disagreement}. bb.save writes one value per element: recompute the "
                             "array so that its replicas agree, or save the replica you want "
                             "(bb.convert_shards(x, 'numpy', replicas='all') numbers them)") from err
+        unreadable = getattr(err, "unreadable", None)  # its way out, compare_replicas=False, save has not either
+        if unreadable is not None:
+            raise type(err)(f"key {key!r}: {unreadable}") from err
         raise type(err)(f"key {key!r}: {err}") from err
     seen: set[tuple] = set()
     covered = 0
