@@ -531,7 +531,13 @@ def _tensors_without_memory():
     strided.untyped_storage().resize_(40)  # its last element needs bytes 52..53
     with FakeTensorMode():
         fake = torch.ones(3, dtype=torch.bfloat16)
-    return {"freed": freed, "freed_offset": freed_offset, "short": short, "strided_short": strided,
+
+    class Plain(torch.Tensor):  # a plain subclass holds memory of its own (review: told to convert what it holds)
+        pass
+
+    freed_subclass = torch.ones(4, dtype=torch.bfloat16).as_subclass(Plain)
+    freed_subclass.untyped_storage().resize_(0)
+    return {"freed": freed, "freed_subclass": freed_subclass, "freed_offset": freed_offset, "short": short, "strided_short": strided,
             "fake": fake, "zero": torch._efficientzerotensor(5, dtype=torch.bfloat16),
             "zero_offset": torch._efficientzerotensor(5, dtype=torch.bfloat16)[1:],
             "uninitialized": torch.nn.parameter.UninitializedParameter(dtype=torch.bfloat16)}
@@ -539,7 +545,7 @@ def _tensors_without_memory():
 
 @pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", [d for d in TARGETS if d != "torch"])
-@pytest.mark.parametrize("kind", ["freed", "freed_offset", "short", "strided_short", "fake", "zero", "zero_offset",
+@pytest.mark.parametrize("kind", ["freed", "freed_subclass", "freed_offset", "short", "strided_short", "fake", "zero", "zero_offset",
                                   "uninitialized"])
 def test_torch_tensor_without_memory_is_refused(kind, dst):
     x = _tensors_without_memory()[kind]

@@ -683,7 +683,7 @@ def _no_data(x) -> str | None:
         at = 0
     if at and have >= need:
         return None
-    if subclass and not at:  # a wrapper subclass (__torch_dispatch__): the tensors it holds have the data
+    if subclass and not at and _dispatches(x):  # a wrapper subclass: the tensors it holds have the data
         return (f"a {type(x).__module__}.{type(x).__qualname__} (a torch tensor subclass) has no memory of its "
                 "own; convert the plain tensors it holds (its own way to get them, such as a dequantize or "
                 "an attribute), not the wrapper")
@@ -691,6 +691,12 @@ def _no_data(x) -> str | None:
             f"needs {need}: its storage was freed (untyped_storage().resize_(0), as FSDP does to sharded "
             "parameters), or it is a zero tensor (_efficientzerotensor) with no memory behind it; convert it "
             "while its storage is allocated (inside FSDP's summon_full_params), or materialize it first (x.clone())")
+
+
+def _dispatches(x) -> bool:
+    """Whether ``x`` is a wrapper subclass (its own ``__torch_dispatch__``, as torch's
+    ``_make_wrapper_subclass`` tensors have), not a plain subclass over memory of its own."""
+    return getattr(type(x), "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__
 
 
 #: torch.func (functorch) transforms active now (a private probe, where this torch has it)
