@@ -334,6 +334,14 @@ def test_a_bare_tensor_has_no_key(tmp_path):
         bb.save(np.zeros(2), tmp_path / "m.safetensors")
 
 
+def test_an_empty_container_has_no_key_and_is_not_in_the_file(tmp_path):
+    # docs/checkpoints.md says so: a file holds tensors under keys, not the tree's containers
+    p = tmp_path / "m.safetensors"
+    bb.save({"opt": {}, "l": [], "h": {"w": np.arange(2, dtype=np.float32), "e": ()}}, p)
+    assert list(bb.open(p).keys()) == ["h.w"]
+    assert list(bb.load(p, nested=True)) == ["h"] and list(bb.load(p, nested=True)["h"]) == ["w"]
+
+
 def test_nested_load_refuses_a_key_that_is_also_a_prefix(tmp_path):
     _st_write(tmp_path / "m.safetensors", {"a": np.zeros(1, np.float32), "a.b": np.zeros(1, np.float32)})
     assert sorted(bb.load(tmp_path / "m.safetensors")) == ["a", "a.b"]
