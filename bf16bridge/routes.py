@@ -464,6 +464,10 @@ def _result_shape(shape: tuple[int, ...], dtype: str, steps: tuple[Step, ...]) -
     return shape
 
 
+def _also(shared_with: str) -> str:
+    return f", and {shared_with}" if shared_with else ""
+
+
 @lru_cache(maxsize=1024)
 def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: bool, src_notes: tuple,
              generation: int, owner: str | None = None):
@@ -482,7 +486,8 @@ def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: b
                  f"not know of as an assignment); pass copy=True (or on_alias='copy') to write safely")
     elif shares and writable and src_adapter.immutable:
         alias = (f"the {target} result is writable and shares memory with an immutable {source} tensor: "
-                 f"writing to it changes that tensor too (and whatever it aliases: where that is read-only "
+                 f"writing to it changes that tensor too{_also(src_adapter.shared_with)} (and whatever it "
+                 f"aliases: where that is read-only "
                  f"memory, such as a numpy.memmap opened mode='r' that reached {source} without a copy, a "
                  f"write kills the process); pass copy=True (or on_alias='copy') to write safely")
     if alias is not None:

@@ -102,6 +102,9 @@ class Adapter:
     name: ClassVar[str]
     #: tensors of this framework are never written in place (jax, tf)
     immutable: ClassVar[bool] = False
+    #: for an immutable framework: what else may share a tensor's memory, that a write through a
+    #: writable alias of it changes too (said in the alias warning); "" where nothing in particular
+    shared_with: ClassVar[str] = ""
     #: the framework can mark memory read-only (numpy's writeable flag)
     marks_readonly: ClassVar[bool] = False
     #: holds host (CPU) memory only

@@ -235,6 +235,9 @@ class TensorflowAdapter(Adapter):
 
     name = "tensorflow"
     immutable = True
+    # a Variable's value read out (v.read_value(), v.value(), tf.identity(v)) is its buffer until
+    # the next assign: a write through the alias changes the live Variable, which no test here can tell
+    shared_with = "the live tf.Variable it was read from, if it was (v.read_value(), v.value())"
     dlpack_accepts = CONTIGUOUS  # anything else: "Invalid strides array from DLPack"
     # it imports any buffer, but the first op on one not 64-byte aligned aborts the
     # process ("Check failed: IsAligned()"): never hand it one
