@@ -1002,16 +1002,16 @@ _DTENSOR = textwrap.dedent("""
     bb.save(tree, sys.argv[1])
     got = bb.load(sys.argv[1], to="torch")
     assert all(torch.equal(got[k].view(torch.int16), t.view(torch.int16)) for k in tree), got
-    # torch's packed fp4, sharded: refused with a way out that works (review: the way out named complex128)
-    x2 = DTensor.from_local(torch.arange(8, dtype=torch.uint8).reshape(2, 4).view(torch.float4_e2m1fn_x2), mesh,
-                            [Shard(0)])
-    try:
+    # torch's packed fp4, sharded: written whole, in values, as its full tensor is (it was refused, its
+    # shards' index said in bytes, their tensors in values)
+    for placement in (Shard(0), Shard(1), Replicate()):
+        x2 = DTensor.from_local(torch.arange(8, dtype=torch.uint8).reshape(2, 4).view(torch.float4_e2m1fn_x2), mesh,
+                                [placement])
         bb.save({"a": x2}, sys.argv[1] + ".x2")
-    except bb.UnsupportedDtypeError as err:
-        assert "key 'a'" in str(err) and "full_tensor()" in str(err), err
-    else:
-        raise AssertionError("a sharded x2 tensor was saved")
-    bb.save({"a": x2.full_tensor()}, sys.argv[1] + ".x2")
+        bb.save({"a": x2.full_tensor()}, sys.argv[1] + ".full")
+        with open(sys.argv[1] + ".x2", "rb") as f, open(sys.argv[1] + ".full", "rb") as g:
+            assert f.read() == g.read(), placement
+        assert bb.open(sys.argv[1] + ".x2").info("a").shape == (2, 8), placement
     try:  # partial sums are no array's values: refused, naming the key
         bb.save({"p": DTensor.from_local(t, mesh, [Partial()])}, sys.argv[1])
     except bb.UnsupportedTypeError as err:

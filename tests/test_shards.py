@@ -397,7 +397,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 71
+EIGHT_DEVICE_TESTS = 80
 
 
 def test_eight_jax_devices_in_a_child():
@@ -776,6 +776,42 @@ if CHILD == "jax8":
                 bb.convert_shards(x, "torch", as_dtensor=mesh, on_alias="allow")
             d = bb.convert_shards(x, "torch", as_dtensor=mesh, on_alias="allow", compare_replicas=False)
             assert bits(d.to_local()).tolist() == bits(x.addressable_shards[0].data).tolist()
+
+        @pytest.mark.parametrize("to", ["numpy", "jax", "torch"])
+        @pytest.mark.parametrize("dim", [0, 1, None])
+        def test_a_packed_fp4_dtensor_says_its_shards_in_values_and_comes_back(self, fake_rank, to, dim):
+            """torch holds fp4 two values a byte (float4_e2m1fn_x2): its shards cross unpacked, and the
+            global shape and index are said in values, as from_shards reads them (they were said in
+            bytes: a (4, 2) shard of a (32, 4) array was a (4, 4) tensor, and from_shards refused it)."""
+            import torch
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import DTensor, Replicate
+            from torch.distributed.tensor import Shard as TorchShard
+
+            mesh = init_device_mesh("cpu", (8,))
+            byte_shape = {0: (32, 4), 1: (4, 32), None: (4, 4)}[dim]
+            local = torch.arange(16, dtype=torch.uint8).reshape(4, 4).view(torch.float4_e2m1fn_x2)
+            d = DTensor.from_local(local, mesh, [Replicate() if dim is None else TorchShard(dim)], run_check=False,
+                                   shape=torch.Size(byte_shape), stride=(byte_shape[1], 1))
+            got = bb.convert_shards(d, to, on_alias="allow")
+            assert got.shape == (*byte_shape[:-1], byte_shape[-1] * 2)
+            (s,) = got  # rank 5 of 8
+            want = {0: (slice(20, 24), slice(0, 8)), 1: (slice(0, 4), slice(40, 48)), None: (slice(0, 4), slice(0, 8))}
+            assert s.index == want[dim]
+            values = np.asarray(bb.convert(s.tensor, "numpy", on_alias="allow"))
+            assert values.shape == (4, 8) and values.dtype.name == "float4_e2m1fn"
+            nibbles = np.stack([np.arange(16) & 15, np.arange(16) >> 4], -1).reshape(4, 8)  # low nibble first
+            np.testing.assert_array_equal(values.view(np.uint8) & 15, nibbles)
+            back = bb.from_shards(got, "torch", sharding=mesh, on_alias="allow")
+            assert back.dtype == torch.float4_e2m1fn_x2 and tuple(back.shape) == byte_shape
+            assert back.placements == d.placements
+            assert torch.equal(back.to_local().view(torch.uint8), local.view(torch.uint8))
+            if to == "numpy" and dim is None:  # an odd count of values cannot be packed two a byte
+                import ml_dtypes
+
+                odd = [bb.shards.Shard((slice(0, 4), slice(0, 5)), "cpu", np.zeros((4, 5), ml_dtypes.float4_e2m1fn))]
+                with pytest.raises(InvalidArgumentError, match="5 values of fp4.*multiple of 2"):
+                    bb.from_shards(odd, "torch", sharding=(mesh, [Replicate()]), shape=(4, 5))
 
         @pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
         def test_convert_refuses_a_dtensor_naming_the_ways_out(self, fake_rank, to):

@@ -458,13 +458,16 @@ class Adapter:
         ``shards.Layout`` (None where the sharding is no mesh) and, for each shard this process
         holds, ``(index, device, tensor, replica)``: its global index as slices with explicit
         bounds (``shards.bounds``), its device as a string, the single-device tensor holding it
-        (no copy), its replica number (0: the first holder of that index). None for a tensor that
-        is not sharded (the default)."""
+        (no copy), its replica number (0: the first holder of that index). Shape and indices count
+        values: a tensor held packed (torch's fp4 x2, two values a byte) says its last dimension in
+        values, as its shards cross (unpacked) and as ``assemble`` takes them. None for a tensor
+        that is not sharded (the default)."""
         return None
 
     def assemble(self, shape: tuple, pieces: list, sharding, layout, copy: bool | None, on_alias: str):
         """A sharded tensor of this framework of global ``shape`` from ``pieces`` (``(index,
-        device, tensor)``, tensors of any framework), laid out as ``sharding`` (this framework's own
+        device, tensor)``, tensors of any framework; shape and indices in values, as ``local_shards``
+        says them), laid out as ``sharding`` (this framework's own
         object) or, when it is None, as ``layout``; each piece taken without a copy where the
         route allows, refused under ``copy=False`` otherwise. Offered where ``assembles``."""
         raise NotImplementedError(f"{self.name} has no sharded tensor type")

@@ -529,8 +529,11 @@ class TorchAdapter(Adapter):
             return shape, layout, []
         local = x.to_local()
         device = local.device.type if local.device.type == "cpu" else str(local.device)
-        return shape, layout, [(_local_index(shape, tuple(mesh.shape), kinds, coord), device, local,
-                                _replica(tuple(mesh.shape), kinds, coord))]
+        index = _local_index(shape, tuple(mesh.shape), kinds, coord)
+        k = _packing(_FROM_TORCH.get(x.dtype))
+        if k > 1 and shape:  # fp4 x2: said in values, as its shards cross (review: index packed, tensors not)
+            shape, index = (*shape[:-1], shape[-1] * k), (*index[:-1], slice(index[-1].start * k, index[-1].stop * k))
+        return shape, layout, [(index, device, local, _replica(tuple(mesh.shape), kinds, coord))]
 
     def assemble(self, shape, pieces, sharding, layout, copy, on_alias):
         from torch.distributed.device_mesh import DeviceMesh
@@ -558,7 +561,17 @@ class TorchAdapter(Adapter):
         coord = mesh.get_coordinate()
         if coord is None:
             raise InvalidArgumentError("this process is not in the DeviceMesh: it holds no part of a DTensor over it")
-        index = _local_index(tuple(shape), tuple(mesh.shape), kinds, coord)
+        shape = tuple(shape)
+        k = _packing(_packed_here(pieces))  # shape and indices are in values; torch holds fp4 two a byte
+        if k > 1 and shape:
+            if shape[-1] % k:
+                raise InvalidArgumentError(
+                    f"a DTensor of {shape[-1]} values of fp4 in its last dimension: torch holds them packed {k} a "
+                    f"byte (float4_e2m1fn_x2), which needs a multiple of {k}; pad that dimension first")
+            shape = (*shape[:-1], shape[-1] // k)
+        index = _local_index(shape, tuple(mesh.shape), kinds, coord)
+        if k > 1 and shape:  # this rank's part, in values, as the pieces say theirs
+            index = (*index[:-1], slice(index[-1].start * k, index[-1].stop * k))
         def span(index):
             return tuple((s.start, s.stop) for s in index)
 
@@ -785,6 +798,23 @@ def _dtensor_layout(mesh, kinds, ndim):
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
     ranks = tuple(f"rank:{r}" for r in mesh.mesh.flatten().tolist())
     return shards.Layout.from_placements(tuple(names), tuple(mesh.shape), kinds, ndim, ranks)
+
+
+def _packing(name: str | None) -> int:
+    """Values a byte of a dtype torch holds packed (fp4 x2: 2); 1 for any other."""
+    return dtypes.ROWS[name].packing if name in dtypes.PACKED else 1
+
+
+def _packed_here(pieces) -> str | None:
+    """The packed dtype torch will hold the pieces' values in (fp4 from numpy or jax: x2), if any."""
+    if not pieces:
+        return None
+    from .. import registry
+
+    tensor = pieces[0][2]
+    name = registry.get(registry.framework_of(tensor)).shape_dtype(tensor)[1]
+    packed = name if name in dtypes.PACKED else dtypes.UNPACKED.get(name)
+    return packed if packed in _TO_TORCH else None
 
 
 def _local_index(shape, mesh_shape, kinds, coord) -> tuple:

@@ -78,10 +78,8 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
             raise type(err)(f"key {key!r}: {err}") from err
         sharded.add(key)
         shape, name = adapter.shape_dtype(x)  # the global shape
-        if name in dtypes.PACKED:  # held packed (torch's fp4 x2): its shards cross unpacked, their index packed
-            raise UnsupportedDtypeError(
-                f"key {key!r}: a sharded {name} tensor (values packed {dtypes.ROWS[name].packing} a byte) is not "
-                "gathered by bb.save; save x.full_tensor() (a DTensor gathered onto this rank) instead")
+        if name in dtypes.PACKED and shape:  # held packed (torch's fp4 x2): written, as gathered, in values
+            shape, name = (*shape[:-1], shape[-1] * dtypes.ROWS[name].packing), dtypes.PACKED[name]
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
     code = fmt.NAMES.get(name)
