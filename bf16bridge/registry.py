@@ -17,6 +17,8 @@ import types
 from collections import abc
 from typing import NamedTuple
 
+import numpy as np
+
 from .adapters._base import Adapter
 from .errors import FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError, UnsupportedTypeError
 
@@ -256,6 +258,31 @@ def not_a_tensor(x) -> str | None:
     return None
 
 
+def held_in_attributes(x) -> tuple[str, ...]:
+    """The names of the attributes of a plain object (its ``__dict__`` and ``__slots__``) that hold a
+    tensor of a registered framework, directly or in a list, tuple or dict there (one level: no
+    object is entered, so no cycle is followed); numpy scalars are plain values, as in a set. ()
+    for an object with none, and for a class or a module, whose attributes are no data of theirs."""
+    if isinstance(x, (type, types.ModuleType)):
+        return ()
+    attrs = getattr(x, "__dict__", None)
+    items = list(attrs.items()) if isinstance(attrs, dict) else []
+    for cls in type(x).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                try:
+                    items.append((name, getattr(x, name)))
+                except AttributeError:  # an unset slot
+                    pass
+    found = []
+    for name, value in items:
+        values = (value.values() if type(value) is dict else value if type(value) in (list, tuple) else (value,))
+        if any(tensor_framework(v) is not None and not isinstance(v, np.generic) for v in values):
+            found.append(str(name))
+    return tuple(found)
+
+
 #: containers of Python's own that a tree walk does not enter, and the way out
 _NOT_WALKED = (
     ((set, frozenset), "a set is not walked (its order is not fixed, and most tensors cannot be set "
@@ -296,6 +323,10 @@ def framework_of(x) -> str:
         if isinstance(x, kinds):  # the first that fits: a generator is an iterator too
             hint = f"; {way_out}"
             break
+    held = held_in_attributes(x) if not hint else ()
+    if held:
+        hint = (f"; it holds tensors in its attributes ({', '.join(held)}), which a tree walk does not enter: "
+                "make it a dataclass (whose fields are walked), or pass the tensors it holds")
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (
             "; make an array first, for example "

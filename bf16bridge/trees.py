@@ -246,7 +246,8 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
     reach: a model object or a composite tensor of an imported framework
     (``registry.not_a_tensor``), a set holding a tensor, a generator (what it yields is not known
     until it is used up), any other one-shot iterator of Python's (map, zip, iter(list); not a file),
-    a dict view holding a tensor."""
+    a dict view holding a tensor, a plain object holding one in its attributes
+    (``registry.held_in_attributes``)."""
     if isinstance(node, Iterator) and not isinstance(node, io.IOBase):  # a generator among them
         return True
     if isinstance(node, (set, frozenset, MappingView)):
@@ -259,7 +260,7 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
 
         _walk(seen, list(typing_cast(Iterable, node)), path, walk or _Walk(False, True))
         return bool(found)
-    return registry.not_a_tensor(node) is not None
+    return registry.not_a_tensor(node) is not None or bool(registry.held_in_attributes(node))
 
 
 #: what marks an object as holding array data (numpy's and DLPack's protocols)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import re
+import types
 import warnings
 from collections import namedtuple
 
@@ -403,7 +404,23 @@ def _hidden_cases():
         ("tf-dataset", lambda: tf.data.Dataset.range(3), r"is a tensorflow dataset .*for x in ds"),
         ("tf-module", _TfModule, r"tensorflow module object.*module\.variables"),
         ("keras-layer", _KerasLayer, r"Keras layer \(or model\) object.*layer\.weights"),
+        # (review: a plain object holding a tensor attribute was kept, the tensor unconverted)
+        ("plain-object", lambda: _Holder(t), r"_Holder is not a tensor.*attributes \(w\).*make it a dataclass"),
+        ("namespace-dict", lambda: types.SimpleNamespace(lr=np.float32(1), d={"k": t}), r"attributes \(d\)"),
+        ("slots-list", lambda: _Slots([t]), r"_Slots is not a tensor.*attributes \(a\)"),
     ]
+
+
+class _Holder:
+    def __init__(self, w):
+        self.w, self.name, self.lr = w, "w", np.float32(0.5)
+
+
+class _Slots:
+    __slots__ = ("a", "unset")
+
+    def __init__(self, a):
+        self.a = a
 
 
 def _KerasLayer():
@@ -424,7 +441,7 @@ def _TfModule():
 
 @pytest.mark.parametrize("case", ["torch-module", "set-of-tensors", "frozenset-in-list", "generator", "dict-values",
                                   "map", "list-iterator", "tf-ragged", "tf-sparse", "tf-tensorarray", "tf-dataset",
-                                  "tf-module", "keras-layer"])
+                                  "tf-module", "keras-layer", "plain-object", "namespace-dict", "slots-list"])
 @pytest.mark.parametrize("to", ["jax", "numpy"])
 def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its_path(case, to):
     mk, says = {name: (mk, says) for name, mk, says in _hidden_cases()}[case]
@@ -467,7 +484,9 @@ def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
 @pytest.mark.parametrize("value", ["np.float32", "ml_dtypes.bfloat16", "jnp.bfloat16", "torch.bfloat16",
                                    "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()",
                                    "keras.layers.ReLU(name='act')",
-                                   "range(3)", "print", "{np.int64(1), np.int64(2)}", "{'a': 1}.keys()"])
+                                   "range(3)", "print", "{np.int64(1), np.int64(2)}", "{'a': 1}.keys()",
+                                   "types.SimpleNamespace(lr=np.float32(1e-3), name='adam', betas=[0.9, 0.99])",
+                                   "np", "_Holder", "_Slots(None)"])
 def test_plain_values_and_dtypes_still_pass_through(value):
     import jax.numpy as jnp  # noqa: F401 - named by the parameters
     import keras  # noqa: F401
