@@ -200,3 +200,82 @@ def test_between_mutable_frameworks_a_result_that_is_an_input_stays_a_view(calle
     y = bb.bridge(callee)(_passthrough(callee, how))(x)
     y[...] = 0
     assert not bits(x).any()
+
+
+# -- results the callee keeps: a captured constant, a parameter ----------------------------------
+
+def _kept(callee, how, w):
+    """A callee function returning ``w`` (a tensor it keeps: a captured constant, a parameter), or a
+    no-copy view of it, whatever its input."""
+    if how == "itself":
+        return lambda x: w
+    if callee == "torch":
+        return {"detach": lambda x: w.detach(), "view": lambda x: w[:1]}[how]
+    return {"twice": lambda x: (w, w)}[how]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("callee", ["jax", "tensorflow"])
+def test_a_constant_an_immutable_callee_returns_comes_to_torch_as_a_fresh_tensor(callee, grad):
+    """A jax or tensorflow function returning an array it captured handed torch a writable view of
+    that array: a write into the result changed the callee's constant (every later call saw it)."""
+    w = make(callee, _data())
+    before = bits(w).copy()
+    x = make("torch", _data()).requires_grad_(grad)
+    for how in ("itself", "twice"):
+        out = bb.bridge(callee)(_kept(callee, how, w))(x)
+        for y in (out if isinstance(out, tuple) else (out,)):
+            assert np.array_equal(bits(y), before)
+            y.detach().add_(1)
+        assert np.array_equal(bits(w), before), how
+
+
+@pytest.mark.parametrize("how", ["itself", "detach", "view"])
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_parameter_a_torch_callee_returns_comes_to_an_immutable_caller_as_its_own(caller, how):
+    """A torch function returning a tensor it keeps (a parameter, a buffer, a view of one) handed jax
+    or tensorflow an array over that tensor's memory: the next in-place update of the parameter (an
+    optimizer step) changed the caller's immutable array."""
+    import torch
+
+    p = torch.nn.Parameter(make("torch", _data()))
+    before = bits(p).copy()
+    y = bb.bridge("torch")(_kept("torch", how, p))(make(caller, _data()))
+    with torch.no_grad():
+        p.add_(1)
+    want = before[:1] if how == "view" else before
+    assert np.array_equal(bits(y), want)
+
+
+@pytest.mark.parametrize(("caller", "callee"), [("torch", "jax"), ("torch", "tensorflow"), ("jax", "torch"),
+                                                ("tensorflow", "torch")])
+def test_a_fresh_result_still_crosses_without_a_copy(caller, callee):
+    """Only what the callee keeps is copied: a result it computed crosses zero-copy, as before."""
+    seen = []
+
+    def fn(x):
+        y = x * 2
+        seen.append(_pointer(y))
+        return y
+
+    y = bb.bridge(callee)(fn)(make(caller, _data()))
+    assert _pointer(y) == seen[0]
+
+
+def _pointer(x) -> int:
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return x.data_ptr()
+    if mod in ("jax", "jaxlib"):
+        return x.block_until_ready().unsafe_buffer_pointer()
+    return int(np.from_dlpack(__import__("tensorflow").bitcast(x, __import__("tensorflow").uint16)).ctypes.data)
+
+
+@pytest.mark.parametrize("how", ["identity", "reshape"])
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_torch_callees_view_of_its_input_comes_back_to_an_immutable_caller_without_a_copy(caller, how):
+    """A view of the input is the caller's own memory, which no one writes (the callee wrote nothing:
+    InputWrittenError says so otherwise): it crosses back as it is, not copied as a kept tensor."""
+    x = make(caller, _data())
+    y = bb.bridge("torch")(_passthrough("torch", how))(x)
+    assert _pointer(y) == _pointer(x)

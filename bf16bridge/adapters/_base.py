@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -94,6 +95,17 @@ class Submodule:
     classes: tuple[type, ...]
     leaves: tuple[tuple[str, Any], ...]
     parameters: int = 0
+
+
+def _refcounts(objs: list) -> list[int]:
+    """Python's reference count of each object of ``objs``, as read here (the list, the loop and the
+    call each hold one): an object nothing else holds reads ``_FRESH``."""
+    return [sys.getrefcount(o) for o in objs]
+
+
+#: what ``_refcounts`` reads for an object that list alone holds (measured, not assumed: the count
+#: a loop and a call add differ between Python versions)
+_FRESH = _refcounts([object()])[0]
 
 
 class Adapter:
@@ -407,11 +419,22 @@ class Adapter:
         """The positions of the leaves ``watch_writes`` watched that were written in place since."""
         return []
 
+    def kept(self, outs: list) -> list[int]:
+        """Callee side: the positions of the output tensors ``outs`` (this framework's; that list
+        their only holder in the bridge) that something else keeps too: the same tensor object
+        referenced elsewhere (a captured constant, a parameter, an input, a result returned twice)
+        or, where the framework can tell, memory another tensor shares (torch: a view or a detach
+        of a parameter). Asked when the caller's framework and the callee's differ in whether their
+        tensors are written in place: such a result is copied, so neither side's later writes reach
+        the other's. Default: by Python's reference count (the same object; a new tensor object over
+        kept memory is not seen)."""
+        return [i for i, n in enumerate(_refcounts(outs)) if n > _FRESH]
+
     def aliased(self, outs: list, ins: list) -> list[int]:
         """Caller side: the positions of the output tensors ``outs`` that share memory with any of
-        the input tensors ``ins`` (both this framework's). Asked only of a mutable caller of an
-        immutable callee, whose results are values: one handed back as a view of an input is copied.
-        Default: none seen."""
+        the input tensors ``ins`` (both this framework's). Asked of a mutable caller of an immutable
+        callee, whose results are values: one handed back as a view of an input is copied; and of a
+        mutable callee, whose view of its own input is not copied as ``kept``. Default: none seen."""
         return []
 
     def outside_compiler(self, call):

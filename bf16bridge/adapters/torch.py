@@ -425,6 +425,13 @@ class TorchAdapter(Adapter):
         now = [None if v is None else x._version for x, v in zip(leaves, versions)]
         return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
 
+    def kept(self, outs):
+        found = super().kept(outs)  # the same tensor object held elsewhere
+        for i, o in enumerate(outs):  # a new tensor over kept memory: a view, a detach of a parameter
+            if i not in found and isinstance(o, torch.Tensor) and _storage_shared(o):
+                found.append(i)
+        return found
+
     def aliased(self, outs, ins):
         # an output that shares an input's memory starts inside it: the callee only had the input's
         # own bytes (its data pointer to data pointer + nbytes), so no output's extent is needed
@@ -798,6 +805,28 @@ def _dtensor_layout(mesh, kinds, ndim):
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
     ranks = tuple(f"rank:{r}" for r in mesh.mesh.flatten().tolist())
     return shards.Layout.from_placements(tuple(names), tuple(mesh.shape), kinds, ndim, ranks)
+
+
+#: how many hold a storage (torch's use count; private, where this torch has it): None, unknown
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_count(t) -> int | None:
+    try:
+        return _use_count(t.untyped_storage()._cdata) if _use_count is not None else None
+    except (RuntimeError, NotImplementedError, AttributeError):  # no storage of its own (a wrapper)
+        return None
+
+
+#: what _storage_count reads for a tensor alone on its storage (the storage object asked holds one)
+_ALONE = _storage_count(torch.empty(1))
+
+
+def _storage_shared(t) -> bool:
+    """Whether another tensor shares ``t``'s storage (a view's base, a detach's source, a tensor
+    autograd saved): its use count past a lone tensor's."""
+    n = _storage_count(t)
+    return n is not None and _ALONE is not None and n > _ALONE
 
 
 def _packing(name: str | None) -> int:
