@@ -263,9 +263,12 @@ def held_in_attributes(x) -> tuple[str, ...]:
     tensor of a registered framework, directly or in a list, tuple or dict there (one level: no
     object is entered, so no cycle is followed); numpy scalars are plain values, as in a set. ()
     for an object with none, and for a class or a module, whose attributes are no data of theirs."""
-    if isinstance(x, (type, types.ModuleType)):
+    if issubclass(type(x), (type, types.ModuleType)):
         return ()
-    attrs = getattr(x, "__dict__", None)
+    try:  # a proxy's __getattr__ may raise anything: then there is nothing we can read
+        attrs = getattr(x, "__dict__", None)
+    except Exception:  # noqa: BLE001
+        attrs = None
     items = list(attrs.items()) if isinstance(attrs, dict) else []
     for cls in type(x).__mro__:
         slots = cls.__dict__.get("__slots__", ())
@@ -273,7 +276,7 @@ def held_in_attributes(x) -> tuple[str, ...]:
             if name not in ("__dict__", "__weakref__"):
                 try:
                     items.append((name, getattr(x, name)))
-                except AttributeError:  # an unset slot
+                except Exception:  # noqa: BLE001 - an unset slot (AttributeError), a failing descriptor
                     pass
     found = []
     for name, value in items:
