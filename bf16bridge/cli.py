@@ -102,11 +102,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    help="exact, ulp(N), allclose(RTOL,ATOL), reference(K), torch, jax or tensorflow")
     q.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an op size, e.g. k=1024 (matmul's inner dimension), rows=128, cols=512, seq=128")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=_seed, default=None, help="the seed of the inputs, a whole number >= 0 (default 0)")
     q.add_argument("--format", default="text", choices=["text", "json", "markdown", "html"])
     q.add_argument("--output", help="write the report here; print where, and the summary line")
     q.add_argument("--recheck", metavar="RESULTS_JSON", help="judge results saved with --format json again")
     return parser, {"demo": d, "matrix": m, "probe": p, "parity": q}
+
+
+def _seed(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a whole number >= 0, not {text!r}")
+    return int(text)
 
 
 def _run(parser: argparse.ArgumentParser, args) -> int:
@@ -190,7 +196,16 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
     parse(args.policy)  # a policy that cannot be read is refused before anything runs
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         parser.error(f"--output {args.output}: no such directory; create it or write elsewhere")
+    if args.output and os.path.isdir(args.output):
+        parser.error(f"--output {args.output} is a directory; name a file in it")
     if args.recheck:
+        # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
+        # the one asked for
+        ignored = [opt for opt, given in (("--ops", args.ops), ("--frameworks", args.frameworks),
+                                          ("--set", args.set), ("--seed", args.seed is not None)) if given]
+        if ignored:
+            parser.error(f"--recheck judges saved results again and runs nothing; {', '.join(ignored)} "
+                         "would change nothing: leave them out, or run without --recheck")
         reports = runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
     else:
         params = {}
@@ -198,6 +213,8 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
             name, _, value = item.partition("=")
             if not value.isdigit():
                 parser.error(f"--set takes NAME=INTEGER; got {item!r}")
+            if name in params:
+                parser.error(f"--set {name} given twice")
             params[name] = int(value)
         ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) or None
         unknown = [o for o in ops or () if o not in runner.OPS]
@@ -208,7 +225,7 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
         if frameworks is not None and len(frameworks) < 2:
             parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
                          f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
-        reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed, params=params,
+        reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed or 0, params=params,
                                allow_missing=args.allow_missing)
     summary = _summary(reports, args.policy)
     if args.format == "json":
