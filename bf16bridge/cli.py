@@ -68,8 +68,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     d = sub.add_parser("demo", help="move a bf16 tensor through every framework, timed against the usual workaround",
                        description="Move one bf16 tensor through every ordered pair of the registered frameworks "
                                    "and time each move against the usual workaround. Exits 1 if a bit changed.")
-    d.add_argument("--mib", type=float, default=32.0, help="size of the tensor in MiB (default 32)")
-    d.add_argument("--repeat", type=int, default=5, help="timed runs per call (median)")
+    d.add_argument("--mib", type=_mib, default=32.0, help="size of the tensor in MiB, above 0 (default 32)")
+    d.add_argument("--repeat", type=_repeat, default=5, help="timed runs per call, 1 or more (median; default 5)")
     n = len(names)
     m = sub.add_parser("matrix", help=f"the route of each of the {n * (n - 1)} ordered pairs of registered frameworks",
                        description="The route of each ordered pair of registered frameworks for a contiguous, "
@@ -107,6 +107,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     q.add_argument("--output", help="write the report here; print where, and the summary line")
     q.add_argument("--recheck", metavar="RESULTS_JSON", help="judge results saved with --format json again")
     return parser, {"demo": d, "matrix": m, "probe": p, "parity": q}
+
+
+def _mib(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"a size in MiB above 0, not {text!r}")
+    return x
+
+
+def _repeat(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1 (the median of the timed runs), not {text!r}")
+    return int(text)
 
 
 def _seed(text: str) -> int:

@@ -115,6 +115,10 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
     (["matrix", "--dtype", "int4,bf16"], ["unknown dtype bf16; choose"]),
     (["parity", "--output", "/no/such/dir/r.txt"], ["--output /no/such/dir/r.txt: no such directory"]),
     (["parity", "--output", "."], ["--output . is a directory; name a file in it"]),
+    (["demo", "--repeat", "0"], ["usage: bf16bridge demo", "argument --repeat: a whole number >= 1"]),
+    (["demo", "--mib", "nan"], ["argument --mib: a size in MiB above 0, not 'nan'"]),
+    (["demo", "--mib", "inf"], ["argument --mib: a size in MiB above 0, not 'inf'"]),
+    (["demo", "--mib", "0"], ["argument --mib: a size in MiB above 0, not '0'"]),
     (["parity", "--seed", "-1"], ["argument --seed: a whole number >= 0, not '-1'"]),
     (["parity", "--set", "k=16", "--set", "k=32"], ["--set k given twice"]),
     (["parity", "--recheck", "r.json", "--ops", "exp", "--seed", "0"],
@@ -122,11 +126,13 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
     (["parity", "--recheck", "r.json", "--frameworks", "torch,jax", "--set", "k=1"], ["--frameworks, --set would"]),
 ])
 def test_unknown_names_and_one_framework_are_usage_errors_before_anything_runs(monkeypatch, capsys, argv, says):
+    from bf16bridge import demo
     from bf16bridge.parity import runner
 
     def must_not_run(*a, **k):
         raise AssertionError("ran")
     monkeypatch.setattr(runner, "suite", must_not_run)
+    monkeypatch.setattr(demo, "demo", must_not_run)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     for s in says:
