@@ -12,7 +12,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge import parity
-from bf16bridge.parity import metrics, runner
+from bf16bridge.parity import metrics, render, runner
 from conftest import BF16
 
 F32 = np.float32
@@ -109,6 +109,9 @@ def test_transposed_result_is_caught():
     rect = _rand((8, 16))
     rep = parity.compare(rect, np.ascontiguousarray(rect.T))
     assert not rep.passed and "shapes differ" in rep.pairs[0].shape_mismatch
+    # two agreeing results and a third of another shape: no tolerance passes, none is claimed to
+    rep = parity.compare(rect, rect.copy(), np.ascontiguousarray(rect.T))
+    assert rep.smallest["ulp"] is None and "no ulp or allclose tolerance" in str(rep)
 
 
 def _f64_steps(x: float, n: int) -> float:
@@ -164,13 +167,18 @@ def test_a_reference_of_another_shape_is_refused_not_paired_out_of_order():
         rep = parity.compare({"a": y, "b": y.copy(), "odd": odd}, reference=ref, policy=policy)
         assert not rep.passed and rep.outlier == "odd"
         assert [r.shape_mismatch for r in rep.references] == [None, None, "shape (3, 2), the reference (2, 3)"]
+        assert rep.smallest["reference_k"] is None and "no reference(k)" in str(rep)
         assert "shape (3, 2), the reference (2, 3)" in str(rep)
+        for page in (render.markdown(rep), render.html(rep), render.summary([rep])):
+            assert "odd: shape (3, 2), the reference (2, 3)" in page or "shape (3, 2), the reference (2, 3)" in page
 
 
 @pytest.mark.parametrize("call, error, says", [
     (lambda: parity.compare({}, reference=np.ones(2)), bb.InvalidArgumentError, "got 0 result(s) and a reference"),
     (lambda: parity.compare(_rand(), _rand(), names=["a"]), bb.InvalidArgumentError, "1 name(s) (a) for 2 results"),
     (lambda: parity.compare(_rand(), _rand(), names=["a", "a"]), bb.InvalidArgumentError, "one distinct name"),
+    (lambda: parity.compare({"x": _rand(), "y": _rand()}, names=["a", "b"]), bb.InvalidArgumentError,
+     "leave names= out"),
     (lambda: parity.compare(np.arange(3), np.arange(3)), bb.UnsupportedDtypeError, "int64: compare integer"),
     (lambda: parity.compare(np.ones(3, bool), np.ones(3, bool)), bb.UnsupportedDtypeError, "bool: compare"),
     (lambda: parity.assert_parity(_rand(), _rand(), policy=""), parity.PolicyError, "policy '': unknown"),

@@ -134,6 +134,8 @@ def _names(results, names):
     from ..registry import framework_of
 
     if len(results) == 1 and isinstance(results[0], dict):
+        if names is not None:
+            raise InvalidArgumentError("compare: {name: result} names its results; leave names= out")
         return list(results[0].keys()), list(results[0].values())
     if names is not None:
         names = list(names)
@@ -391,7 +393,8 @@ def _outlier(refs):
 def _smallest(pairs, refs) -> dict:
     ok = [p for p in pairs if not p.shape_mismatch]
     out = {}
-    if ok and not any(p.nonfinite_mismatches for p in ok):
+    # results of different shapes pass no tolerance
+    if ok and len(ok) == len(pairs) and not any(p.nonfinite_mismatches for p in ok):
         out["ulp"] = max(p.max_ulp for p in ok)
         out["allclose_rtol_at_atol_0"] = max(p.smallest_rtol for p in ok)
         out["allclose_atol_at_rtol_0"] = max(p.max_abs for p in ok)
@@ -399,7 +402,7 @@ def _smallest(pairs, refs) -> dict:
         out["ulp"] = out["allclose_rtol_at_atol_0"] = out["allclose_atol_at_rtol_0"] = None
     if refs:
         best = max(min(r.rms_error for r in refs), 1e-300)
-        out["reference_k"] = max(r.rms_error for r in refs) / best
+        out["reference_k"] = None if any(r.shape_mismatch for r in refs) else max(r.rms_error for r in refs) / best
     return out
 
 

@@ -57,8 +57,10 @@ def _smallest(rep) -> str:
         parts.append(f"allclose(rtol=0, atol={_g(s['allclose_atol_at_rtol_0'])})")
     else:
         parts.append("no ulp or allclose tolerance (NaN/inf positions or shapes differ)")
-    if "reference_k" in s:
+    if s.get("reference_k") is not None:
         parts.append(f"reference({s['reference_k']:.3g})")
+    elif "reference_k" in s:
+        parts.append("no reference(k) (a result's shape differs from the reference's)")
     return "; ".join(parts)
 
 
@@ -244,6 +246,7 @@ def _pairs_claim(rep) -> str:
 
 def _reference_claim(rep) -> str:
     return "; ".join(
+        f"{r.name}: {r.shape_mismatch}" if r.shape_mismatch else
         (f"{r.name} {_g(r.max_normalised)} u.cond" if r.max_normalised is not None
          else f"{r.name} {_g(r.max_ulps_of_reference)} ulp") + _nonfinite(r.nonfinite_mismatches)
         for r in rep.references) or "-"
