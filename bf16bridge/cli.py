@@ -24,6 +24,10 @@ DESCRIPTION = "Move bfloat16 tensors between {} bit for bit, and check them."
 EPILOG = ("exit status: 0 success; 1 a parity case or the demo failed; 2 a usage error.\n"
           "'bf16bridge COMMAND --help' describes each command.")
 
+#: the console script's exit status when its reader closed the pipe early: 128 + SIGPIPE, as a
+#: program the signal ended would give
+BROKEN_PIPE = 141
+
 #: the native log level the console script sets when the user set none: 1, no INFO lines
 #: (0 all, 1 warnings and errors, 2 errors, 3 none, as TF_CPP_MIN_LOG_LEVEL counts)
 QUIET_LEVEL = 1
@@ -350,6 +354,9 @@ def console_main() -> None:
     output and exits with main()'s status without that shutdown; library callers use
     main(), which returns.
 
+    A reader that closes the pipe early (``| head``) ends the script quietly with status
+    BROKEN_PIPE (141), not a traceback.
+
     Log lines: unless the user set a level (user_log_level()), the script sets
     TF_CPP_MIN_LOG_LEVEL=QUIET_LEVEL (no INFO lines) before any framework is imported; and
     it drops the lines below the user's level or that one which the frameworks write at
@@ -360,8 +367,12 @@ def console_main() -> None:
     if level is None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(QUIET_LEVEL)
         level = QUIET_LEVEL
-    code = main(native_log_level=level)
-    sys.stdout.flush()
+    try:
+        code = main(native_log_level=level)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`bf16bridge matrix --dtype all | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        code = BROKEN_PIPE
     sys.stderr.flush()
     os._exit(code)
 

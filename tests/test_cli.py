@@ -91,6 +91,17 @@ def test_console_script_exits_with_mains_status_and_our_error():
     assert "Traceback" not in out.stderr
 
 
+def test_a_reader_that_leaves_early_ends_the_script_quietly():
+    """`bf16bridge matrix --dtype all --format json | head` ended in a BrokenPipeError traceback."""
+    with subprocess.Popen([sys.executable, "-m", "bf16bridge", "matrix", "--dtype", "all", "--format", "json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout.read(100)  # then leave: the rest (far more than a pipe holds) has nowhere to go
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=600) == cli.BROKEN_PIPE, err[-3000:]
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+
+
 @pytest.mark.parametrize("command", [[], ["demo"], ["matrix"], ["probe"], ["parity"]])
 def test_help_is_plain_text_and_main_returns_0(capsys, command):
     assert cli.main([*command, "--help"]) == 0
