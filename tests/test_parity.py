@@ -407,6 +407,29 @@ def test_run_with_a_framework_that_did_not_run_fails_unless_allowed(frameworks, 
     assert parity.run(op, frameworks=frameworks, allow_missing=True).passed
 
 
+def test_a_case_no_framework_ran_is_a_failing_report_not_an_error():
+    rep = parity.run(_op_failing_in("jax"), frameworks=["jax", "tensorflow"])
+    assert not rep.passed and rep.pairs == () and rep.references == ()
+    assert "jax (RuntimeError: this framework cannot)" in rep.not_compared and "only 0 results" in rep.not_compared
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(op="nosuch"), "unknown op 'nosuch'; built-in ops: matmul"),
+    (dict(op="matmul", kind="weird"), "matmul takes the input kinds normal, wide, cancel, ties; got 'weird'"),
+    (dict(op="exp", kind="normal"), "exp takes the input kinds all; got 'normal'"),
+    (dict(op="matmul", inputs={"x": np.ones((2, 2), BF16)}), "matmul takes the inputs a, b"),
+    (dict(op="sum", kk=3), "no op of this run has the size kk; the sizes each op takes: sum rows, cols"),
+    (dict(op="sum", cols=0), "a size is a whole number >= 1; got cols=0"),
+    (dict(op="sum", cols=2.5), "a size is a whole number >= 1; got cols=2.5"),
+    (dict(op="sum", frameworks=[]), "run sum: no frameworks to run it in"),
+])
+def test_run_arguments_that_do_not_fit_are_our_errors_before_anything_runs(monkeypatch, kwargs, says):
+    monkeypatch.setattr(runner, "convert", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(bb.InvalidArgumentError) as err:
+        parity.run(**{"frameworks": ["torch", "jax"], **kwargs})
+    assert says in str(err.value), str(err.value)
+
+
 def test_recheck_keeps_what_did_not_run(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(runner.dumps([parity.run(_op_failing_in("jax"), frameworks=["numpy", "torch", "jax"])]))

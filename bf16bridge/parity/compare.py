@@ -301,7 +301,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     """
     pol = parse(policy)
     labels, values = _names(results, names)
-    if len(values) < 2 and reference is None or not values:
+    if len(values) < 2 and reference is None or not values and not not_run:  # not_run: the report says why
         raise InvalidArgumentError(f"compare needs two results or more, or one and a reference; got {len(values)} "
                                    "result(s)" + (" and a reference" if reference is not None else ""))
     arrays = [metrics.ensure_numpy(v) for v in values]
@@ -314,7 +314,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     if reference is not None:
         ref_a = metrics.ensure_numpy(reference)
         shape = tuple(ref_a.shape)
-        if not any(tuple(c.shape) == shape for c in arrays):
+        if arrays and not any(tuple(c.shape) == shape for c in arrays):
             raise InvalidArgumentError(
                 f"compare: the reference has shape {shape}, no result has it ("
                 + ", ".join(f"{n} {tuple(c.shape)}" for n, c in zip(labels, arrays))

@@ -72,12 +72,24 @@ def run(op, inputs: dict | None = None, frameworks=None, *, policy="ulp(1)", kin
     """
     from .. import registry
 
+    if isinstance(op, str) and op not in OPS:
+        raise InvalidArgumentError(f"unknown op {op!r}; built-in ops: {', '.join(OPS)}")
     o: Op = OPS[op] if isinstance(op, str) else op
     frameworks = [registry.resolve(f) for f in (default_frameworks() if frameworks is None else frameworks)]
+    if not frameworks:
+        raise InvalidArgumentError(f"run {o.name}: no frameworks to run it in; name two or more "
+                                   f"(or leave frameworks= out: {', '.join(default_frameworks())})")
+    _check_sizes([o], params)
     p = {**o.params, **params}
     kind = kind or o.kinds[0]
+    if kind not in o.kinds:
+        raise InvalidArgumentError(f"{o.name} takes the input kinds {', '.join(o.kinds)}; got {kind!r}")
+    made = o.inputs(np.random.default_rng(seed), kind, p)
     if inputs is None:
-        inputs = o.inputs(np.random.default_rng(seed), kind, p)
+        inputs = made
+    elif sorted(inputs) != sorted(made):
+        raise InvalidArgumentError(f"{o.name} takes the inputs {', '.join(sorted(made))} ({{name: bf16 array}}); "
+                                   f"got {', '.join(map(str, sorted(inputs))) or 'none'}")
     wide = {k: metrics.to_float64(v) for k, v in inputs.items()}
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # exp(88.7) = inf is the answer
         ref = o.reference(**wide, **p)
@@ -116,6 +128,20 @@ def _judge(results, data, policy, label, s, allow_missing):
     return replace(rep, data=data, worst_regions=found)
 
 
+def _check_sizes(ops: list, params: dict) -> None:
+    """Refuse a size no op of the run takes (it would be dropped, and the run would not be the one
+    asked for) and one that is not a whole number >= 1."""
+    known = {k for o in ops for k in o.params}
+    unknown = sorted(k for k in params if k not in known)
+    bad = sorted(k for k, v in params.items()
+                 if k in known and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1))
+    if unknown or bad:
+        raise InvalidArgumentError(
+            (f"no op of this run has the size {', '.join(unknown)}" if unknown
+             else f"a size is a whole number >= 1; got {', '.join(f'{k}={params[k]!r}' for k in bad)}")
+            + "; the sizes each op takes: " + "; ".join(f"{o.name} {', '.join(o.params) or '(none)'}" for o in ops))
+
+
 #: matmul's sweep over the inner dimension K
 MATMUL_K = (16, 256, 4096)
 
@@ -132,16 +158,7 @@ def suite(frameworks=None, *, ops=None, policy="ulp(1)", seed=0, params: dict | 
     for name in ops or OPS:
         if name not in OPS:
             raise InvalidArgumentError(f"unknown op {name!r}; built-in ops: {', '.join(OPS)}")
-    # a size no op of the run has would be dropped, and the run would not be the one asked for
-    sizes_known = {k for name in ops or OPS for k in OPS[name].params}
-    unknown = sorted(k for k in params if k not in sizes_known)
-    bad = sorted(k for k, v in params.items() if k in sizes_known and not (isinstance(v, int) and v >= 1))
-    if unknown or bad:
-        raise InvalidArgumentError(
-            (f"no op of this run has the size {', '.join(unknown)}" if unknown
-             else f"a size is a whole number >= 1; got {', '.join(f'{k}={params[k]!r}' for k in bad)}")
-            + "; the sizes each op takes: "
-            + "; ".join(f"{n} {', '.join(OPS[n].params) or '(none)'}" for n in ops or OPS))
+    _check_sizes([OPS[name] for name in ops or OPS], params)
     reports = []
     for name in ops or OPS:
         o = OPS[name]
