@@ -182,6 +182,7 @@ def test_a_reference_of_another_shape_is_refused_not_paired_out_of_order():
     (lambda: parity.compare(np.arange(3), np.arange(3)), bb.UnsupportedDtypeError, "int64: compare integer"),
     (lambda: parity.compare(np.ones(3, bool), np.ones(3, bool)), bb.UnsupportedDtypeError, "bool: compare"),
     (lambda: parity.assert_parity(_rand(), _rand(), policy=""), parity.PolicyError, "policy '': unknown"),
+    (lambda: parity.compare(_rand(), _rand(), k_worst=-1), bb.InvalidArgumentError, "whole number >= 0; got -1"),
     (lambda: parity.ulp(None), parity.PolicyError, "whole number n >= 0"),
     (lambda: parity.ulp("2"), parity.PolicyError, "whole number n >= 0"),
     (lambda: parity.allclose(float("inf")), parity.PolicyError, "finite numbers rtol >= 0"),

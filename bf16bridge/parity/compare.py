@@ -300,6 +300,9 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     report unless ``allow_missing=True``.
     """
     pol = parse(policy)
+    if isinstance(k_worst, bool) or not isinstance(k_worst, int) or k_worst < 0:
+        raise InvalidArgumentError(f"compare: k_worst is how many worst elements to keep, a whole number >= 0; "
+                                   f"got {k_worst!r}")
     labels, values = _names(results, names)
     if len(values) < 2 and reference is None or not values and not not_run:  # not_run: the report says why
         raise InvalidArgumentError(f"compare needs two results or more, or one and a reference; got {len(values)} "
