@@ -72,7 +72,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     d = sub.add_parser("demo", help="move a bf16 tensor through every framework, timed against the usual workaround",
                        description="Move one bf16 tensor through every ordered pair of the registered frameworks "
                                    "and time each move against the usual workaround. Exits 1 if a bit changed.")
-    d.add_argument("--mib", type=_mib, default=32.0, help="size of the tensor in MiB, above 0 (default 32)")
+    d.add_argument("--mib", type=_mib, default=32.0, help="size of the tensor in MiB, 2 bytes or more (default 32)")
     d.add_argument("--repeat", type=_repeat, default=5, help="timed runs per call, 1 or more (median; default 5)")
     n = len(names)
     m = sub.add_parser("matrix", help=f"the route of each of the {n * (n - 1)} ordered pairs of registered frameworks",
@@ -118,8 +118,8 @@ def _mib(text: str) -> float:
         x = float(text)
     except ValueError:
         x = float("nan")
-    if not 0 < x < float("inf"):  # NaN fails too
-        raise argparse.ArgumentTypeError(f"a size in MiB above 0, not {text!r}")
+    if not 2 <= x * (1 << 20) < float("inf"):  # NaN fails too; 2 bytes: one bf16 value
+        raise argparse.ArgumentTypeError(f"a size in MiB that holds one bf16 value or more (2 bytes), not {text!r}")
     return x
 
 

@@ -127,9 +127,10 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
     (["parity", "--output", "/no/such/dir/r.txt"], ["--output /no/such/dir/r.txt: no such directory"]),
     (["parity", "--output", "."], ["--output . is a directory; name a file in it"]),
     (["demo", "--repeat", "0"], ["usage: bf16bridge demo", "argument --repeat: a whole number >= 1"]),
-    (["demo", "--mib", "nan"], ["argument --mib: a size in MiB above 0, not 'nan'"]),
-    (["demo", "--mib", "inf"], ["argument --mib: a size in MiB above 0, not 'inf'"]),
-    (["demo", "--mib", "0"], ["argument --mib: a size in MiB above 0, not '0'"]),
+    (["demo", "--mib", "nan"], ["argument --mib: a size in MiB that holds one bf16 value or more", "not 'nan'"]),
+    (["demo", "--mib", "inf"], ["not 'inf'"]),
+    (["demo", "--mib", "0"], ["not '0'"]),
+    (["demo", "--mib", "1e-9"], ["not '1e-9'"]),  # no whole bf16 value: an empty run
     (["parity", "--seed", "-1"], ["argument --seed: a whole number >= 0, not '-1'"]),
     (["parity", "--set", "k=16", "--set", "k=32"], ["--set k given twice"]),
     (["parity", "--recheck", "r.json", "--ops", "exp", "--seed", "0"],
