@@ -24,6 +24,10 @@ DESCRIPTION = "Move bfloat16 tensors between {} bit for bit, and check them."
 EPILOG = ("exit status: 0 success; 1 a parity case or the demo failed; 2 a usage error.\n"
           "'bf16bridge COMMAND --help' describes each command.")
 
+#: the console script's exit status when its reader closed the pipe early: 128 + SIGPIPE, as a
+#: program the signal ended would give
+BROKEN_PIPE = 141
+
 #: the native log level the console script sets when the user set none: 1, no INFO lines
 #: (0 all, 1 warnings and errors, 2 errors, 3 none, as TF_CPP_MIN_LOG_LEVEL counts)
 QUIET_LEVEL = 1
@@ -68,8 +72,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     d = sub.add_parser("demo", help="move a bf16 tensor through every framework, timed against the usual workaround",
                        description="Move one bf16 tensor through every ordered pair of the registered frameworks "
                                    "and time each move against the usual workaround. Exits 1 if a bit changed.")
-    d.add_argument("--mib", type=float, default=32.0, help="size of the tensor in MiB (default 32)")
-    d.add_argument("--repeat", type=int, default=5, help="timed runs per call (median)")
+    d.add_argument("--mib", type=_mib, default=32.0, help="size of the tensor in MiB, 2 bytes or more (default 32)")
+    d.add_argument("--repeat", type=_repeat, default=5, help="timed runs per call, 1 or more (median; default 5)")
     n = len(names)
     m = sub.add_parser("matrix", help=f"the route of each of the {n * (n - 1)} ordered pairs of registered frameworks",
                        description="The route of each ordered pair of registered frameworks for a contiguous, "
@@ -102,11 +106,33 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    help="exact, ulp(N), allclose(RTOL,ATOL), reference(K), torch, jax or tensorflow")
     q.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an op size, e.g. k=1024 (matmul's inner dimension), rows=128, cols=512, seq=128")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=_seed, default=None, help="the seed of the inputs, a whole number >= 0 (default 0)")
     q.add_argument("--format", default="text", choices=["text", "json", "markdown", "html"])
     q.add_argument("--output", help="write the report here; print where, and the summary line")
     q.add_argument("--recheck", metavar="RESULTS_JSON", help="judge results saved with --format json again")
     return parser, {"demo": d, "matrix": m, "probe": p, "parity": q}
+
+
+def _mib(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 2 <= x * (1 << 20) < float("inf"):  # NaN fails too; 2 bytes: one bf16 value
+        raise argparse.ArgumentTypeError(f"a size in MiB that holds one bf16 value or more (2 bytes), not {text!r}")
+    return x
+
+
+def _repeat(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1 (the median of the timed runs), not {text!r}")
+    return int(text)
+
+
+def _seed(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a whole number >= 0, not {text!r}")
+    return int(text)
 
 
 def _run(parser: argparse.ArgumentParser, args) -> int:
@@ -190,7 +216,16 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
     parse(args.policy)  # a policy that cannot be read is refused before anything runs
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         parser.error(f"--output {args.output}: no such directory; create it or write elsewhere")
+    if args.output and os.path.isdir(args.output):
+        parser.error(f"--output {args.output} is a directory; name a file in it")
     if args.recheck:
+        # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
+        # the one asked for
+        ignored = [opt for opt, given in (("--ops", args.ops), ("--frameworks", args.frameworks),
+                                          ("--set", args.set), ("--seed", args.seed is not None)) if given]
+        if ignored:
+            parser.error(f"--recheck judges saved results again and runs nothing; {', '.join(ignored)} "
+                         "would change nothing: leave them out, or run without --recheck")
         reports = runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
     else:
         params = {}
@@ -198,6 +233,8 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
             name, _, value = item.partition("=")
             if not value.isdigit():
                 parser.error(f"--set takes NAME=INTEGER; got {item!r}")
+            if name in params:
+                parser.error(f"--set {name} given twice")
             params[name] = int(value)
         ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) or None
         unknown = [o for o in ops or () if o not in runner.OPS]
@@ -208,7 +245,7 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
         if frameworks is not None and len(frameworks) < 2:
             parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
                          f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
-        reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed, params=params,
+        reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed or 0, params=params,
                                allow_missing=args.allow_missing)
     summary = _summary(reports, args.policy)
     if args.format == "json":
@@ -317,6 +354,9 @@ def console_main() -> None:
     output and exits with main()'s status without that shutdown; library callers use
     main(), which returns.
 
+    A reader that closes the pipe early (``| head``) ends the script quietly with status
+    BROKEN_PIPE (141), not a traceback.
+
     Log lines: unless the user set a level (user_log_level()), the script sets
     TF_CPP_MIN_LOG_LEVEL=QUIET_LEVEL (no INFO lines) before any framework is imported; and
     it drops the lines below the user's level or that one which the frameworks write at
@@ -327,8 +367,12 @@ def console_main() -> None:
     if level is None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(QUIET_LEVEL)
         level = QUIET_LEVEL
-    code = main(native_log_level=level)
-    sys.stdout.flush()
+    try:
+        code = main(native_log_level=level)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`bf16bridge matrix --dtype all | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        code = BROKEN_PIPE
     sys.stderr.flush()
     os._exit(code)
 

@@ -91,6 +91,17 @@ def test_console_script_exits_with_mains_status_and_our_error():
     assert "Traceback" not in out.stderr
 
 
+def test_a_reader_that_leaves_early_ends_the_script_quietly():
+    """`bf16bridge matrix --dtype all --format json | head` ended in a BrokenPipeError traceback."""
+    with subprocess.Popen([sys.executable, "-m", "bf16bridge", "matrix", "--dtype", "all", "--format", "json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout.read(100)  # then leave: the rest (far more than a pipe holds) has nowhere to go
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=600) == cli.BROKEN_PIPE, err[-3000:]
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+
+
 @pytest.mark.parametrize("command", [[], ["demo"], ["matrix"], ["probe"], ["parity"]])
 def test_help_is_plain_text_and_main_returns_0(capsys, command):
     assert cli.main([*command, "--help"]) == 0
@@ -114,17 +125,76 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
                                        "float8_e4m3fn"]),
     (["matrix", "--dtype", "int4,bf16"], ["unknown dtype bf16; choose"]),
     (["parity", "--output", "/no/such/dir/r.txt"], ["--output /no/such/dir/r.txt: no such directory"]),
+    (["parity", "--output", "."], ["--output . is a directory; name a file in it"]),
+    (["demo", "--repeat", "0"], ["usage: bf16bridge demo", "argument --repeat: a whole number >= 1"]),
+    (["demo", "--mib", "nan"], ["argument --mib: a size in MiB that holds one bf16 value or more", "not 'nan'"]),
+    (["demo", "--mib", "inf"], ["not 'inf'"]),
+    (["demo", "--mib", "0"], ["not '0'"]),
+    (["demo", "--mib", "1e-9"], ["not '1e-9'"]),  # no whole bf16 value: an empty run
+    (["parity", "--seed", "-1"], ["argument --seed: a whole number >= 0, not '-1'"]),
+    (["parity", "--set", "k=16", "--set", "k=32"], ["--set k given twice"]),
+    (["parity", "--recheck", "r.json", "--ops", "exp", "--seed", "0"],
+     ["--recheck judges saved results again and runs nothing; --ops, --seed would change nothing"]),
+    (["parity", "--recheck", "r.json", "--frameworks", "torch,jax", "--set", "k=1"], ["--frameworks, --set would"]),
 ])
 def test_unknown_names_and_one_framework_are_usage_errors_before_anything_runs(monkeypatch, capsys, argv, says):
+    from bf16bridge import demo
     from bf16bridge.parity import runner
 
     def must_not_run(*a, **k):
         raise AssertionError("ran")
     monkeypatch.setattr(runner, "suite", must_not_run)
+    monkeypatch.setattr(demo, "demo", must_not_run)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     for s in says:
         assert s in err, err
+
+
+def _saved(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--set", "kk=16", "--ops", "matmul"], "no op of this run has the size kk; the sizes each op takes: matmul m, k, n"),
+    (["--set", "cols=64"], "no op of this run has the size cols"),  # the run is matmul only
+    (["--set", "k=0"], "a size is a whole number >= 1; got k=0"),
+    (["--recheck", "{tmp}/none.json"], "recheck {tmp}/none.json: cannot read it (No such file or directory)"),
+    (["--recheck", "not json"], "not JSON"),
+    (["--recheck", '{"op": "sum"}'], "not a list of parity reports"),
+    (["--recheck", '[{"op": "sum"}]'], "a report without its results (sum)"),
+    (["--recheck", '[{"op": "sum", "data": {"results": {"torch": {"dtype": "bfloat16"}}}}]'],
+     "the results of sum are damaged (KeyError"),
+])
+def test_parity_sizes_and_saved_results_that_do_not_fit_are_our_errors_before_anything_runs(
+        monkeypatch, capsys, tmp_path, argv, says):
+    from bf16bridge.parity import runner
+
+    def must_not_run(*a, **k):
+        raise AssertionError("ran")
+    monkeypatch.setattr(runner, "run", must_not_run)
+    if argv[0] == "--recheck" and "{tmp}" not in argv[1]:
+        argv = ["--recheck", _saved(tmp_path, "r.json", argv[1])]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if "--ops" not in argv and "--recheck" not in argv:
+        argv += ["--ops", "matmul"]
+    assert cli.main(["parity", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bf16bridge parity: error: ") and says.replace("{tmp}", str(tmp_path)) in err, err
+    assert "Traceback" not in err
+
+
+def test_parity_settings_skip_a_framework_whose_import_was_blocked():
+    """A module set to None in sys.modules (how tests and sandboxes block an import) is not imported:
+    asking its adapter for its numerics raised FrameworkNotInstalledError and ended the whole run."""
+    code = ("import sys; sys.modules['jax'] = None\n"
+            "from bf16bridge.parity import runner\n"
+            "s = runner.settings(['jax', 'numpy'])\n"
+            "assert 'jax_version' in s and not any(k.startswith('jax_') and k != 'jax_version' for k in s), s\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 def test_parity_with_a_framework_that_cannot_run_fails_unless_allow_missing(capsys):

@@ -12,7 +12,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge import parity
-from bf16bridge.parity import metrics, runner
+from bf16bridge.parity import metrics, render, runner
 from conftest import BF16
 
 F32 = np.float32
@@ -109,6 +109,104 @@ def test_transposed_result_is_caught():
     rect = _rand((8, 16))
     rep = parity.compare(rect, np.ascontiguousarray(rect.T))
     assert not rep.passed and "shapes differ" in rep.pairs[0].shape_mismatch
+    # two agreeing results and a third of another shape: no tolerance passes, none is claimed to
+    rep = parity.compare(rect, rect.copy(), np.ascontiguousarray(rect.T))
+    assert rep.smallest["ulp"] is None and "no ulp or allclose tolerance" in str(rep)
+
+
+def _f64_steps(x: float, n: int) -> float:
+    for _ in range(n):
+        x = float(np.nextafter(x, np.inf))
+    return x
+
+
+@pytest.mark.parametrize("a, b, want", [
+    (1.0, _f64_steps(1.0, 1), 1),  # the ordered integers near 2**62: float64 held them to within 2**10
+    (1e300, _f64_steps(1e300, 3), 3),
+    (-2.0, _f64_steps(-2.0, 5), 5),
+    (-5e-324, 5e-324, 2),
+    (-1.7976931348623157e308, 1.7976931348623157e308, 2 * 0x7FEFFFFFFFFFFFFF),  # past int64
+])
+def test_float64_ulp_distances_are_exact(a, b, want):
+    x, y = np.array([a]), np.array([b])
+    assert int(metrics.ulp_distance(x, y)[0]) == want
+    rep = parity.compare(x, y, policy="ulp(0)")
+    assert rep.max_ulp == want and not rep.passed, "values one ULP apart are not ulp(0)"
+    assert parity.compare(x, y, policy=f"ulp({want})").passed
+
+
+@pytest.mark.parametrize("bits32, identical", [
+    (0x3F800000, True),  # 1.0: exactly the bf16 1.0
+    (0x80000000, True),  # -0
+    (0x3F800001, False),  # rounds to the bf16 1.0, is not it
+    (0x3F80D1B7, False),  # 1.0064: rounds to 1.0078125
+    (0x7FC00000, True),  # the NaN bf16 holds
+    (0x7FC00001, False),  # a NaN payload bf16 cannot hold
+])
+def test_float32_against_bf16_is_identical_only_where_the_rounding_lost_nothing(bits32, identical):
+    f32 = np.array([bits32], np.uint32).view(F32)
+    b16 = bb.kernels.to_bf16(f32)
+    for pair in ((f32, b16), (b16, f32)):
+        rep = parity.compare(*pair, policy="exact")
+        assert rep.passed is identical and rep.identical_fraction == float(identical)
+        assert rep.pairs[0].note.startswith("float32 side rounded to bf16")
+        assert parity.compare(*pair, policy="ulp(0)").passed, "in bf16 ULPs the rounded side is 0 away"
+
+
+def test_a_reference_of_another_shape_is_refused_not_paired_out_of_order():
+    y = _rand((2, 3))
+    ref = y.astype(np.float64)
+    for bad in (np.ascontiguousarray(ref.T), ref.reshape(-1), ref[:1]):  # same size or not: never by position
+        with pytest.raises(bb.InvalidArgumentError, match=r"the reference has shape .* no result has it"):
+            parity.compare(y, y.copy(), reference=bad)
+    with pytest.raises(bb.InvalidArgumentError, match=r"condition= has shape \(6,\), the reference \(2, 3\)"):
+        parity.compare(y, y.copy(), reference=ref, condition=np.ones(6))
+    # one result of the reference's size in another shape: measured against nothing, and failed
+    odd = np.ascontiguousarray(_rand((3, 2)))
+    for policy in ("reference(2)", "ulp(1000)", "allclose(1, 1)"):
+        rep = parity.compare({"a": y, "b": y.copy(), "odd": odd}, reference=ref, policy=policy)
+        assert not rep.passed and rep.outlier == "odd"
+        assert [r.shape_mismatch for r in rep.references] == [None, None, "shape (3, 2), the reference (2, 3)"]
+        assert rep.smallest["reference_k"] is None and "no reference(k)" in str(rep)
+        assert "shape (3, 2), the reference (2, 3)" in str(rep)
+        for page in (render.markdown(rep), render.html(rep), render.summary([rep])):
+            assert "odd: shape (3, 2), the reference (2, 3)" in page or "shape (3, 2), the reference (2, 3)" in page
+
+
+@pytest.mark.parametrize("call, error, says", [
+    (lambda: parity.compare({}, reference=np.ones(2)), bb.InvalidArgumentError, "got 0 result(s) and a reference"),
+    (lambda: parity.compare(_rand(), _rand(), names=["a"]), bb.InvalidArgumentError, "1 name(s) (a) for 2 results"),
+    (lambda: parity.compare(_rand(), _rand(), names=["a", "a"]), bb.InvalidArgumentError, "one distinct name"),
+    (lambda: parity.compare({"x": _rand(), "y": _rand()}, names=["a", "b"]), bb.InvalidArgumentError,
+     "leave names= out"),
+    (lambda: parity.compare(np.arange(3), np.arange(3)), bb.UnsupportedDtypeError, "int64: compare integer"),
+    (lambda: parity.compare(np.ones(3, bool), np.ones(3, bool)), bb.UnsupportedDtypeError, "bool: compare"),
+    (lambda: parity.assert_parity(_rand(), _rand(), policy=""), parity.PolicyError, "policy '': unknown"),
+    (lambda: parity.compare(_rand(), _rand(), k_worst=-1), bb.InvalidArgumentError, "whole number >= 0; got -1"),
+    (lambda: parity.ulp(None), parity.PolicyError, "whole number n >= 0"),
+    (lambda: parity.ulp("2"), parity.PolicyError, "whole number n >= 0"),
+    (lambda: parity.allclose(float("inf")), parity.PolicyError, "finite numbers rtol >= 0"),
+    (lambda: parity.allclose(0.1, None), parity.PolicyError, "atol=None"),
+    (lambda: parity.allclose(True), parity.PolicyError, "rtol=True"),
+    (lambda: parity.reference(None), parity.PolicyError, "finite number k >= 1"),
+    (lambda: parity.reference(float("inf")), parity.PolicyError, "finite number k >= 1"),
+])
+def test_arguments_that_do_not_fit_are_our_errors(call, error, says):
+    with pytest.raises(error) as err:
+        call()
+    assert isinstance(err.value, bb.Bf16BridgeError) and says in str(err.value), str(err.value)
+
+
+def test_float64_results_near_the_top_of_the_range_compare_without_overflow():
+    a = np.array([1e300, -1e300, 3e307])
+    b = a * (1 + 2.0 ** -40)
+    rep = parity.compare(a, b, reference=a.copy())  # warnings are errors: an overflow would raise
+    p = rep.pairs[0]
+    assert p.cosine == 1.0 and p.max_abs == float(np.max(np.abs(b - a)))
+    want = float(np.sqrt(np.mean(((b - a) / 1e300) ** 2))) * 1e300
+    assert p.rmse == pytest.approx(want, rel=1e-12)
+    assert rep.references[0].rms_error == 0.0 and rep.references[1].rms_error == pytest.approx(want, rel=1e-12)
+    assert parity.compare(a, -a).pairs[0].cosine == -1.0
 
 
 def test_reference_with_condition_tames_cancellation():
@@ -308,6 +406,29 @@ def test_run_with_a_framework_that_did_not_run_fails_unless_allowed(frameworks, 
     assert rep.pairs and all(p.passed for p in rep.pairs), "the two that ran agree"
     assert not rep.passed and missing in rep.not_compared and missing.split(" (")[0] in rep.settings["not run"]
     assert parity.run(op, frameworks=frameworks, allow_missing=True).passed
+
+
+def test_a_case_no_framework_ran_is_a_failing_report_not_an_error():
+    rep = parity.run(_op_failing_in("jax"), frameworks=["jax", "tensorflow"])
+    assert not rep.passed and rep.pairs == () and rep.references == ()
+    assert "jax (RuntimeError: this framework cannot)" in rep.not_compared and "only 0 results" in rep.not_compared
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(op="nosuch"), "unknown op 'nosuch'; built-in ops: matmul"),
+    (dict(op="matmul", kind="weird"), "matmul takes the input kinds normal, wide, cancel, ties; got 'weird'"),
+    (dict(op="exp", kind="normal"), "exp takes the input kinds all; got 'normal'"),
+    (dict(op="matmul", inputs={"x": np.ones((2, 2), BF16)}), "matmul takes the inputs a, b"),
+    (dict(op="sum", kk=3), "no op of this run has the size kk; the sizes each op takes: sum rows, cols"),
+    (dict(op="sum", cols=0), "a size is a whole number >= 1; got cols=0"),
+    (dict(op="sum", cols=2.5), "a size is a whole number >= 1; got cols=2.5"),
+    (dict(op="sum", frameworks=[]), "run sum: no frameworks to run it in"),
+])
+def test_run_arguments_that_do_not_fit_are_our_errors_before_anything_runs(monkeypatch, kwargs, says):
+    monkeypatch.setattr(runner, "convert", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(bb.InvalidArgumentError) as err:
+        parity.run(**{"frameworks": ["torch", "jax"], **kwargs})
+    assert says in str(err.value), str(err.value)
 
 
 def test_recheck_keeps_what_did_not_run(tmp_path):

@@ -104,13 +104,13 @@ def test_nonfinite_counted_apart_and_rows_holding_nan_left_out():
                   [0.0, np.inf, 0.0, 0.0]])
     rep = parity.compare_outputs(r, c, logits=-1)
     (leaf,) = rep.leaves
-    # new: [0, 0] (finite -> NaN) and [2, 1]; differ besides: [0, 2] (+inf against -inf);
-    # both NaN ([0, 1]) or the same infinity ([3, 1]): no
-    assert leaf.new_nonfinite == 2 and leaf.nonfinite_mismatches == 3
+    # new: [0, 0] (finite -> NaN), [2, 1], and [0, 2] (+inf turned -inf: a non-finite value the
+    # reference does not hold there); both NaN ([0, 1]) or the same infinity ([3, 1]): no
+    assert leaf.new_nonfinite == 3 and leaf.nonfinite_mismatches == 3
     assert leaf.finite_compared == 11 and leaf.max_abs == 0.0
     # rows with a NaN or a +inf (no softmax) are left out, and counted
     assert leaf.rows == 1 and leaf.rows_skipped == 3 and leaf.kl_max == 0.0 and leaf.top1 == 1.0
-    assert rep.failures() == ("2 NaN/inf in the candidate where the reference is finite",)
+    assert rep.failures() == ("3 NaN/inf in the candidate where the reference holds another value",)
 
 
 # -- trees ---------------------------------------------------------------------------------------
@@ -205,6 +205,34 @@ def test_assert_outputs_close_raises_with_the_report():
     assert not parity.compare_outputs(r, c).passed(top1_min=0.5)
     with pytest.raises(bb.errors.InvalidArgumentError, match="top1_min"):
         rep.passed(top1=0.5)
+
+
+@pytest.mark.parametrize("ref, cand, new, differ", [
+    (np.inf, -np.inf, 1, 1),  # the sign of an infinity flipped
+    (np.inf, np.nan, 1, 1),
+    (np.nan, np.inf, 1, 1),
+    (-np.inf, np.nan, 1, 1),
+    (1.0, np.inf, 1, 1),
+    (np.inf, np.inf, 0, 0),  # the same non-finite value on both sides: nothing appeared
+    (np.nan, np.nan, 0, 0),
+    (np.inf, 3.0, 0, 1),  # an infinity that went is counted in nonfinite_mismatches, not as new
+])
+def test_a_nonfinite_value_the_reference_does_not_hold_fails_the_check(ref, cand, new, differ):
+    r, c = np.array([ref, 1.0], F32), np.array([cand, 1.0], F32)
+    rep = parity.compare_outputs(r, c)
+    assert rep.new_nonfinite == new and rep.nonfinite_mismatches == differ
+    assert rep.passed(max_abs=1.0) is (new == 0)
+    if new:
+        with pytest.raises(parity.OutputsDifferError, match="1 NaN/inf in the candidate where the reference holds"):
+            parity.assert_outputs_close(r, c)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), np.float64("nan"), "0.1", True, [0.1]])
+@pytest.mark.parametrize("name", ["max_abs", "cosine_min", "top1_min"])
+def test_a_threshold_that_is_not_a_number_is_refused_not_passed(name, bad):
+    r, c = np.array(LOGITS_R), np.array(LOGITS_C)  # differ: max abs 2, top-1 0.75
+    with pytest.raises(bb.errors.InvalidArgumentError, match=re.escape(f"threshold {name}={bad!r}: give a number")):
+        parity.assert_outputs_close(r, c, logits=-1, **{name: bad})
 
 
 # -- a real model: torch, cast by cast_module -------------------------------------------------------

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from . import metrics
 from .policies import Policy, parse
 
@@ -72,6 +73,9 @@ class Against:
     p99_normalised: float | None
     nonfinite_mismatches: int
     passed: bool | None = None
+    #: the result's shape differs from the reference's: no element is measured (the errors are
+    #: infinite) and the report fails
+    shape_mismatch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,9 +134,16 @@ def _names(results, names):
     from ..registry import framework_of
 
     if len(results) == 1 and isinstance(results[0], dict):
+        if names is not None:
+            raise InvalidArgumentError("compare: {name: result} names its results; leave names= out")
         return list(results[0].keys()), list(results[0].values())
     if names is not None:
-        return list(names), list(results)
+        names = list(names)
+        if len(names) != len(results) or len(set(names)) != len(names):
+            raise InvalidArgumentError(f"compare: names= gives {len(names)} name(s) ({', '.join(map(str, names))}) for "
+                                       f"{len(results)} results; give one distinct name per result, or pass "
+                                       "{name: result} as the only argument")
+        return names, list(results)
     out: list = []
     for r in results:
         try:
@@ -148,11 +159,18 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     if a.shape != b.shape:
         return Pair(na, nb, tuple(a.shape), a.dtype.name, a.size, passed=False,
                     shape_mismatch=f"shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
+    a0, b0 = a, b
     a, b, note = metrics.same_dtype(a, b)
     ca, cb = metrics.classify(a), metrics.classify(b)
     ba, bb_ = metrics.bits(a).reshape(-1), metrics.bits(b).reshape(-1)
     n = a.size
-    identical = int(np.count_nonzero(ba == bb_))
+    same = ba == bb_
+    for orig, now in ((a0, a), (b0, b)):
+        if orig.dtype != now.dtype and metrics.kind_of(now) in metrics.NARROW_KINDS:
+            # a float32 side rounded to the other's narrow dtype is identical only where the
+            # rounding lost nothing: 1.0001 in float32 is not the bf16 1.0 it rounds to
+            same &= metrics.held_exactly(orig, now).reshape(-1)
+    identical = int(np.count_nonzero(same))
     fa, fb = ca["finite"].reshape(-1), cb["finite"].reshape(-1)
     both = fa & fb
     d = metrics.ulp_distance(a, b).reshape(-1)
@@ -166,8 +184,7 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         rel = np.where(denom > 0, diff_f / denom, 0.0)
         rel_b = np.where(np.abs(xb[both]) > 0, diff_f / np.abs(xb[both]), np.where(diff_f > 0, np.inf, 0.0))
     va, vb = xa[both], xb[both]
-    na_, nb_ = np.linalg.norm(va), np.linalg.norm(vb)
-    cosine = float(va @ vb / (na_ * nb_)) if na_ > 0 and nb_ > 0 else float(na_ == nb_)
+    cosine = _cosine(va, vb)
     # worst: non-finite disagreements first, then the largest ULP distances
     both_nan = ca["nan"].reshape(-1) & cb["nan"].reshape(-1)  # NaN payloads may differ: not a mismatch here
     nonfinite = ~both & ~both_nan & (ba != bb_)
@@ -177,7 +194,7 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     worst = tuple(
         Element(tuple(int(i) for i in np.unravel_index(int(j), a.shape)), float(xa[j]), float(xb[j]),
                 metrics.hexbits(a, j), metrics.hexbits(b, j), int(d[j]) if both[j] else None, float(diff[j]))
-        for j in order if ba[j] != bb_[j]
+        for j in order if not same[j]
     )
     pct = np.percentile(df, [50, 99, 99.9]) if df.size else np.zeros(3)
     nan_mis = int(np.count_nonzero(ca["nan"] != cb["nan"]))
@@ -195,7 +212,7 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         max_ulp=int(df.max()) if df.size else 0,
         max_abs=float(diff_f.max()) if diff_f.size else 0.0,
         max_rel=float(rel.max()) if rel.size else 0.0,
-        rmse=float(np.sqrt(np.mean(diff_f ** 2))) if diff_f.size else 0.0,
+        rmse=_rms(diff_f),
         cosine=cosine,
         nonfinite_mismatches=nonfinite_mis,
         nan_mismatches=nan_mis,
@@ -206,6 +223,27 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0,
     )
     return replace(p, passed=_judge(pol, p, va, vb))
+
+
+def _cosine(va: np.ndarray, vb: np.ndarray) -> float:
+    """Cosine similarity, each vector scaled by its largest |value| first, so float64 results
+    near 1e±154 and beyond neither overflow nor underflow (1 when both are zero, 0 when one is)."""
+    sa = float(np.abs(va).max()) if va.size else 0.0
+    sb = float(np.abs(vb).max()) if vb.size else 0.0
+    if sa == 0 or sb == 0:
+        return float(sa == sb)
+    ua, ub = va / sa, vb / sb
+    return float(np.clip(ua @ ub / np.sqrt((ua @ ua) * (ub @ ub)), -1.0, 1.0))
+
+
+def _rms(e: np.ndarray) -> float:
+    """Root mean square of non-negative errors, scaled by the largest (no overflow of its square)."""
+    if not e.size:
+        return 0.0
+    s = float(e.max())
+    if s == 0 or not np.isfinite(s):
+        return s
+    return s * float(np.sqrt(np.mean((e / s) ** 2)))
 
 
 def _against(name, x, held, ref64, cond, nonfinite) -> Against:
@@ -219,7 +257,7 @@ def _against(name, x, held, ref64, cond, nonfinite) -> Against:
             norm = np.where(c_ok > 0, err / (metrics.BF16_U * c_ok), np.where(err > 0, np.inf, 0.0))
     q = lambda v, p: float(np.percentile(v, p)) if v.size else 0.0  # noqa: E731
     return Against(
-        name, float(np.sqrt(np.mean(err ** 2))) if err.size else 0.0, float(err.max()) if err.size else 0.0,
+        name, _rms(err), float(err.max()) if err.size else 0.0,
         q(ulps, 99), float(ulps.max()) if ulps.size else 0.0,
         float(norm.max()) if norm is not None and norm.size else None,
         q(norm, 99) if norm is not None else None, nonfinite,
@@ -238,7 +276,8 @@ def _judge(pol: Policy, p: Pair, va: np.ndarray, vb: np.ndarray) -> bool | None:
     if pol.kind == "ulp":
         return p.max_ulp <= pol.n
     # allclose, with b as the expected side, as the frameworks do
-    return bool(np.all(np.abs(va - vb) <= pol.atol + pol.rtol * np.abs(vb)))
+    with np.errstate(over="ignore"):  # float64 results of opposite sign near the top: inf, as it is
+        return bool(np.all(np.abs(va - vb) <= pol.atol + pol.rtol * np.abs(vb)))
 
 
 def compare(*results, reference=None, condition=None, policy="ulp(1)", names=None, k_worst: int = 5,
@@ -261,9 +300,13 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     report unless ``allow_missing=True``.
     """
     pol = parse(policy)
+    if isinstance(k_worst, bool) or not isinstance(k_worst, int) or k_worst < 0:
+        raise InvalidArgumentError(f"compare: k_worst is how many worst elements to keep, a whole number >= 0; "
+                                   f"got {k_worst!r}")
     labels, values = _names(results, names)
-    if len(values) < 2 and reference is None:
-        raise ValueError("compare needs two results or more, or one and a reference")
+    if len(values) < 2 and reference is None or not values and not not_run:  # not_run: the report says why
+        raise InvalidArgumentError(f"compare needs two results or more, or one and a reference; got {len(values)} "
+                                   "result(s)" + (" and a reference" if reference is not None else ""))
     arrays = [metrics.ensure_numpy(v) for v in values]
     pairs = []
     for i in range(len(arrays)):
@@ -272,11 +315,29 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     refs: list = []
     outlier, why = None, None
     if reference is not None:
-        ref = metrics.to_float64(metrics.ensure_numpy(reference)).reshape(-1)
-        cond = None if condition is None else metrics.to_float64(metrics.ensure_numpy(condition)).reshape(-1)
+        ref_a = metrics.ensure_numpy(reference)
+        shape = tuple(ref_a.shape)
+        if arrays and not any(tuple(c.shape) == shape for c in arrays):
+            raise InvalidArgumentError(
+                f"compare: the reference has shape {shape}, no result has it ("
+                + ", ".join(f"{n} {tuple(c.shape)}" for n, c in zip(labels, arrays))
+                + "); pass the reference of the same computation, in the results' shape (elements are paired "
+                  "by position, so a reshaped or transposed reference would measure the wrong ones)")
+        ref = metrics.to_float64(ref_a).reshape(-1)
+        cond = None
+        if condition is not None:
+            cond_a = metrics.ensure_numpy(condition)
+            if tuple(cond_a.shape) != shape:
+                raise InvalidArgumentError(f"compare: condition= has shape {tuple(cond_a.shape)}, the reference "
+                                           f"{shape}; pass the condition scale of each element of the reference")
+            cond = metrics.to_float64(cond_a).reshape(-1)
         for name, c in zip(labels, arrays):
-            if c.size != ref.size:
-                raise ValueError(f"{name}'s result has {c.size} elements, the reference {ref.size}")
+            if tuple(c.shape) != shape:
+                inf = float("inf")
+                refs.append(Against(name, inf, inf, inf, inf, None if cond is None else inf,
+                                    None if cond is None else inf, 0, passed=False,
+                                    shape_mismatch=f"shape {tuple(c.shape)}, the reference {shape}"))
+                continue
             # the reference as the result's dtype would hold it: beyond its range is infinite
             held = metrics.round_to(ref, c.dtype)
             x = metrics.to_float64(c).reshape(-1)
@@ -285,13 +346,15 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
             refs.append(_against(name, x, held, ref, cond, int(np.count_nonzero(differ))))
         outlier, why = _outlier(refs)
     elif pol.kind == "reference":
-        raise ValueError("policy reference(k) needs reference=")
+        raise InvalidArgumentError("policy reference(k) needs reference=: the float64 result of the same "
+                                   "computation (or judge the results against each other: ulp(n), allclose)")
     if pol.kind == "reference":
         best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
-        refs = [replace(r, passed=(r.rms_error <= pol.n * best and not r.nonfinite_mismatches)) for r in refs]
+        refs = [replace(r, passed=(r.rms_error <= pol.n * best and not r.nonfinite_mismatches
+                                   and not r.shape_mismatch)) for r in refs]
         passed = all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
     else:
-        passed = all(p.passed for p in pairs)
+        passed = all(p.passed for p in pairs) and not any(r.shape_mismatch for r in refs)
     missing = []
     if not_run:
         missing.append("not run: " + "; ".join(f"{k} ({v})" for k, v in not_run.items()))
@@ -312,6 +375,9 @@ OUTLIER_RATIO = 1.5
 def _outlier(refs):
     if len(refs) < 2:
         return None, None
+    odd = [r for r in refs if r.shape_mismatch]
+    if odd:
+        return ", ".join(r.name for r in odd), "; ".join(f"{r.name}: {r.shape_mismatch}" for r in odd)
     bad = [r for r in refs if r.nonfinite_mismatches]
     if bad and len(bad) < len(refs):
         return ", ".join(r.name for r in bad), (
@@ -330,7 +396,8 @@ def _outlier(refs):
 def _smallest(pairs, refs) -> dict:
     ok = [p for p in pairs if not p.shape_mismatch]
     out = {}
-    if ok and not any(p.nonfinite_mismatches for p in ok):
+    # results of different shapes pass no tolerance
+    if ok and len(ok) == len(pairs) and not any(p.nonfinite_mismatches for p in ok):
         out["ulp"] = max(p.max_ulp for p in ok)
         out["allclose_rtol_at_atol_0"] = max(p.smallest_rtol for p in ok)
         out["allclose_atol_at_rtol_0"] = max(p.max_abs for p in ok)
@@ -338,7 +405,7 @@ def _smallest(pairs, refs) -> dict:
         out["ulp"] = out["allclose_rtol_at_atol_0"] = out["allclose_atol_at_rtol_0"] = None
     if refs:
         best = max(min(r.rms_error for r in refs), 1e-300)
-        out["reference_k"] = max(r.rms_error for r in refs) / best
+        out["reference_k"] = None if any(r.shape_mismatch for r in refs) else max(r.rms_error for r in refs) / best
     return out
 
 
@@ -348,8 +415,8 @@ def assert_parity(*results, ulp: int | None = None, policy=None, **kwargs) -> Re
     ``ulp=n`` is short for ``policy=f"ulp({n})"``.
     """
     if ulp is not None and policy is not None:
-        raise ValueError("pass ulp= or policy=, not both")
-    pol = f"ulp({ulp})" if ulp is not None else (policy or "ulp(1)")
+        raise InvalidArgumentError("assert_parity: pass ulp= or policy=, not both")
+    pol = f"ulp({ulp})" if ulp is not None else ("ulp(1)" if policy is None else policy)
     rep = compare(*results, policy=pol, **kwargs)
     if not rep.passed:
         raise AssertionError(f"results differ beyond {rep.policy}:\n{rep}")

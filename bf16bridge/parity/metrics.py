@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from ..errors import UnsupportedDtypeError
 
 
 #: ULP histogram bins: 0, 1, 2, 3, 4-7, 8-15, ... 64-127, >=128
@@ -32,8 +33,10 @@ _LAYOUT = {
 def kind_of(a: np.ndarray) -> str:
     name = a.dtype.name
     if name not in _LAYOUT and name not in kernels.FORMATS:
-        raise TypeError(f"parity compares floating results (bfloat16, float16, float32, float64) and the narrow "
-                        f"dtypes ({', '.join(kernels.FORMATS)}); got {a.dtype}")
+        raise UnsupportedDtypeError(
+            f"parity compares floating results (bfloat16, float16, float32, float64) and the narrow dtypes "
+            f"({', '.join(kernels.FORMATS)}); got {a.dtype}: compare integer or boolean results for equality "
+            "(numpy.array_equal), or pass floating ones")
     return name
 
 
@@ -112,8 +115,12 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype != b.dtype:
         raise TypeError(f"ULP distance needs one dtype; got {a.dtype} and {b.dtype}")
     oa, ob = ordered(a), ordered(b)
-    if a.dtype.name == "float64":  # differences may overflow int64; go through Python ints only if needed
-        return np.abs(oa.astype(np.float64) - ob.astype(np.float64))
+    if a.dtype.name == "float64":
+        # |oa - ob| reaches 2**64 - 2 (opposite signs), past int64, and float64 holds the ordered
+        # integers of ordinary values only to within 2**10: subtract in uint64, where the difference
+        # of the larger and the smaller is exact
+        hi, lo = np.asarray(np.maximum(oa, ob)), np.asarray(np.minimum(oa, ob))
+        return hi.view(np.uint64) - lo.view(np.uint64)
     return np.abs(oa - ob)
 
 
@@ -137,6 +144,17 @@ def round_to(ref64: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if dtype.name in kernels.NARROW:  # through float32, as ml_dtypes rounds float64
             return to_float64(kernels.to_dtype(np.ascontiguousarray(ref64, dtype=np.float64), dtype.name))
         return ref64.astype(dtype).astype(np.float64)
+
+
+#: the dtypes same_dtype rounds a float32 side to (bf16, the fp8/fp6/fp4 family, the sub-byte ints)
+NARROW_KINDS = frozenset(kernels.NARROW)
+
+
+def held_exactly(orig: np.ndarray, rounded: np.ndarray) -> np.ndarray:
+    """Per element: whether ``rounded`` (``orig`` rounded to a narrower dtype) widens back to
+    ``orig``'s bits exactly (NaN payloads and -0 included)."""
+    back = to_float64(rounded).astype(orig.dtype)
+    return bits(np.ascontiguousarray(back)) == bits(orig)
 
 
 def hexbits(a: np.ndarray, i) -> str:

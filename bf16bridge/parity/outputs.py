@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import numbers
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,8 @@ class LeafOutput(_Measures):
     ``max_rel``: max over elements of |c - r| / max(|r|, TINY); ``rel_norm``: ||c - r|| / ||r||
     (2-norms over the elements finite on both sides); ``cosine``: of the two flattened leaves
     over those elements. ``new_nonfinite``: NaN or infinite in the candidate where the reference
-    is finite; ``nonfinite_mismatches``: every element where the two differ in being NaN or
+    holds another value (a finite one, or +inf where the candidate has -inf or NaN);
+    ``nonfinite_mismatches``: every element where the two differ in being NaN or
     infinite, or in the infinity's sign (``new_nonfinite`` included). With logits (``axis`` not
     None): ``rows`` compared along the class axis (rows holding NaN or +inf on either side, or
     no finite logit, are left out and counted in ``rows_skipped``), ``kl_mean``/``kl_max``: KL
@@ -118,16 +120,19 @@ class OutputReport(_Measures):
     def failures(self, **thresholds) -> tuple[str, ...]:
         """What breaks ``thresholds`` (names in ``THRESHOLDS``: max_abs, max_rel, rel_norm,
         cosine_min, kl_mean_max, kl_max, top1_min), one line each; NaN or infinity that
-        appeared in the candidate always fails. A logits threshold without logits fails too."""
+        appeared in the candidate always fails. A logits threshold without logits fails too.
+        A threshold that is not a number, or is NaN (which no comparison breaks), is refused."""
         out = []
         if self.new_nonfinite:
-            out.append(f"{self.new_nonfinite} NaN/inf in the candidate where the reference is finite")
+            out.append(f"{self.new_nonfinite} NaN/inf in the candidate where the reference holds another value")
         for name, bound in thresholds.items():
             if name not in THRESHOLDS:
                 raise InvalidArgumentError(
                     f"unknown threshold {name!r}; the thresholds are {', '.join(THRESHOLDS)}")
             if bound is None:
                 continue
+            if not isinstance(bound, numbers.Real) or isinstance(bound, bool) or math.isnan(bound):
+                raise InvalidArgumentError(f"threshold {name}={bound!r}: give a number (None to leave it out)")
             attr, kind = THRESHOLDS[name]
             value = getattr(self, attr)
             if value is None:
@@ -294,7 +299,7 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
             finite_compared=int(vr.size), max_abs=float(d.max()) if d.size else 0.0,
             max_rel=float(rel_each.max()) if d.size else 0.0,
             rel_norm=own.rel_norm(), cosine=own.cosine(),
-            new_nonfinite=int(np.count_nonzero(rf & ~cf)), nonfinite_mismatches=int(np.count_nonzero(differ)))
+            new_nonfinite=int(np.count_nonzero(~cf & differ)), nonfinite_mismatches=int(np.count_nonzero(differ)))
         if axis is not None:
             lg = _logits(r, c, axis, path)
             leaf["axis"] = axis

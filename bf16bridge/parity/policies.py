@@ -8,6 +8,8 @@ written as text: "exact", "ulp(2)", "allclose(1e-2, 1e-5)", "torch", "jax",
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -39,6 +41,11 @@ class Policy:
         return f"reference({self.n:g})"
 
 
+def _number(x) -> bool:
+    """A finite real number (not a bool, a string or None): what a tolerance can be."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def exact() -> Policy:
     """Every element bit-identical (-0 against +0 and NaN payloads included)."""
     return Policy("exact")
@@ -46,7 +53,7 @@ def exact() -> Policy:
 
 def ulp(n: int = 1, *, signed_zeros: bool = False) -> Policy:
     """Finite elements within n ULPs; NaN and infinity in the same places."""
-    if isinstance(n, bool) or not float(n).is_integer() or n < 0:
+    if not _number(n) or not float(n).is_integer() or n < 0:
         raise PolicyError(f"ulp(n) needs a whole number n >= 0 (ULP distances are integers); got {n!r}")
     n = int(n)
     return Policy("ulp", n=n, signed_zeros=signed_zeros)
@@ -54,15 +61,16 @@ def ulp(n: int = 1, *, signed_zeros: bool = False) -> Policy:
 
 def allclose(rtol: float, atol: float = 0.0) -> Policy:
     """|a - b| <= atol + rtol * |b| for finite elements; NaN and infinity in the same places."""
-    if not (rtol >= 0 and atol >= 0):
-        raise PolicyError(f"allclose(rtol, atol) needs rtol >= 0 and atol >= 0; got rtol={rtol!r}, atol={atol!r}")
+    if not (_number(rtol) and _number(atol) and rtol >= 0 and atol >= 0):
+        raise PolicyError(f"allclose(rtol, atol) needs finite numbers rtol >= 0 and atol >= 0; got rtol={rtol!r}, "
+                          f"atol={atol!r}")
     return Policy("allclose", rtol=rtol, atol=atol)
 
 
 def reference(k: float = 2.0) -> Policy:
     """Each candidate's RMS error against the float64 reference at most k times the best candidate's."""
-    if not k >= 1:
-        raise PolicyError(f"reference(k) needs k >= 1 (1: every result as close as the best); got {k!r}")
+    if not (_number(k) and k >= 1):
+        raise PolicyError(f"reference(k) needs a finite number k >= 1 (1: every result as close as the best); got {k!r}")
     return Policy("reference", n=k)
 
 

@@ -38,7 +38,8 @@ def _pair_rows(rep):
 def _ref_rows(rep):
     head = ["result", "rms error", "max abs error", "p99 err (bf16 ulps of ref)", "max err (ulps of ref)",
             "max err / (u * condition)", "p99 err / (u * condition)", "non-finite mismatches", "passed"]
-    rows = [[r.name, _g(r.rms_error), _g(r.max_abs_error), _g(r.p99_ulps_of_reference), _g(r.max_ulps_of_reference),
+    rows = [[r.name, r.shape_mismatch] + [""] * 6 + ["no"] if r.shape_mismatch else
+            [r.name, _g(r.rms_error), _g(r.max_abs_error), _g(r.p99_ulps_of_reference), _g(r.max_ulps_of_reference),
              _g(r.max_normalised), _g(r.p99_normalised), str(r.nonfinite_mismatches),
              {True: "yes", False: "no", None: "-"}[r.passed]] for r in rep.references]
     return head, rows
@@ -56,8 +57,10 @@ def _smallest(rep) -> str:
         parts.append(f"allclose(rtol=0, atol={_g(s['allclose_atol_at_rtol_0'])})")
     else:
         parts.append("no ulp or allclose tolerance (NaN/inf positions or shapes differ)")
-    if "reference_k" in s:
+    if s.get("reference_k") is not None:
         parts.append(f"reference({s['reference_k']:.3g})")
+    elif "reference_k" in s:
+        parts.append("no reference(k) (a result's shape differs from the reference's)")
     return "; ".join(parts)
 
 
@@ -71,7 +74,8 @@ def _title(rep) -> str:
     shape = next((p.shape for p in rep.pairs), ())
     dtype = next((p.dtype for p in rep.pairs), "")
     what = f"{rep.op}: " if rep.op else ""
-    return (f"parity {what}{' vs '.join(names)} [{'x'.join(map(str, shape)) or 'scalar'} {dtype}], "
+    held = f"{'x'.join(map(str, shape)) or 'scalar'} {dtype}" if rep.pairs else "no pair"  # no shape: say so
+    return (f"parity {what}{' vs '.join(names)} [{held}], "
             f"policy {rep.policy}: {'PASSED' if rep.passed else 'FAILED'}")
 
 
@@ -242,6 +246,7 @@ def _pairs_claim(rep) -> str:
 
 def _reference_claim(rep) -> str:
     return "; ".join(
+        f"{r.name}: {r.shape_mismatch}" if r.shape_mismatch else
         (f"{r.name} {_g(r.max_normalised)} u.cond" if r.max_normalised is not None
          else f"{r.name} {_g(r.max_ulps_of_reference)} ulp") + _nonfinite(r.nonfinite_mismatches)
         for r in rep.references) or "-"

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import dtypes
 from ..convert import convert
+from ..errors import InvalidArgumentError
 from . import metrics, regions
 from .compare import compare
 from .ops import OPS, Op
@@ -39,6 +40,7 @@ def settings(frameworks) -> dict:
     own settings (its adapter's ``numerics()``), asked only of frameworks already imported."""
     from .. import registry
     from ..capabilities import probe
+    from ..errors import FrameworkNotInstalledError
 
     caps = probe()
     out = {"cpu_bf16": caps.cpu.why, "cores": caps.cpu.cores, "numpy": caps.numpy.version}
@@ -47,8 +49,11 @@ def settings(frameworks) -> dict:
         out[f"{name}_version"] = fw.version if fw else None
     for name in frameworks:
         s = registry.spec(name)
-        if (s.requires or name) in sys.modules:
-            out.update(registry.get(name).numerics())
+        if sys.modules.get(s.requires or name) is not None:  # None: an import that was blocked
+            try:
+                out.update(registry.get(name).numerics())
+            except FrameworkNotInstalledError:  # imported, yet its adapter cannot load: run() says why
+                pass
     return out
 
 
@@ -67,12 +72,24 @@ def run(op, inputs: dict | None = None, frameworks=None, *, policy="ulp(1)", kin
     """
     from .. import registry
 
+    if isinstance(op, str) and op not in OPS:
+        raise InvalidArgumentError(f"unknown op {op!r}; built-in ops: {', '.join(OPS)}")
     o: Op = OPS[op] if isinstance(op, str) else op
     frameworks = [registry.resolve(f) for f in (default_frameworks() if frameworks is None else frameworks)]
+    if not frameworks:
+        raise InvalidArgumentError(f"run {o.name}: no frameworks to run it in; name two or more "
+                                   f"(or leave frameworks= out: {', '.join(default_frameworks())})")
+    _check_sizes([o], params)
     p = {**o.params, **params}
     kind = kind or o.kinds[0]
+    if kind not in o.kinds:
+        raise InvalidArgumentError(f"{o.name} takes the input kinds {', '.join(o.kinds)}; got {kind!r}")
+    made = o.inputs(np.random.default_rng(seed), kind, p)
     if inputs is None:
-        inputs = o.inputs(np.random.default_rng(seed), kind, p)
+        inputs = made
+    elif sorted(inputs) != sorted(made):
+        raise InvalidArgumentError(f"{o.name} takes the inputs {', '.join(sorted(made))} ({{name: bf16 array}}); "
+                                   f"got {', '.join(map(str, sorted(inputs))) or 'none'}")
     wide = {k: metrics.to_float64(v) for k, v in inputs.items()}
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # exp(88.7) = inf is the answer
         ref = o.reference(**wide, **p)
@@ -111,6 +128,20 @@ def _judge(results, data, policy, label, s, allow_missing):
     return replace(rep, data=data, worst_regions=found)
 
 
+def _check_sizes(ops: list, params: dict) -> None:
+    """Refuse a size no op of the run takes (it would be dropped, and the run would not be the one
+    asked for) and one that is not a whole number >= 1."""
+    known = {k for o in ops for k in o.params}
+    unknown = sorted(k for k in params if k not in known)
+    bad = sorted(k for k, v in params.items()
+                 if k in known and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1))
+    if unknown or bad:
+        raise InvalidArgumentError(
+            (f"no op of this run has the size {', '.join(unknown)}" if unknown
+             else f"a size is a whole number >= 1; got {', '.join(f'{k}={params[k]!r}' for k in bad)}")
+            + "; the sizes each op takes: " + "; ".join(f"{o.name} {', '.join(o.params) or '(none)'}" for o in ops))
+
+
 #: matmul's sweep over the inner dimension K
 MATMUL_K = (16, 256, 4096)
 
@@ -124,10 +155,12 @@ def suite(frameworks=None, *, ops=None, policy="ulp(1)", seed=0, params: dict | 
     """
     params = params or {}
     frameworks = default_frameworks() if frameworks is None else frameworks
-    reports = []
     for name in ops or OPS:
         if name not in OPS:
-            raise ValueError(f"unknown op {name!r}; built-in ops: {', '.join(OPS)}")
+            raise InvalidArgumentError(f"unknown op {name!r}; built-in ops: {', '.join(OPS)}")
+    _check_sizes([OPS[name] for name in ops or OPS], params)
+    reports = []
+    for name in ops or OPS:
         o = OPS[name]
         own = {k: v for k, v in params.items() if k in o.params}
         sweep = [{"k": k} for k in MATMUL_K] if name == "matmul" and "k" not in own else [{}]
@@ -159,14 +192,30 @@ def dumps(reports) -> str:
 
 
 def recheck(path, policy, *, allow_missing: bool = False):
-    """Judge saved results again under another policy, running nothing."""
-    with open(path) as f:
-        saved = json.load(f)
+    """Judge saved results again under another policy, running nothing.
+
+    ``path``: a file written by ``bf16bridge parity --format json`` (or ``dumps``); one that
+    cannot be read, or holds something else, is refused with InvalidArgumentError."""
+    how = "save results with 'bf16bridge parity --format json --output FILE' (or runner.dumps)"
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except OSError as err:
+        raise InvalidArgumentError(f"recheck {path}: cannot read it ({err.strerror or err}); {how}") from err
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidArgumentError(f"recheck {path}: not JSON ({err}); {how}") from err
+    if not isinstance(saved, list) or not all(isinstance(d, dict) for d in saved):
+        raise InvalidArgumentError(f"recheck {path}: not a list of parity reports; {how}")
     reports = []
     for d in saved:
         data = d.get("data")
         if not data:
-            raise ValueError(f"{path}: a report without its results ({d.get('op')}); save with --format json")
-        results = {k: _unpack(v) for k, v in data["results"].items()}
+            raise InvalidArgumentError(f"recheck {path}: a report without its results ({d.get('op')}); {how}")
+        try:
+            results = {k: _unpack(v) for k, v in data["results"].items()}
+            _unpack(data["reference"])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise InvalidArgumentError(f"recheck {path}: the results of {d.get('op')} are damaged "
+                                       f"({type(err).__name__}: {err}); {how}") from err
         reports.append(_judge(results, data, policy, d.get("op"), d.get("settings", {}), allow_missing))
     return reports
