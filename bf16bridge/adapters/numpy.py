@@ -53,6 +53,16 @@ PAGE = 4096
 PAGE_MATCH_FROM = 1 << 20
 
 
+#: from this many bytes on, glibc's malloc maps fresh memory for every allocation (its mmap
+#: threshold grows to 32 MiB at most, never beyond), which faults in page by page on first touch;
+#: numpy asks the kernel for huge pages for its allocations (its hugepage madvise: 528 page faults
+#: for 32 MiB here, where torch's own allocation took 8192). Adapters whose framework allocates
+#: without that put large host copies in numpy's memory from this size on (torch: a transposed
+#: 32 MiB tensor's copy 32 -> 18 ms, a contiguous 64 MiB one's 44 -> 15 ms); below it, in a loop,
+#: glibc reuses memory already touched and no difference was measured.
+FRESH_MEMORY_FROM = 32 << 20
+
+
 def _aligned_bytes(n: int, like: int | None = None) -> np.ndarray:
     """``n`` uninitialised bytes starting on an ALIGN boundary; with ``like`` (an address) and
     ``n >= PAGE_MATCH_FROM``, at ``like``'s offset within a page, rounded up to ALIGN."""
