@@ -12,7 +12,7 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from .numpy import FRESH_MEMORY_FROM, _aligned_bytes
+from . import numpy as _numpy
 from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, cast_matches, layout_of
 from ._quiet import without_native_lines
 
@@ -206,9 +206,9 @@ def _empty(shape, dtype, device, nbytes: int):
     """``torch.empty``, but a large host tensor in numpy's memory, 64-byte aligned: torch's own
     allocation faults in every 4 KiB page of it, numpy's asks for huge pages
     (``adapters.numpy.FRESH_MEMORY_FROM`` says where and by how much that wins)."""
-    if nbytes < FRESH_MEMORY_FROM or device.type != "cpu":
+    if nbytes < _numpy.FRESH_MEMORY_FROM or device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
-    return torch.from_numpy(_aligned_bytes(nbytes)).view(dtype).view(shape)
+    return torch.from_numpy(_numpy._aligned_bytes(nbytes)).view(dtype).view(shape)
 
 
 class TorchAdapter(Adapter):
