@@ -161,24 +161,20 @@ def test_functions_part_runs_alone_and_writes_the_page_from_saved_results(tmp_pa
 def test_main_part_runs_alone_and_writes_the_page_from_saved_results(tmp_path, monkeypatch):
     """--only main runs the main part alone (the routes, the copying routes: what a change to a copy
     is measured by), saves its results, and writes the page from them and the cost-of-a-call results
-    saved before, which it does not run again. (Stubbed as above: the wiring.)"""
+    saved before, which it does not run again, nor any other part. (Stubbed: the wiring.)"""
     import benchmarks.__main__ as entry
-    from benchmarks import functions, harness, report
+    from benchmarks import harness
 
     res, fres_saved, seen = {"mode": "quick", "ran": "main"}, {"saved": "functions"}, []
     (tmp_path / "functions-quick.json").write_text(json.dumps(fres_saved))
+    _page_only(monkeypatch, seen, "--only main")
     monkeypatch.setattr(harness, "run", lambda quick, log=print: res)
-    monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail("--only main ran the functions part"))
     monkeypatch.setattr(entry, "run_part", lambda *a, **k: pytest.fail("--only main ran another part"))
-    monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
-    monkeypatch.setattr(report, "plot", lambda res, path: False)
-    monkeypatch.setattr(report, "targets", lambda res: [])
-    monkeypatch.setattr(report, "function_targets", lambda f: [])
     assert entry.main(["--quick", "--only", "main", "--out", str(tmp_path)]) == 0
-    assert seen == [(res, fres_saved)]
+    assert seen[0] == (res, fres_saved)
     assert json.loads((tmp_path / "quick.json").read_text()) == res
     assert json.loads((tmp_path / "functions-quick.json").read_text()) == fres_saved, "functions' results rewritten"
-    assert (tmp_path / "benchmarks.md").read_text() == "page\n"
+    assert (tmp_path / "benchmarks.md").read_text() == "page\nparts\n"
 
 
 def _page_only(monkeypatch, seen: list, what: str) -> None:
