@@ -53,8 +53,8 @@ PAGE = 4096
 PAGE_MATCH_FROM = 1 << 20
 
 
-#: from this many bytes on, glibc's malloc maps fresh memory for every allocation (its mmap
-#: threshold grows to 32 MiB at most, never beyond), which faults in page by page on first touch;
+#: from this many bytes on, glibc's malloc by default maps fresh memory for every allocation (its
+#: mmap threshold grows to 32 MiB at most), which faults in page by page on first touch;
 #: numpy asks the kernel for huge pages for its allocations (its hugepage madvise: 528 page faults
 #: for 32 MiB here, where torch's own allocation took 8192). Adapters whose framework allocates
 #: without that put large host copies in numpy's memory from this size on (torch: a transposed
