@@ -1,4 +1,4 @@
-"""python -m benchmarks [--quick] [--only {all,functions,page,dtypes,checkpoints,shards,kernels,casting}] [--out DIR]
+"""python -m benchmarks [--quick] [--only {all,main,functions,page,dtypes,checkpoints,shards,kernels,casting}] [--out DIR]
 
 Full mode writes docs/benchmarks.md, docs/benchmarks.png, benchmarks/results/full.json and
 benchmarks/results/functions.json (the cost of a call: convert, convert_tree and bridged
@@ -8,6 +8,10 @@ benchmarks/results/quick.{md,json,png} and functions-quick.json; --out DIR write
 --only functions runs the cost-of-a-call part alone, saves its results, and writes the page
 again from those and the main part's saved results (full.json, or quick.json), so each part
 can be run on its own and the page stays generated from saved results.
+
+--only main runs the main part alone (the routes against the workarounds, the routes that must
+copy, the kernels, the import times: benchmarks/harness.py), saves full.json (quick.json), and
+writes the page again from those and the saved functions.json (functions-quick.json).
 
 --only page runs nothing: it rebuilds the page from the saved results (two branches that each
 ran a part merge by rebuilding it).
@@ -32,7 +36,7 @@ from pathlib import Path
 
 from . import functions, harness, report
 
-ONLY = ("all", "functions", "page", *report.PARTS)
+ONLY = ("all", "main", "functions", "page", *report.PARTS)
 
 
 def run_shards(quick: bool, out: Path, log) -> dict:
@@ -82,7 +86,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 KiB and 32 MiB only, short batches (the CI smoke test)")
     ap.add_argument("--only", choices=ONLY, default="all",
-                    help="functions: only the cost of a call (convert, convert_tree, bridged functions, peers); "
+                    help="main: only the main part (routes, copying routes, kernels, imports); "
+                         "functions: only the cost of a call (convert, convert_tree, bridged functions, peers); "
                          "dtypes, checkpoints, shards, kernels, casting: only that part; "
                          "page: run nothing, rebuild the page from the saved results (after a merge)")
     ap.add_argument("--out", type=Path, help="write the report, plot and JSON into this folder")
@@ -113,6 +118,9 @@ def main(argv=None) -> int:
         res = harness.run(args.quick, log=log)
         fres = functions.run(args.quick, log=log)
         report.write(res, doc, png, js, fres, fjs)
+    elif args.only == "main":
+        res, fres = harness.run(args.quick, log=log), report.load(fjs)
+        report.write(res, doc, png, js, fres, None)
     elif args.only == "functions":
         res, fres = report.load(js), functions.run(args.quick, log=log)
         report.write(res, doc, png, None, fres, fjs)
@@ -120,7 +128,7 @@ def main(argv=None) -> int:
         res, fres = report.load(js), report.load(fjs)
         report.write(res, doc, png, None, fres, None)
     doc.write_text(doc.read_text() + report.parts_markdown(parts))
-    ran = {"all": [js, fjs, *part_json.values()], "functions": [fjs], "page": []}.get(
+    ran = {"all": [js, fjs, *part_json.values()], "main": [js], "functions": [fjs], "page": []}.get(
         args.only, [part_json.get(args.only)])
     print(f"wrote {doc}" + "".join(f", {p}" for p in ran) + (f", {png}" if png.exists() and res is not None else ""))
     judged = (report.targets(res) if res else []) + (report.function_targets(fres) if fres else [])

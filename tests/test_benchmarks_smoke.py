@@ -158,6 +158,25 @@ def test_functions_part_runs_alone_and_writes_the_page_from_saved_results(tmp_pa
     assert (tmp_path / "benchmarks.md").read_text() == "page\n"
 
 
+def test_main_part_runs_alone_and_writes_the_page_from_saved_results(tmp_path, monkeypatch):
+    """--only main runs the main part alone (the routes, the copying routes: what a change to a copy
+    is measured by), saves its results, and writes the page from them and the cost-of-a-call results
+    saved before, which it does not run again, nor any other part. (Stubbed: the wiring.)"""
+    import benchmarks.__main__ as entry
+    from benchmarks import harness
+
+    res, fres_saved, seen = {"mode": "quick", "ran": "main"}, {"saved": "functions"}, []
+    (tmp_path / "functions-quick.json").write_text(json.dumps(fres_saved))
+    _page_only(monkeypatch, seen, "--only main")
+    monkeypatch.setattr(harness, "run", lambda quick, log=print: res)
+    monkeypatch.setattr(entry, "run_part", lambda *a, **k: pytest.fail("--only main ran another part"))
+    assert entry.main(["--quick", "--only", "main", "--out", str(tmp_path)]) == 0
+    assert seen[0] == (res, fres_saved)
+    assert json.loads((tmp_path / "quick.json").read_text()) == res
+    assert json.loads((tmp_path / "functions-quick.json").read_text()) == fres_saved, "functions' results rewritten"
+    assert (tmp_path / "benchmarks.md").read_text() == "page\nparts\n"
+
+
 def _page_only(monkeypatch, seen: list, what: str) -> None:
     """Stub the main and functions parts (running either fails the test) and the page's writers
     (recording what each got into ``seen``)."""

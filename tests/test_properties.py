@@ -534,3 +534,35 @@ def test_convert_tree_of_a_tree_that_contains_itself_is_our_error(to):
     loop = [np.zeros(2, BF16)]
     loop.append(loop)
     assert not attempt(bb.convert_tree, loop, to).ok
+
+
+# -- the copies of large inputs, on small ones ---------------------------------------------------
+
+
+@pytest.mark.parametrize("concept", ["numpy", "offset", "big-endian", "torch", "torch-expand", "regressions"])
+@given(data=st.data(), to=targets)
+def test_copies_made_as_large_ones_keep_the_bits(concept, data, to):
+    """A large copy is made differently (adapters.numpy: at its source's page offset from
+    PAGE_MATCH_FROM bytes on; torch's into numpy's memory from FRESH_MEMORY_FROM on); with both
+    limits at 0, every input takes those paths: the bits arrive, and a numpy copy of a contiguous
+    input starts at the input's page offset rounded up to 64."""
+    from bf16bridge.adapters import numpy as np_adapter
+
+    x = _input(data, concept)
+    want = result_bits(x)
+    limits = np_adapter.PAGE_MATCH_FROM, np_adapter.FRESH_MEMORY_FROM
+    np_adapter.PAGE_MATCH_FROM = np_adapter.FRESH_MEMORY_FROM = 0
+    try:
+        out = _convert(x, to, copy=True)
+    finally:
+        np_adapter.PAGE_MATCH_FROM, np_adapter.FRESH_MEMORY_FROM = limits
+    if not out.ok:
+        return  # what it raises is test_result_holds_the_input_bits_or_raises_ours's concern
+    y = out.value
+    assert tuple(y.shape) == tuple(x.shape)
+    assert same_bits(y, want, dtype_name(x)) is None, same_bits(y, want, dtype_name(x))
+    if nonempty(y) and to != "jax":  # (jax allocates its own copies)
+        assert ptr(y) % ALIGN == 0
+    if (to == "numpy" and isinstance(x, np.ndarray) and x.flags.c_contiguous and x.dtype.isnative
+            and x.size and ptr(x) % x.dtype.itemsize == 0):
+        assert ptr(y) % 4096 == -(-(ptr(x) % 4096) // ALIGN) * ALIGN % 4096

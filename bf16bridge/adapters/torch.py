@@ -12,6 +12,7 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
+from . import numpy as _numpy
 from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, cast_matches, layout_of
 from ._quiet import without_native_lines
 
@@ -201,6 +202,15 @@ def _narrow_matmul(dt, device: str) -> tuple[str, str]:
     return "native", "torch._scaled_mm runs no widening matmul inside (torch's profiler)"
 
 
+def _empty(shape, dtype, device, nbytes: int):
+    """``torch.empty``, but a large host tensor in numpy's memory, 64-byte aligned: torch's own
+    allocation faults in every 4 KiB page of it, numpy's asks for huge pages
+    (``adapters.numpy.FRESH_MEMORY_FROM`` says where and by how much that wins)."""
+    if nbytes < _numpy.FRESH_MEMORY_FROM or device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.from_numpy(_numpy._aligned_bytes(nbytes)).view(dtype).view(shape)
+
+
 class TorchAdapter(Adapter):
     def narrow_compute(self, dtype):
         dt = _TO_TORCH.get(dtype)
@@ -338,9 +348,9 @@ class TorchAdapter(Adapter):
         name = _FROM_TORCH.get(x.dtype)
         if name is not None and name in _NO_KERNELS:  # a shell dtype (torch.int4): its carrier copies
             carrier = getattr(torch, dtypes.BITS_OF[name])
-            return torch.empty(x.shape, dtype=carrier, device=x.device).copy_(x.view(carrier)).view(x.dtype)
+            return _empty(x.shape, carrier, x.device, x.nbytes).copy_(x.view(carrier)).view(x.dtype)
         # copy_ resolves conj/neg bits; clone() would keep them
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+        return _empty(x.shape, x.dtype, x.device, x.nbytes).copy_(x)
 
     def astype(self, x, dtype):
         # row-major, as the planner takes a widened tensor to be (a fresh copy): Tensor.to keeps
