@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from .. import kernels, registry
+from .. import kernels, registry, routes
 from ..adapters.numpy import aligned_empty
-from ..convert import Fallback, convert, plan
+from ..convert import Fallback, convert, plan, run_plan
 from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
                       UnsupportedDtypeError)
 from ..plans import Plan, Step
@@ -212,9 +212,21 @@ class Checkpoint:
         # element size's alignment), emptiness and the keywords; asked of the planner once per file
         decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, fallback)
         known = self._reads.get(decided)
+        if known is None and not copy and t.code not in fmt.NIBBLES and registry.resolve(to) == registry.HUB:
+            # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned,
+            # which cost a process's first get a tenth of a millisecond; the keywords and the dtype
+            # are checked as the plan checks them (copy=True is planned: the plan checks its size)
+            try:
+                routes.check_args(copy, fallback, False)
+            except Bf16BridgeError as err:
+                raise type(err)(f"{self.path}: key {key!r}: {err}") from err
+            known = self._reads[decided] = (False, False)  # (the view below refuses F6 and dtypes not held)
+        planned = None  # a plan to run as it is: the map's view, on a route that warns of nothing
         if known is None:
             p, buf = self._route(key, t, to, copy, fallback)
             read, copies = self._reads[decided] = (buf is not None, p.copies)
+            if buf is None and p.alias is None and not p.drops_grad:
+                planned = p
         else:
             read, copies = known
             buf = self._placeholder(t) if read else None
@@ -223,6 +235,8 @@ class Checkpoint:
             if registry.resolve(to) == registry.HUB and copy in (None, True, False):
                 # the map's own array or ours: every dtype ml_dtypes holds (fp8 too), nothing to route
                 out = a.copy() if copy and buf is None else a
+            elif planned is not None:
+                out = run_plan(planned, a, copy)
             else:
                 out = convert(a, to, copy=None if buf is not None else copy, fallback=fallback, on_alias="allow")
         except Bf16BridgeError as err:
