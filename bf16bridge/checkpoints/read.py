@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from .. import kernels, registry, routes
+from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan, run_plan
 from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
@@ -216,6 +216,8 @@ class Checkpoint:
             # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned,
             # which cost a process's first get a tenth of a millisecond; the keywords and the dtype
             # are checked as the plan checks them (copy=True is planned: the plan checks its size)
+            from .. import routes  # the planner, loaded on first use as convert loads it
+
             try:
                 routes.check_args(copy, fallback, False)
             except Bf16BridgeError as err:
