@@ -102,3 +102,12 @@ def test_max_dims_is_what_this_numpy_makes():
     np.empty((1,) * n, np.uint8)
     with pytest.raises(ValueError):
         np.empty((1,) * (n + 1), np.uint8)
+
+
+@pytest.mark.parametrize("target", FRAMEWORKS)
+def test_copy_zero_is_refused_after_copy_false_was_decided(path, target):
+    # 0 == False: a decision cached for copy=False once answered copy=0 into numpy, unchecked
+    with bb.open(path) as f:
+        f.get("w", target, copy=False)
+        with pytest.raises(InvalidArgumentError, match="copy must be None"):
+            f.get("w", target, copy=0)

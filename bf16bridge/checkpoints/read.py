@@ -62,7 +62,7 @@ class Checkpoint:
         self._entries = self.header.entries
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
-        #: (code, empty, offset % 64, to, copy, fallback) -> (whether get() reads rather than views,
+        #: (code, empty, offset % 64, to, copy, type(copy), fallback) -> (whether get() reads rather than views,
         #: whether the route copies)
         self._reads: dict[tuple, tuple[bool, bool]] = {}
         self.closed = False
@@ -209,8 +209,9 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
         # whether to read depends on what the route depends on: the dtype, the address modulo 64
         # (a map begins on a page; numpy's ALIGNED flag, which decides some routes, needs the
-        # element size's alignment), emptiness and the keywords; asked of the planner once per file
-        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, fallback)
+        # element size's alignment), emptiness and the keywords (copy's type too: 0 == False, and 0 is
+        # refused, not taken for a decided False); asked of the planner once per file
+        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, type(copy), fallback)
         known = self._reads.get(decided)
         if known is None and not copy and t.code not in fmt.NIBBLES and registry.resolve(to) == registry.HUB:
             # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned,
