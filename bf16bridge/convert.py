@@ -408,6 +408,13 @@ _QUIET: _Quiet
 _Quiet()
 
 
+def run_plan(p: Plan, x, copy: bool | None):
+    """Run ``p``, which ``plan(x, ..., copy=copy)`` made for this very ``x``, and which warns of
+    nothing (no alias, no dropped gradient): for a caller that planned already (Checkpoint.get, on
+    a process's first get), so that the route is not described and planned a second time."""
+    return _run(p, x, p.source, copy, registry.get(p.target))
+
+
 def _run(p: Plan, value, source: str, copy, dst_a):
     here = source
     for step in p.steps:

@@ -20,7 +20,7 @@ import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import itemgetter, lshift, mul, sub
+from operator import eq, itemgetter, lshift, mul, sub
 from typing import Any
 
 import numpy as np
@@ -207,8 +207,8 @@ class _Duplicate(Exception):
 
 
 def _loads(text: str, path: str, hook=None):
-    try:
-        return json.loads(text, object_pairs_hook=hook)
+    try:  # json.loads given any keyword builds a decoder of its own: none unless a hook is asked for
+        return json.loads(text) if hook is None else json.loads(text, object_pairs_hook=hook)
     except _Duplicate as dup:
         raise _bad(path, "the header's JSON names a key twice", str(dup)) from None
     except RecursionError:
@@ -276,15 +276,21 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
     if max(map(len, shapes), default=0) > max_dims() or (0 in dims and not all(map(_fits, shapes, bits))):
         return None  # more dimensions than numpy makes, or an empty shape no array can take
     begins, ends = flat[0::2], flat[1::2]
-    if list(map(mul, map(math.prod, shapes), bits)) != list(map(lshift, map(sub, ends, begins), repeat(3))):
+    # compared as they are made, not as lists: each int is freed at once, and its memory used for the
+    # next (a list of them took fresh pages, which a process's first open pays for)
+    if not all(map(eq, map(mul, map(math.prod, shapes), bits), map(lshift, map(sub, ends, begins), repeat(3)))):
         return None  # shape x bits != 8 x (end - begin): a part byte, a wrong size, or end < begin
     keys = list(obj)
-    in_order = sorted(offsets)  # by (begin, end)
-    if in_order != offsets:  # not written in offset order (safetensors' files and ours are)
+    # entries that cover the data from 0 in the JSON's order are in (begin, end) order already (each
+    # begins where the one before it ended, and sizes are >= 0): sorted only if not
+    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2]):
+        in_order = sorted(offsets)  # by (begin, end)
+        if in_order == offsets:
+            return None  # not from 0, or a begin that is not the end before it (a hole or an overlap)
         keys = [k for _, k in sorted(zip(offsets, keys), key=itemgetter(0))]  # stable: the JSON's order among equals
         flat = list(chain.from_iterable(in_order))
-    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2]):
-        return None  # not from 0, or a begin that is not the end before it (a hole or an overlap)
+        if flat[0] != 0 or flat[2::2] != flat[1:-1:2]:
+            return None
     if data_start + (flat[-1] if flat else 0) != file_size:
         return None
     return tuple(keys), obj, metadata
@@ -336,8 +342,14 @@ def _fits(shape: list, bits: int) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def max_dims() -> int:
-    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since)."""
-    return 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making one:
+    asked at a process's first open, where NumpyVersion's regular expression, compiled on first use,
+    cost a fifth of a millisecond."""
+    try:
+        np.empty((1,) * 64, np.uint8)
+    except ValueError:
+        return 32
+    return 64
 
 
 def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:

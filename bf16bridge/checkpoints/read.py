@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
-from ..convert import Fallback, convert, plan
+from ..convert import Fallback, convert, plan, run_plan
 from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
                       UnsupportedDtypeError)
 from ..plans import Plan, Step
@@ -62,7 +62,7 @@ class Checkpoint:
         self._entries = self.header.entries
         #: keys handed out as views: their pages are never dropped (see _release)
         self._shared: set[str] = set()
-        #: (code, empty, offset % 64, to, copy, fallback) -> (whether get() reads rather than views,
+        #: (code, empty, offset % 64, to, copy, type(copy), fallback) -> (whether get() reads rather than views,
         #: whether the route copies)
         self._reads: dict[tuple, tuple[bool, bool]] = {}
         self.closed = False
@@ -209,12 +209,27 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
         # whether to read depends on what the route depends on: the dtype, the address modulo 64
         # (a map begins on a page; numpy's ALIGNED flag, which decides some routes, needs the
-        # element size's alignment), emptiness and the keywords; asked of the planner once per file
-        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, fallback)
+        # element size's alignment), emptiness and the keywords (copy's type too: 0 == False, and 0 is
+        # refused, not taken for a decided False); asked of the planner once per file
+        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, type(copy), fallback)
         known = self._reads.get(decided)
+        if known is None and not copy and t.code not in fmt.NIBBLES and registry.resolve(to) == registry.HUB:
+            # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned,
+            # which cost a process's first get a tenth of a millisecond; the keywords and the dtype
+            # are checked as the plan checks them (copy=True is planned: the plan checks its size)
+            from .. import routes  # the planner, loaded on first use as convert loads it
+
+            try:
+                routes.check_args(copy, fallback, False)
+            except Bf16BridgeError as err:
+                raise type(err)(f"{self.path}: key {key!r}: {err}") from err
+            known = self._reads[decided] = (False, False)  # (the view below refuses F6 and dtypes not held)
+        planned = None  # a plan to run as it is: the map's view, on a route that warns of nothing
         if known is None:
             p, buf = self._route(key, t, to, copy, fallback)
             read, copies = self._reads[decided] = (buf is not None, p.copies)
+            if buf is None and p.alias is None and not p.drops_grad:
+                planned = p
         else:
             read, copies = known
             buf = self._placeholder(t) if read else None
@@ -223,6 +238,8 @@ class Checkpoint:
             if registry.resolve(to) == registry.HUB and copy in (None, True, False):
                 # the map's own array or ours: every dtype ml_dtypes holds (fp8 too), nothing to route
                 out = a.copy() if copy and buf is None else a
+            elif planned is not None:
+                out = run_plan(planned, a, copy)
             else:
                 out = convert(a, to, copy=None if buf is not None else copy, fallback=fallback, on_alias="allow")
         except Bf16BridgeError as err:
