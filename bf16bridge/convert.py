@@ -151,7 +151,7 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
                 if hit is not None:
                     p, direct, messages = hit
                     try:
-                        y = _served(p, direct, x, fast, copy)
+                        y = _run(p, x, fast.source, copy, fast.dst) if direct is None else direct(x)
                     except UnalignedImport:  # a key without the alignment, whose import refused: planned afresh
                         return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
                     if messages is not None:
@@ -161,14 +161,18 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
     return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
 
 
-def _served(p: Plan, direct, x, fast: _Fast, copy):
-    """``x`` through cached plan ``p``: its steps' own functions (``direct``), or ``_run`` where it
-    adds copy=False's pointer check."""
-    if direct is None:
-        return _run(p, x, fast.source, copy, fast.dst)
-    for run in direct:
-        x = run(x)
-    return x
+def _chained(runs: tuple) -> Callable[[Any], Any]:
+    """The steps' run functions as one: the function itself where there is one step (most routes
+    between frameworks: the import), no loop around it."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def chained(x):
+        for run in runs:
+            x = run(x)
+        return x
+
+    return chained
 
 
 class _Fast:
@@ -187,9 +191,9 @@ class _Fast:
             else lambda: tuple(a.state() for a in stateful))
         #: whether the key reads the input's alignment (_alignment_read)
         self.alignment = alignment
-        #: fast_key, or (fast_key, state()) -> (plan, its steps' run functions where _run would add
-        #: nothing to them: no pointer to verify, no read-only mark to set; else None,
-        #: the warnings it gives with these keywords, in order, or None)
+        #: fast_key, or (fast_key, state()) -> (plan, its steps' run functions (and the read-only
+        #: mark) as one function (_chained) where _run would add nothing to them: no pointer to
+        #: verify (copy=False); else None, the warnings it gives with these keywords, in order, or None)
         self.plans: dict = {}
 
 
@@ -236,7 +240,7 @@ def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, so
         if not p.writable and dst.marks_readonly:
             runs += (dst.mark_readonly,)
         # _run adds only copy=False's pointer check to the steps' own functions
-        direct = None if copy is False and any(step.verify for step in p.steps) else runs
+        direct = None if copy is False and any(step.verify for step in p.steps) else _chained(runs)
         messages = ((_grad_message(p),) if p.drops_grad and on_grad == "warn" else ()) + (
             (_alias_message(p),) if p.alias is not None and on_alias == "warn" else ())
         fast.plans[k if fast.state is None else (k, fast.state())] = (p, direct, messages or None)
@@ -546,7 +550,7 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
                     if hit is not None:
                         p, direct, messages = hit
                         try:
-                            y = _served(p, direct, x, fast, copy)
+                            y = _run(p, x, fast.source, copy, fast.dst) if direct is None else direct(x)
                         except UnalignedImport:  # as in _one: planned afresh
                             return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
                         if messages is not None:
