@@ -163,9 +163,24 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
 
 def _chained(runs: tuple) -> Callable[[Any], Any]:
     """The steps' run functions as one: the function itself where there is one step (most routes
-    between frameworks: the import), no loop around it."""
+    between frameworks: the import), nested calls for two or three (bit-view, import, bit-view:
+    cheaper than a loop over them), a loop beyond."""
     if len(runs) == 1:
         return runs[0]
+    if len(runs) == 2:
+        first, second = runs
+
+        def two(x):
+            return second(first(x))
+
+        return two
+    if len(runs) == 3:
+        first, second, third = runs
+
+        def three(x):
+            return third(second(first(x)))
+
+        return three
 
     def chained(x):
         for run in runs:
