@@ -9,7 +9,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, overload
 
 from . import registry, trees
-from .adapters._base import Adapter
+from .adapters._base import Adapter, UnalignedImport
 from .errors import (Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, DeviceError, InvalidArgumentError,
                      UnsupportedDtypeError, UnsupportedTypeError)
 
@@ -150,15 +150,44 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
                 hit = fast.plans.get(k if fast.state is None else (k, fast.state()))
                 if hit is not None:
                     p, direct, messages = hit
+                    try:
+                        y = _run(p, x, fast.source, copy, fast.dst) if direct is None else direct(x)
+                    except UnalignedImport:  # a key without the alignment, whose import refused: planned afresh
+                        return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
                     if messages is not None:
                         for message in messages:
                             _say(message)
-                    if direct is None:
-                        return _run(p, x, fast.source, copy, fast.dst)
-                    for run in direct:
-                        x = run(x)
-                    return x
+                    return y
     return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
+
+
+def _chained(runs: tuple) -> Callable[[Any], Any]:
+    """The steps' run functions as one: the function itself where there is one step (most routes
+    between frameworks: the import), nested calls for two or three (bit-view, import, bit-view:
+    cheaper than a loop over them), a loop beyond."""
+    if len(runs) == 1:
+        return runs[0]
+    if len(runs) == 2:
+        first, second = runs
+
+        def two(x):
+            return second(first(x))
+
+        return two
+    if len(runs) == 3:
+        first, second, third = runs
+
+        def three(x):
+            return third(second(first(x)))
+
+        return three
+
+    def chained(x):
+        for run in runs:
+            x = run(x)
+        return x
+
+    return chained
 
 
 class _Fast:
@@ -166,7 +195,7 @@ class _Fast:
 
     __slots__ = ("generation", "src", "hub", "dst", "source", "alignment", "plans", "state")
 
-    def __init__(self, src, hub, dst, source):
+    def __init__(self, src, hub, dst, source, alignment: bool):
         self.generation = registry._GENERATION
         self.src, self.hub, self.dst, self.source = src, hub, dst, source
         stateful = tuple(a for a in dict.fromkeys((src, hub, dst)) if type(a).state is not Adapter.state)
@@ -175,12 +204,11 @@ class _Fast:
         self.state: Callable[[], object] | None = (
             None if not stateful else stateful[0].state if len(stateful) == 1
             else lambda: tuple(a.state() for a in stateful))
-        # only a target's import can make a zero-copy route depend on alignment (a source's own
-        # alignment matters to its copies, and routes that copy are never cached here)
-        self.alignment = dst.dlpack_unaligned != "ok"
-        #: fast_key, or (fast_key, state()) -> (plan, its steps' run functions where _run would add
-        #: nothing to them: no pointer to verify, no read-only mark to set; else None,
-        #: the warnings it gives with these keywords, in order, or None)
+        #: whether the key reads the input's alignment (_alignment_read)
+        self.alignment = alignment
+        #: fast_key, or (fast_key, state()) -> (plan, its steps' run functions (and the read-only
+        #: mark) as one function (_chained) where _run would add nothing to them: no pointer to
+        #: verify (copy=False); else None, the warnings it gives with these keywords, in order, or None)
         self.plans: dict = {}
 
 
@@ -189,20 +217,45 @@ _FAST: dict = {}
 _FAST_LIMIT = 4096
 
 
+def _alignment_read(p: Plan, dst: Adapter) -> bool:
+    """Whether the fast path's key must read the input's alignment for plan ``p`` into ``dst``. Only
+    a target's import can make a zero-copy route depend on it (a source's own alignment matters to
+    its copies, and routes that copy are never cached); not where each step is a bit-view or a
+    DLPack import that takes any buffer or refuses an unaligned one (``Adapter.importer_aligned``,
+    which the planner runs for an aligned buffer): that import tells, raising ``UnalignedImport``."""
+    if dst.dlpack_unaligned == "ok":
+        return False
+    for step in p.steps:
+        if step.kind == "bitview":
+            continue
+        if step.kind == "dlpack":
+            a = registry.get(step.framework)
+            if a.dlpack_unaligned == "ok" or (a.dlpack_unaligned == "copies" and a.importer_aligned() is not None):
+                continue
+        return True
+    return False
+
+
 def _remember(x, to, copy, fallback, for_compute, on_alias, on_grad, p: Plan, source, target) -> None:
     src, hub, dst = registry.get(source), registry.get(registry.HUB), registry.get(target)
-    k = src.fast_key(x, dst.dlpack_unaligned != "ok")
-    if k is None or len(_FAST) >= _FAST_LIMIT:
+    if len(_FAST) >= _FAST_LIMIT:
         return
     key = (type(x), to, copy, fallback, for_compute, on_alias, on_grad)
     fast = _FAST.get(key)
-    if fast is None or fast.generation != registry._GENERATION:
-        fast = _FAST[key] = _Fast(src, hub, dst, source)
+    read = _alignment_read(p, dst)
+    # the plans of one key share its use of alignment: a plan that needs it read, where the key did
+    # not, starts a new set that reads it (replaced, not changed: a concurrent call keeps the old)
+    if fast is None or fast.generation != registry._GENERATION or (read and not fast.alignment):
+        fast = _FAST[key] = _Fast(src, hub, dst, source, read)
+    k = src.fast_key(x, fast.alignment)
+    if k is None:
+        return
     if len(fast.plans) < _FAST_LIMIT:
         runs = tuple(step.run for step in p.steps)
         if not p.writable and dst.marks_readonly:
             runs += (dst.mark_readonly,)
-        direct = None if any(step.verify for step in p.steps) else runs
+        # _run adds only copy=False's pointer check to the steps' own functions
+        direct = None if copy is False and any(step.verify for step in p.steps) else _chained(runs)
         messages = ((_grad_message(p),) if p.drops_grad and on_grad == "warn" else ()) + (
             (_alias_message(p),) if p.alias is not None and on_alias == "warn" else ())
         fast.plans[k if fast.state is None else (k, fast.state())] = (p, direct, messages or None)
@@ -518,14 +571,13 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
                     hit = fast.plans.get(k if fast.state is None else (k, state))
                     if hit is not None:
                         p, direct, messages = hit
+                        try:
+                            y = _run(p, x, fast.source, copy, fast.dst) if direct is None else direct(x)
+                        except UnalignedImport:  # as in _one: planned afresh
+                            return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
                         if messages is not None:
                             for message in messages:
                                 pending[message] = pending.get(message, 0) + 1
-                        if direct is None:
-                            return _run(p, x, fast.source, copy, fast.dst)
-                        y = x
-                        for run in direct:
-                            y = run(y)
                         return y
             return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
         except Bf16BridgeError as err:

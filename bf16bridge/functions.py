@@ -51,13 +51,15 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method", "memo", "caller", "_declared")
+                 "vmap_method", "memo", "caller", "_declared", "flat")
 
-    def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None):
+    def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None, flat=False):
         self.fn = fn
         self.callee = callee
         self.caller = caller  # the framework whose tensors called (None: not known)
         self.skeleton = skeleton  # (args, kwargs) with the tensor leaves taken out
+        #: the skeleton is ((SLOT,) * n, {}): the leaves are the positional arguments, as they are
+        self.flat = flat
         self.diff = diff  # per input leaf: does the caller want its gradient?
         self.copy_inputs = copy_inputs
         self.fallback = fallback
@@ -77,8 +79,11 @@ class ForeignCall:
         return [_one(x, to, copy, fallback, False, "allow", "drop") for x in leaves]
 
     def _flat_fn(self, *callee_leaves):
-        args, kwargs = trees.fill(self.skeleton, callee_leaves)
-        out = self.fn(*args, **kwargs)
+        if self.flat:
+            out = self.fn(*callee_leaves)
+        else:
+            args, kwargs = trees.fill(self.skeleton, callee_leaves)
+            out = self.fn(*args, **kwargs)
         out_leaves, skeleton = trees.flatten(out)
         if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
             self._check_declared(skeleton)
@@ -272,7 +277,7 @@ class BridgedFunction:
         return self._call(*args, **kwargs)
 
     def _call(self, *args, **kwargs):
-        leaves, skeleton = trees.flatten((args, kwargs))
+        leaves, skeleton, flat = trees.flatten_call(args, kwargs)
         caller = _caller_of(leaves, self.fn)
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
@@ -286,7 +291,7 @@ class BridgedFunction:
                 Bf16BridgeWarning, stacklevel=2)
             diff = [False] * len(leaves)
         call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method,
-                           caller)
+                           caller, flat)
         # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
         # anything runs: they are found by one call on zeros and kept per input signature
         # (the arguments' structure, non-tensor values, each leaf's shape and dtype, and both
@@ -307,6 +312,8 @@ class BridgedFunction:
         if sig is not None and sig not in self._specs:
             with self._lock:
                 self._specs[sig] = (call.out_specs, call.out_skeleton)
+        if call.out_skeleton is trees.SLOT:  # one tensor: fill's answer, without the walk
+            return outs[0]
         return trees.fill(call.out_skeleton, list(outs))
 
 
@@ -353,6 +360,14 @@ def _short(skeleton) -> str:
 
 
 def _caller_of(leaves, fn) -> str | None:
+    if not leaves:
+        return None
+    first = type(leaves[0])
+    for x in leaves:
+        if type(x) is not first:
+            break
+    else:  # one type (the common call): one question
+        return registry.framework_of(leaves[0])
     names = {registry.framework_of(x) for x in leaves}
     if len(names) > 1:
         raise InvalidArgumentError(

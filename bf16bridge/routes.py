@@ -109,7 +109,19 @@ def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
     return s._replace(framework=dst.name, readonly=readonly)
 
 
-def _via_dlpack(a: Adapter, b: Adapter, readonly: bool, host: bool) -> Callable[[Any], Any]:
+def _via_dlpack(a: Adapter, b: Adapter, readonly: bool, host: bool, aligned: bool) -> Callable[[Any], Any]:
+    # an aligned buffer into an importer that would copy an unaligned one: the importer that refuses
+    # to (Adapter.importer_aligned), so that convert's hot path need not read the alignment
+    refusing = b.importer_aligned() if aligned and b.dlpack_unaligned == "copies" else None
+    if refusing is not None:
+        out, strict = a.exporter(readonly), refusing
+        if out is None:
+            return strict
+
+        def checked(x):
+            return strict(out(x))
+
+        return checked
     if host:  # a capsule straight over, where both sides offer it (Adapter.capsule_exporter)
         to_capsule, from_capsule = a.capsule_exporter(), b.capsule_importer()
         if to_capsule is not None and from_capsule is not None:
@@ -206,7 +218,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
                 yield b.import_copy_cost if copies else 0, Step(
                     "dlpack", b.name, b.label_import, s.dtype, copies,
                     "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
-                    run=_via_dlpack(a, b, s.readonly, s.host)), entered
+                    run=_via_dlpack(a, b, s.readonly, s.host, s.aligned)), entered
 
 
 def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None, raw: bool = False):

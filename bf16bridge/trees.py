@@ -77,6 +77,8 @@ SLOT = _Slot()
 def flatten(tree) -> tuple[list, Any]:
     """The tensor leaves of ``tree`` in order, and its skeleton: the same tree with each
     leaf replaced by ``SLOT`` (it holds no tensor; ``fill`` puts leaves back)."""
+    if _plain_kinds().get(type(tree)) == _LEAF:  # one tensor (a bridged function's usual result)
+        return [tree], SLOT
     leaves: list = []
 
     def take(x, path=None):
@@ -88,6 +90,22 @@ def flatten(tree) -> tuple[list, Any]:
     except _NotPlain:
         leaves.clear()
     return leaves, map_leaves(take, tree)
+
+
+def flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any, bool]:
+    """``flatten((args, kwargs))``, and whether the call was only positional tensors (its
+    skeleton is then ``((SLOT,) * len(args), {})``: the caller may skip ``fill`` and pass the
+    leaves as they are). The common call of a bridged function, asked on every one: its
+    arguments' types are looked up once each, no walk."""
+    if not kwargs:
+        kinds = _plain_kinds()
+        for a in args:
+            if kinds.get(type(a)) != _LEAF:
+                break
+        else:
+            return list(args), ((SLOT,) * len(args), {}), True
+    leaves, skeleton = flatten((args, kwargs))
+    return leaves, skeleton, False
 
 
 def fill(skeleton, leaves):

@@ -188,6 +188,31 @@ def test_jax_vmap_needs_a_declared_batching_rule():
     np.testing.assert_array_equal(bits(y), bits(_layer("torch")(make("torch", w), make("torch", x))))
 
 
+@pytest.mark.parametrize("callee", ["torch", "jax"])
+def test_tf_caller_a_tape_opened_between_two_calls_is_seen(callee):
+    """An eager tf call asks whether any tape is active (one C call) on every call, nothing kept:
+    calls without a tape, then one under a tape that watches an input (its gradient, the callee's
+    own), then one under a tape that watches none of them (no gradient, no error), then none again."""
+    import tensorflow as tf
+
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    fn = bb.bridge(callee)(_layer(callee))
+    W, X, C = (make("tensorflow", v) for v in (w, x, ct))
+    want = bits(_layer(callee)(make(callee, w), make(callee, x)))
+    for _ in range(2):
+        np.testing.assert_array_equal(bits(fn(W, X)), want)
+    with tf.GradientTape() as tape:
+        tape.watch(W)
+        loss = tf.reduce_sum(fn(W, X) * C)
+    np.testing.assert_array_equal(bits(tape.gradient(loss, W)), bits(_callee_vjp(callee, w, x, ct)[0]))
+    with tf.GradientTape() as tape:
+        other = tf.constant(1.0)
+        tape.watch(other)
+        loss = tf.reduce_sum(fn(W, X) * C)
+    assert tape.gradient(loss, W) is None
+    np.testing.assert_array_equal(bits(fn(W, X)), want)
+
+
 def test_tf_caller_inside_tf_function_forward_and_grad():
     import tensorflow as tf
 

@@ -89,6 +89,80 @@ def test_unaligned_buffer_into_jax_copies_and_says_so(src, offset):
         bb.convert(x, "jax", copy=False)
 
 
+def _unaligned_source(src, a):
+    """``a`` (an ALIGN-aligned or unaligned numpy buffer) as a ``src`` tensor over the same memory."""
+    if src == "torch":
+        import torch
+
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    import tensorflow as tf
+
+    # a raw DLPack import: tensorflow's own allocations are aligned
+    return tf.bitcast(tf.experimental.dlpack.from_dlpack(a.view(np.uint16).__dlpack__()), tf.bfloat16)
+
+
+@pytest.mark.frameworks("jax")
+@pytest.mark.parametrize("src", ["torch", "tensorflow"])
+@pytest.mark.parametrize("copy", [None, False])
+def test_unaligned_input_after_aligned_ones_into_jax_is_copied_as_plan_says(src, copy):
+    """convert's hot path keys a zero-copy route into jax without the input's alignment where jax's
+    import refuses an unaligned buffer (Adapter.importer_aligned: no pointer read each call): an
+    unaligned input of a kind whose aligned ones were served from the cache is planned afresh."""
+    aligned = aligned_copy(_bf16((1000,)))
+    unaligned = aligned_copy(_bf16((1000,), seed=1), offset_bytes=2)
+    xa, xu = _unaligned_source(src, aligned), _unaligned_source(src, unaligned)
+    for _ in range(2):  # the second from the cache
+        y = bb.convert(xa, "jax", copy=copy)
+        assert ptr(y) == ptr(aligned)
+        _expect(y, aligned)
+    assert bb.plan(xu, to="jax", copy=copy if copy is not False else None).copies
+    if copy is False:
+        with pytest.raises(bb.CopyRequiredError, match="64-byte aligned"):
+            bb.convert(xu, "jax", copy=False)
+    else:
+        y = bb.convert(xu, "jax")
+        _expect(y, unaligned)
+        assert ptr(y) != ptr(unaligned) and ptr(y) % 64 == 0
+    y = bb.convert(xa, "jax", copy=copy)  # and the aligned kind is still served zero-copy
+    assert ptr(y) == ptr(aligned)
+
+
+@pytest.mark.frameworks("jax", "torch")
+def test_a_zero_copy_import_into_jax_never_copies_an_unaligned_buffer():
+    """The step plan() shows as jax's zero-copy import, handed a buffer not 64-byte aligned (what a
+    cache key that did not read the alignment would hand it), refuses it (our CopyRequiredError,
+    which convert answers by planning afresh) where jax can be asked not to copy: jax's own import
+    copied it silently, and the plan served said zero-copy."""
+    from bf16bridge import registry
+
+    [step] = bb.plan(_unaligned_source("torch", aligned_copy(_bf16((1000,)))), to="jax").steps
+    assert step.kind == "dlpack" and not step.copies
+    a = aligned_copy(_bf16((1000,)), offset_bytes=2)
+    if registry.get("jax").importer_aligned() is None:  # jax 0.4.30 takes it as it is: keys read alignment
+        _expect(step.run(_unaligned_source("torch", a)), a)
+        return
+    with pytest.raises(bb.CopyRequiredError, match="not 64-byte aligned"):
+        step.run(_unaligned_source("torch", a))
+
+
+@pytest.mark.frameworks("jax", "tensorflow")
+def test_aligned_tf_tensors_into_jax_read_no_pointer_once_warm(monkeypatch):
+    """tensorflow has no cheap data pointer (a DLPack capsule each): where jax's import refuses an
+    unaligned buffer itself, the hot path of tf -> jax reads none (it cost about 4 us a tensor in a
+    bridged call)."""
+    from bf16bridge import registry
+    from bf16bridge.adapters import tensorflow as tf_adapter
+
+    x = _unaligned_source("tensorflow", aligned_copy(_bf16((64, 64))))
+    bb.convert(x, "jax")
+    reads = []
+    real = tf_adapter._pointer_capsule
+    monkeypatch.setattr(tf_adapter, "_pointer_capsule", lambda t: reads.append(1) or real(t))
+    y = bb.convert(x, "jax")
+    assert ptr(y) == ptr(x)
+    assert len(reads) == (0 if registry.get("jax").importer_aligned() is not None else 1)
+
+
 @pytest.mark.frameworks("torch")
 def test_unaligned_buffer_into_torch_stays_zero_copy():
     a = aligned_copy(_bf16((1000,)), offset_bytes=2)

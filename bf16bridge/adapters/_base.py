@@ -15,6 +15,7 @@ import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
 
 from .. import dtypes
+from ..errors import CopyRequiredError
 
 #: Alignment (bytes) a buffer needs to be taken without a copy by the pickiest
 #: importer we know (XLA on CPU), and that our own copies are allocated with.
@@ -26,6 +27,12 @@ CONTIGUOUS = 0  # row-major, no gaps
 STRIDED = 1  # positive (or zero) strides: transposes, slices with steps, broadcasts
 NEGATIVE = 2  # at least one negative stride (numpy's a[::-1])
 LAYOUT_NAMES = ("contiguous", "strided", "negatively strided")
+
+
+class UnalignedImport(CopyRequiredError):
+    """``Adapter.importer_aligned``'s refusal of a buffer not ALIGN-aligned. ``convert`` catches it
+    and takes the full path, which copies such a buffer first; it reaches a caller only where a
+    source adapter described a buffer as aligned that was not."""
 
 
 def layout_of(shape, strides_in_elements) -> int:
@@ -250,6 +257,16 @@ class Adapter:
     def importer(self) -> Callable[[Any], Any]:
         """``from_dlpack`` as the framework's own function where it is one."""
         return self.from_dlpack
+
+    def importer_aligned(self) -> Callable[[Any], Any] | None:
+        """For an adapter whose import copies a buffer not ALIGN-aligned (``dlpack_unaligned``
+        "copies"): an importer that takes an aligned buffer as ``importer()`` does and refuses any
+        other, raising ``UnalignedImport``, instead of copying it silently (jax:
+        ``from_dlpack(copy=False)``), or None. A zero-copy route into it then needs no alignment
+        read: ``convert``'s hot path keys such routes without the input's alignment (a pointer
+        read each call; tensorflow's costs a DLPack capsule), and the import tells: an unaligned
+        input takes the full path, which routes it by an aligned copy."""
+        return None
 
     # Between two frameworks that both offer these, a DLPack step of host memory hands a legacy
     # capsule straight over: the consumer's ``from_dlpack(obj)`` would first ask the producer

@@ -57,6 +57,21 @@ def data_ptr(obj) -> int:
     return (tensor.data or 0) + tensor.byte_offset
 
 
+#: DLTensor as 64-bit words, for capsule_ptr: ``data`` is the first, ``byte_offset`` the sixth
+#: (None where the layout is not that: a 32-bit build reads the structure)
+_WORDS = (ctypes.c_uint64 * 6 if ctypes.sizeof(ctypes.c_void_p) == 8 and _DLTensor.data.offset == 0
+          and _DLTensor.byte_offset.offset == 40 and ctypes.sizeof(_DLTensor) == 48 else None)
+
+
+def capsule_ptr(capsule) -> int:
+    """``data_ptr`` of a legacy capsule, read as two words of its DLTensor (an adapter's hot path:
+    one ctypes object, not the structure and its nested fields)."""
+    if _WORDS is None:  # pragma: no cover - 64-bit builds only here
+        return data_ptr(capsule)
+    words = _WORDS.from_address(_get_pointer(capsule, b"dltensor"))
+    return words[0] + words[5]
+
+
 def device(obj) -> tuple[int, int]:
     """``(device_type, device_id)`` of a legacy DLPack capsule or producer, as ``__dlpack_device__`` gives it."""
     capsule = obj if _is_capsule(obj) else obj.__dlpack__()

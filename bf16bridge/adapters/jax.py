@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from ._base import CONTIGUOUS, Adapter, Handoff, Source, cast_matches
+from . import _dlpack
+from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport, cast_matches
 
 # for sharded arrays (bf16bridge.shards)
 from .. import shards
@@ -133,6 +134,43 @@ def _device_put_copies(layout, aligned):
 def _capsule(x):
     """A legacy capsule, as ``Array.__dlpack__()`` gives one with no arguments (on the host: no stream)."""
     return x.__dlpack__()
+
+
+def _refuses_unaligned() -> bool:
+    """Whether ``jnp.from_dlpack(x, copy=False)`` refuses a buffer not ALIGN-aligned (a ValueError,
+    as jax 0.10 does) and takes an aligned one without copying, tried once on a numpy byte buffer
+    (jax 0.4.30 takes an unaligned one as it is: no aligned importer there, the key reads alignment)."""
+    buf = np.zeros(4 * ALIGN, np.uint8)
+    start = -buf.ctypes.data % ALIGN
+    try:
+        aligned = jnp.from_dlpack(buf[start:start + ALIGN], copy=False)
+        if aligned.unsafe_buffer_pointer() != buf.ctypes.data + start:
+            return False
+        jnp.from_dlpack(buf[start + 1:start + 1 + ALIGN], copy=False)
+    except ValueError:
+        return True
+    except Exception:  # noqa: BLE001 - no copy keyword, no DLPack from numpy: no aligned importer
+        return False
+    return False
+
+
+def _import_aligned(obj):
+    """``Adapter.importer_aligned``: jax's import, refusing to copy an unaligned buffer."""
+    try:
+        return jnp.from_dlpack(obj, copy=False)
+    except ValueError as err:
+        try:
+            unaligned = _dlpack.data_ptr(obj) % ALIGN != 0
+        except Exception:  # noqa: BLE001 - no pointer to read: jax's own error stands
+            unaligned = False
+        if unaligned:
+            raise UnalignedImport(
+                "jax.numpy.from_dlpack would copy this buffer (not 64-byte aligned), which its source "
+                "described as aligned; pass copy=True") from err
+        raise
+
+
+_REFUSES_UNALIGNED = _refuses_unaligned()
 
 
 def _key(entry):
@@ -290,6 +328,9 @@ class JaxAdapter(Adapter):
     def importer(self):
         return jnp.from_dlpack
 
+    def importer_aligned(self):
+        return _import_aligned if _REFUSES_UNALIGNED else None
+
     def capsule_exporter(self):
         return _capsule
 
@@ -321,7 +362,13 @@ class JaxAdapter(Adapter):
     def facts(self):
         return {"x64": (bool(jax.config.jax_enable_x64),
                         "jax_enable_x64 is on" if jax.config.jax_enable_x64 else
-                        "jax_enable_x64 is off: 64-bit dtypes are refused rather than narrowed")}
+                        "jax_enable_x64 is off: 64-bit dtypes are refused rather than narrowed"),
+                "aligned import": (_REFUSES_UNALIGNED, (
+                    "jax.numpy.from_dlpack(copy=False) refuses a buffer not 64-byte aligned: zero-copy "
+                    "routes into jax run it, and convert's hot path reads no input's alignment for them"
+                    if _REFUSES_UNALIGNED else
+                    "jax.numpy.from_dlpack(copy=False) took a buffer not 64-byte aligned: convert's hot "
+                    "path reads each input's alignment for routes into jax"))}
 
     computes = True
 

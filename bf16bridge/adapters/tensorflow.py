@@ -67,6 +67,12 @@ def _find_export():
 
 
 _capsule, _EXPORT_FACT = _find_export()
+#: a capsule to read a pointer from, one C call (what both exports above end in; every tensorflow tested
+#: has it): cheaper than _capsule's Tensor.__dlpack__, which checks its keywords first
+_pointer_capsule = tf.experimental.dlpack.to_dlpack
+with tf.init_scope():
+    #: the type of an eager tensor (ops.EagerTensor, named nowhere public): not a tf.Variable
+    _EAGER_TENSOR = type(tf.zeros([0], tf.uint8))
 _NATIVE_EXPORT = _EXPORT_FACT[0]
 
 
@@ -322,7 +328,8 @@ class TensorflowAdapter(Adapter):
             readonly=False, device=_device(x.device), notes=notes, requires_grad=grad, owner=owner,
         )
 
-    def fast_key(self, x, alignment, _no_tape=_no_tape, _gradient_types=_gradient_types):
+    def fast_key(self, x, alignment, _no_tape=_no_tape, _gradient_types=_gradient_types,
+                 _capsule_ptr=_dlpack.capsule_ptr):
         # convert keeps plans per input type, and never one for a tf.Variable (describe swaps it
         # for a snapshot) or a symbolic tensor (refused): only eager tensors get here with a plan
         try:
@@ -335,7 +342,7 @@ class TensorflowAdapter(Adapter):
             # no DLPack capsule to read a pointer from (asking for one of a tf.string aborts the
             # process): the full path, which refuses the dtype or routes it by a copy
             return None
-        return (enum, x.device, empty, alignment and not empty and _dlpack.data_ptr(_capsule(x)) % ALIGN == 0,
+        return (enum, x.device, empty, alignment and not empty and _capsule_ptr(_pointer_capsule(x)) % ALIGN == 0,
                 # Source.requires_grad (_recorded): whether a tape watches it, asked per call (one C
                 # call without a tape; the functions bound as defaults: no global lookup)
                 not _no_tape() and _gradient_types((x,)) != 0)
@@ -345,7 +352,7 @@ class TensorflowAdapter(Adapter):
             raise UnsupportedDtypeError(
                 f"a tf tensor of dtype {x.dtype.name} has no DLPack export, so no data pointer to read; "
                 f"those that have one: {', '.join(sorted(tf.as_dtype(e).name for e in _POINTER))}")
-        return _dlpack.data_ptr(_capsule(x))
+        return _dlpack.capsule_ptr(_pointer_capsule(x))
 
     def bitview(self, x, dtype):
         return tf.bitcast(x, _tf_dtype(dtype))
@@ -413,8 +420,10 @@ class TensorflowAdapter(Adapter):
         return not tf.executing_eagerly()
 
     def differentiable_leaves(self, leaves):
-        if tf.executing_eagerly() and not _recording(leaves):
-            return [False] * len(leaves)  # no tape watches any of them: one question for all
+        # no tape or accumulator active on this thread (one C call), or none that watches any of
+        # them: one question for all
+        if tf.executing_eagerly() and (_no_tape() or not _recording(leaves)):
+            return [False] * len(leaves)
         return [self.differentiable(x) for x in leaves]
 
     def differentiable(self, x):
@@ -423,7 +432,11 @@ class TensorflowAdapter(Adapter):
 
     def call_foreign(self, call, leaves):
         # a variable is read here, under the caller's tape, so its gradient flows through the read
-        leaves = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
+        # (an eager tensor, the usual leaf, is no variable: told by its type, no isinstance each)
+        for x in leaves:
+            if type(x) is not _EAGER_TENSOR:
+                leaves = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
+                break
         if tf.executing_eagerly():
             if not any(call.diff):
                 return call.forward(leaves, False, self.name)[0]
