@@ -283,7 +283,14 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
             raise CopyRequiredError(f"{p.alias}; on_alias='error' refuses it: pass on_alias='copy'")
         else:
             _warn_alias(p)
-    return _run(p, src.value, source, copy, registry.get(p.target))
+    try:
+        return _run(p, src.value, source, copy, registry.get(p.target))
+    except UnalignedImport:
+        # the source described a buffer as aligned that the target's import found was not (a
+        # framework's small or empty tensor over memory it did not allocate): planned as unaligned
+        p = routes.plan_for(src._replace(aligned=False), source, target, copy=copy, fallback=fallback,
+                            for_compute=for_compute)
+        return _run(p, src.value, source, copy, registry.get(p.target))
 
 
 def _warn_alias(p: Plan) -> None:

@@ -323,8 +323,9 @@ class TensorflowAdapter(Adapter):
             # tf allocates on 64-byte boundaries, but a tensor imported zero-copy keeps its
             # source's alignment; reading it costs a DLPack capsule, so only when it matters
             # (the storage-only types have no capsule; nothing imports them zero-copy: tf allocated them)
-            aligned=(not alignment or nbytes == 0 or x._datatype_enum() not in _POINTER
-                     or self.data_ptr(x) % ALIGN == 0),
+            # (an empty one too: one imported zero-copy keeps its source's pointer, which jax's
+            # import refuses unaligned, empty or not; its copy costs nothing)
+            aligned=(not alignment or x._datatype_enum() not in _POINTER or self.data_ptr(x) % ALIGN == 0),
             readonly=False, device=_device(x.device), notes=notes, requires_grad=grad, owner=owner,
         )
 
