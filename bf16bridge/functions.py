@@ -135,8 +135,8 @@ class ForeignCall:
             raise
         if watched is not None and (bad := self._written(callee, watched, leaves)):
             raise bad
-        if out_leaves and callee.immutable != registry.get(to).immutable:
-            out_leaves = self._own(callee, out_leaves, callee_leaves)
+        if out_leaves and callee.immutable != registry.get(to).immutable and (kept := callee.kept(out_leaves)):
+            out_leaves = self._own(callee, out_leaves, callee_leaves, kept)
         outs = self._outputs(out_leaves, to)
         if callee.immutable and outs:
             # an immutable callee's results are values; one that is its input (lambda x: x, a
@@ -150,14 +150,13 @@ class ForeignCall:
         return outs, pullback
 
     @staticmethod
-    def _own(callee: Adapter, out_leaves: list, callee_leaves: list) -> list:
-        """The results, those the callee keeps (``Adapter.kept``: a captured constant, a parameter,
-        a view of one) copied: handed across as they are, they would be memory one side writes in
-        place and the other takes as immutable (a torch caller's write into a jax callee's constant;
-        a torch parameter's next update under a jax caller's array). A mutable callee's view of its
-        own input is the caller's memory, which it already had: not copied."""
-        kept = callee.kept(out_leaves)
-        if kept and not callee.immutable:
+    def _own(callee: Adapter, out_leaves: list, callee_leaves: list, kept: list[int]) -> list:
+        """The results, those the callee keeps (``kept``, from ``Adapter.kept``: a captured constant, a
+        parameter, a view of one) copied: handed across as they are, they would be memory one side
+        writes in place and the other takes as immutable (a torch caller's write into a jax callee's
+        constant; a torch parameter's next update under a jax caller's array). A mutable callee's view
+        of its own input is the caller's memory, which it already had: not copied."""
+        if not callee.immutable:
             mine = set(callee.aliased(out_leaves, callee_leaves))
             kept = [i for i in kept if i not in mine]
         if not kept:

@@ -13,7 +13,8 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 from .. import dtypes, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from . import numpy as _numpy
-from ._base import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, cast_matches, layout_of
+from ._base import (_FRESH, ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, _refcounts,
+                    cast_matches, layout_of)
 from ._quiet import without_native_lines
 
 # for sharded tensors (bf16bridge.shards)
@@ -436,10 +437,21 @@ class TorchAdapter(Adapter):
         return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
 
     def kept(self, outs):
-        found = super().kept(outs)  # the same tensor object held elsewhere
-        for i, o in enumerate(outs):  # a new tensor over kept memory: a view, a detach of a parameter
-            if i not in found and isinstance(o, torch.Tensor) and _storage_shared(o):
+        # the same tensor object held elsewhere (Adapter.kept's reference count), or a new tensor over
+        # kept memory: a view, a detach of a parameter (its storage's use count); once a bridged call
+        counts = _refcounts(outs)
+        if _use_count is None or _ALONE is None:  # (no use count in this torch)
+            return [i for i, n in enumerate(counts) if n > _FRESH]
+        found = []
+        for i, o in enumerate(outs):
+            if counts[i] > _FRESH:
                 found.append(i)
+            elif isinstance(o, torch.Tensor):
+                try:
+                    if _use_count(o.untyped_storage()._cdata) > _ALONE:
+                        found.append(i)
+                except (RuntimeError, NotImplementedError, AttributeError):  # no storage of its own (a wrapper)
+                    pass
         return found
 
     def aliased(self, outs, ins):
@@ -830,13 +842,6 @@ def _storage_count(t) -> int | None:
 
 #: what _storage_count reads for a tensor alone on its storage (the storage object asked holds one)
 _ALONE = _storage_count(torch.empty(1))
-
-
-def _storage_shared(t) -> bool:
-    """Whether another tensor shares ``t``'s storage (a view's base, a detach's source, a tensor
-    autograd saved): its use count past a lone tensor's."""
-    n = _storage_count(t)
-    return n is not None and _ALONE is not None and n > _ALONE
 
 
 def _packing(name: str | None) -> int:
