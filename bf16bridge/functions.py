@@ -135,7 +135,9 @@ class ForeignCall:
             raise
         if watched is not None and (bad := self._written(callee, watched, leaves)):
             raise bad
-        if out_leaves and callee.immutable != registry.get(to).immutable and (kept := callee.kept(out_leaves)):
+        # (a caller whose results are read-only, numpy's from an immutable callee, writes nothing)
+        if (out_leaves and callee.immutable != (caller := registry.get(to)).immutable and not caller.marks_readonly
+                and (kept := callee.kept(out_leaves))):
             out_leaves = self._own(callee, out_leaves, callee_leaves, kept)
         outs = self._outputs(out_leaves, to)
         if callee.immutable and outs:

@@ -10,6 +10,7 @@ first use, under a lock, so several threads may ask at once.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import threading
@@ -259,10 +260,11 @@ def not_a_tensor(x) -> str | None:
 
 
 def held_in_attributes(x) -> tuple[str, ...]:
-    """The names of the attributes of a plain object (its ``__dict__`` and ``__slots__``) that hold a
-    tensor of a registered framework, directly or in a list, tuple or dict there (one level: no
-    object is entered, so no cycle is followed); numpy scalars are plain values, as in a set. ()
-    for an object with none, and for a class or a module, whose attributes are no data of theirs."""
+    """The names of the attributes of a plain object (its ``__dict__`` and ``__slots__``; a
+    ``functools.partial``'s arguments) that hold a tensor of a registered framework, directly or in
+    the lists, tuples and dicts there, two levels deep (no other object is entered, so no cycle is
+    followed); numpy scalars and numpy arrays of objects or strings are plain values. () for an
+    object with none, and for a class or a module, whose attributes are no data of theirs."""
     if issubclass(type(x), (type, types.ModuleType)):
         return ()
     try:  # a proxy's __getattr__ may raise anything: then there is nothing we can read
@@ -270,20 +272,46 @@ def held_in_attributes(x) -> tuple[str, ...]:
     except Exception:  # noqa: BLE001
         attrs = None
     items = list(attrs.items()) if isinstance(attrs, dict) else []
+    if isinstance(x, functools.partial):
+        items += [("args", x.args), ("keywords", x.keywords)]
     for cls in type(x).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__"):
-                try:
-                    items.append((name, getattr(x, name)))
-                except Exception:  # noqa: BLE001 - an unset slot (AttributeError), a failing descriptor
-                    pass
-    found = []
-    for name, value in items:
-        values = (value.values() if type(value) is dict else value if type(value) in (list, tuple) else (value,))
-        if any(tensor_framework(v) is not None and not isinstance(v, np.generic) for v in values):
-            found.append(str(name))
-    return tuple(found)
+            if name in ("__dict__", "__weakref__"):
+                continue
+            stored = f"_{cls.__name__.lstrip('_')}{name}" if name.startswith("__") and not name.endswith("__") else name
+            try:
+                items.append((name, getattr(x, stored)))
+            except Exception:  # noqa: BLE001 - an unset slot (AttributeError), a failing descriptor
+                pass
+    memo: dict = {}  # type -> holds a tensor (the answer is the type's): a long list is asked once a type
+    return tuple(str(name) for name, value in items if _holds_tensor(value, 2, memo))
+
+
+def _holds_tensor(value, depth: int, memo: dict) -> bool:
+    if isinstance(value, (list, tuple, dict)):
+        if depth == 0:
+            return False
+        values = value.values() if isinstance(value, dict) else value
+        # (distinct types first: a 200,000-word vocabulary is a few types, asked once each)
+        kinds = set(map(type, values))
+        if not any(_is_tensor_type(t, memo) for t in kinds):
+            if not any(issubclass(t, (list, tuple, dict)) for t in kinds):
+                return False
+        return any(_holds_tensor(v, depth - 1, memo) for v in values)
+    t = type(value)
+    if not _is_tensor_type(t, memo):
+        return False
+    return not (isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.dtype.kind in "OUS"))
+
+
+def _is_tensor_type(t: type, memo: dict) -> bool:
+    """Whether objects of type ``t`` are tensors of a registered framework (numpy's included)."""
+    known = memo.get(t)
+    if known is None:
+        known = memo[t] = t in _TYPE_CACHE or any(issubclass(t, cls) for spec in _SPECS.values()
+                                                  for cls in _classes(spec))
+    return known
 
 
 #: containers of Python's own that a tree walk does not enter, and the way out

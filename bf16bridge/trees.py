@@ -246,7 +246,7 @@ def _walk(fn, node, path, walk: _Walk):
         inner = unwrap(node)
         if inner is not None:
             return fn(inner, path)  # a keras.Variable and the like: its value
-        if any(hasattr(node, a) for a in _ARRAY_PROTOCOLS):
+        if _has_array_protocol(node):
             return fn(node, path)  # holds data we cannot move: fn says so, naming the path
         if walk.strict and hidden(node, path, walk):
             return fn(node, path)  # holds tensors the walk does not reach: fn says so, naming the path
@@ -283,6 +283,13 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
 
 #: what marks an object as holding array data (numpy's and DLPack's protocols)
 _ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__dlpack__")
+
+
+def _has_array_protocol(node) -> bool:
+    try:
+        return any(hasattr(node, a) for a in _ARRAY_PROTOCOLS)
+    except Exception:  # noqa: BLE001 - a proxy's __getattr__ raising its own error: nothing we can read
+        return False
 
 
 def unwrap(node):

@@ -230,6 +230,63 @@ def test_a_constant_an_immutable_callee_returns_comes_to_torch_as_a_fresh_tensor
         assert np.array_equal(bits(w), before), how
 
 
+def _factory(callee):
+    """Callees each closing over a constant of its own as the one other holder of it (review: a count
+    off by one was unguarded: every kept object in the tests had several holders)."""
+    def closing(c):
+        return lambda x: c
+
+    def identity(c):
+        return lambda x: tf.identity(c)
+
+    if callee == "tensorflow":
+        import tensorflow as tf
+
+        return {"closure": closing(make(callee, _data())), "tf.function": tf.function(closing(make(callee, _data()))),
+                "tf.identity": identity(make(callee, _data()))}
+    import jax
+
+    return {"closure": closing(make(callee, _data())), "jit": jax.jit(closing(make(callee, _data())))}
+
+
+@pytest.mark.parametrize("callee", ["jax", "tensorflow"])
+def test_a_constant_held_once_elsewhere_or_forwarded_by_a_compiled_callee_is_copied(callee):
+    """A constant only a closure holds, and a tensorflow result that is a new object over a kept buffer
+    (a tf.function forwarding its captured constant, tf.identity): a torch caller's write changed them."""
+    x = make("torch", _data())
+    before = _data().view(np.uint16).copy()
+    for how, fn in _factory(callee).items():  # (the closure's cell alone holds its constant)
+        y = bb.bridge(callee)(fn)(x)
+        y.add_(1)
+        del y
+        again = bb.bridge(callee)(fn)(x)  # what the callee hands out next time
+        assert np.array_equal(bits(again), before), how
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_memory_a_torch_callee_did_not_allocate_comes_to_an_immutable_caller_as_its_own(caller):
+    """torch.from_numpy of the callee's own array: one tensor on its storage (use count 1), but numpy
+    owns it and the callee may write it later (review: the caller's array changed with it)."""
+    state = make("numpy", _data()).view(np.uint16)  # 64-byte aligned: the caller's import takes it as it is
+    import torch
+
+    y = bb.bridge("torch")(lambda x: torch.from_numpy(state))(make(caller, _data()))
+    want = state.copy()
+    state += 100
+    assert np.array_equal(bits(y), want)
+
+
+@pytest.mark.parametrize("callee", ["jax", "tensorflow"])
+def test_a_numpy_caller_gets_a_kept_constant_read_only_without_a_copy(callee):
+    """numpy holds an immutable callee's results read-only: nothing can write them, so a kept one is
+    not copied (review: a needless copy)."""
+    w = make(callee, _data())
+    y = bb.bridge(callee)(lambda x: w)(_data())
+    assert not y.flags.writeable and np.array_equal(bits(y), bits(w))
+    if callee == "jax":  # (jax to numpy is zero-copy on the host; tensorflow's .numpy() may copy)
+        assert y.ctypes.data == w.unsafe_buffer_pointer()
+
+
 @pytest.mark.parametrize("how", ["itself", "detach", "view"])
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_parameter_a_torch_callee_returns_comes_to_an_immutable_caller_as_its_own(caller, how):
@@ -250,7 +307,9 @@ def test_a_parameter_a_torch_callee_returns_comes_to_an_immutable_caller_as_its_
 @pytest.mark.parametrize(("caller", "callee"), [("torch", "jax"), ("torch", "tensorflow"), ("jax", "torch"),
                                                 ("tensorflow", "torch")])
 def test_a_fresh_result_still_crosses_without_a_copy(caller, callee):
-    """Only what the callee keeps is copied: a result it computed crosses zero-copy, as before."""
+    """Only what the callee keeps is copied: a result it computed crosses zero-copy, as before; but
+    every tensorflow result comes to torch copied (tensorflow tells no buffer's holders, and a new
+    result object can be a kept buffer: docs/functions.md says so)."""
     seen = []
 
     def fn(x):
@@ -259,7 +318,7 @@ def test_a_fresh_result_still_crosses_without_a_copy(caller, callee):
         return y
 
     y = bb.bridge(callee)(fn)(make(caller, _data()))
-    assert _pointer(y) == seen[0]
+    assert (_pointer(y) != seen[0]) if callee == "tensorflow" else (_pointer(y) == seen[0])
 
 
 def _pointer(x) -> int:

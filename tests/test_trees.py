@@ -5,6 +5,7 @@ kept, nothing handed back unconverted without a word."""
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import types
 import warnings
@@ -408,7 +409,34 @@ def _hidden_cases():
         ("plain-object", lambda: _Holder(t), r"_Holder is not a tensor.*attributes \(w\).*make it a dataclass"),
         ("namespace-dict", lambda: types.SimpleNamespace(lr=np.float32(1), d={"k": t}), r"attributes \(d\)"),
         ("slots-list", lambda: _Slots([t]), r"_Slots is not a tensor.*attributes \(a\)"),
+        # (review: kept silently: a dict subclass, a list of dicts, a partial, a private slot, an optimizer)
+        ("defaultdict-attr", lambda: types.SimpleNamespace(d=collections.defaultdict(list, k=[t])), r"attributes \(d\)"),
+        ("list-of-dicts-attr", lambda: types.SimpleNamespace(groups=[{"p": t}]), r"attributes \(groups\)"),
+        ("partial", lambda: functools.partial(torch.add, t), r"attributes \(args\)"),
+        ("private-slot", lambda: _Private(t), r"attributes \(__w\)"),
+        ("torch-optimizer", lambda: torch.optim.SGD([torch.nn.Parameter(t.clone())], lr=0.1),
+         r"optimizer object of torch.*opt\.state_dict\(\)"),
     ]
+
+
+class _Private:
+    __slots__ = ("__w",)
+
+    def __init__(self, w):
+        self.__w = w
+
+
+class _Proxy:
+    """An object whose every unknown attribute raises an error of its own (a lazy proxy)."""
+
+    __slots__ = ("a",)
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"proxy: no {name}")
+
+
+_MODULE = types.ModuleType("holds_arrays")
+_MODULE.table = np.arange(3)
 
 
 class _Holder:
@@ -441,7 +469,9 @@ def _TfModule():
 
 @pytest.mark.parametrize("case", ["torch-module", "set-of-tensors", "frozenset-in-list", "generator", "dict-values",
                                   "map", "list-iterator", "tf-ragged", "tf-sparse", "tf-tensorarray", "tf-dataset",
-                                  "tf-module", "keras-layer", "plain-object", "namespace-dict", "slots-list"])
+                                  "tf-module", "keras-layer", "plain-object", "namespace-dict", "slots-list",
+                                  "defaultdict-attr", "list-of-dicts-attr", "partial", "private-slot",
+                                  "torch-optimizer"])
 @pytest.mark.parametrize("to", ["jax", "numpy"])
 def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its_path(case, to):
     mk, says = {name: (mk, says) for name, mk, says in _hidden_cases()}[case]
@@ -486,9 +516,12 @@ def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
                                    "keras.layers.ReLU(name='act')",
                                    "range(3)", "print", "{np.int64(1), np.int64(2)}", "{'a': 1}.keys()",
                                    "types.SimpleNamespace(lr=np.float32(1e-3), name='adam', betas=[0.9, 0.99])",
-                                   "np", "_Holder", "_Slots(None)"])
+                                   "np", "_Holder", "_Slots(None)", "_MODULE", "_Proxy()",
+                                   "types.SimpleNamespace(names=np.array(['a', 'b']), objs=np.array([None]))",
+                                   "jax.sharding.Mesh(np.array(jax.devices()), ('d',))"])
 def test_plain_values_and_dtypes_still_pass_through(value):
-    import jax.numpy as jnp  # noqa: F401 - named by the parameters
+    import jax  # noqa: F401 - named by the parameters
+    import jax.numpy as jnp  # noqa: F401
     import keras  # noqa: F401
     import ml_dtypes  # noqa: F401
     import torch  # noqa: F401

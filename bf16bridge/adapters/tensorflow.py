@@ -414,6 +414,12 @@ class TensorflowAdapter(Adapter):
     # -- functions across frameworks -----------------------------------------------
     differentiates = True
 
+    def kept(self, outs):
+        # every result: a tf result object can be new over a buffer the callee keeps (a tf.function's
+        # captured constant or Variable forwarded as its output, tf.identity(c), v.read_value()), and
+        # tensorflow tells no buffer's holders; a copy for a caller that writes in place
+        return list(range(len(outs)))
+
     def shape_dtype(self, x):
         return tuple(x.shape), _name(x.dtype) or x.dtype.name
 

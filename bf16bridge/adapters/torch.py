@@ -441,14 +441,18 @@ class TorchAdapter(Adapter):
         # kept memory: a view, a detach of a parameter (its storage's use count); once a bridged call
         counts = _refcounts(outs)
         if _use_count is None or _ALONE is None:  # (no use count in this torch)
-            return [i for i, n in enumerate(counts) if n > _FRESH]
+            return [i for i, (o, n) in enumerate(zip(outs, counts))
+                    if n > _FRESH or (isinstance(o, torch.Tensor) and not o.untyped_storage().resizable())]
         found = []
         for i, o in enumerate(outs):
             if counts[i] > _FRESH:
                 found.append(i)
             elif isinstance(o, torch.Tensor):
                 try:
-                    if _use_count(o.untyped_storage()._cdata) > _ALONE:
+                    storage = o.untyped_storage()
+                    # shared with another tensor, or memory torch did not allocate (torch.from_numpy of
+                    # the callee's own array, a DLPack import): its owner may write it (not resizable)
+                    if _use_count(storage._cdata) > _ALONE or not storage.resizable():
                         found.append(i)
                 except (RuntimeError, NotImplementedError, AttributeError):  # no storage of its own (a wrapper)
                     pass
@@ -501,6 +505,10 @@ class TorchAdapter(Adapter):
         # the first parameter or buffer answers, without listing every module as submodules does
         if isinstance(x, torch.nn.Module) and next(itertools.chain(x.parameters(), x.buffers()), None) is not None:
             return self.model_message(x)
+        if isinstance(x, torch.optim.Optimizer):
+            return (f"{type(x).__module__}.{type(x).__qualname__} is an optimizer object of torch, not a tensor or a "
+                    "tree of tensors: pass opt.state_dict() (its state and parameter groups as a tree) to convert or "
+                    "save it")
         return None
 
     def submodules(self, model):
