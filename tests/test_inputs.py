@@ -159,8 +159,9 @@ def test_an_empty_unaligned_tf_tensor_into_jax_is_planned_as_it_is_converted(cop
         except bb.Bf16BridgeError as err:
             said.append(err)
     p, y = said
-    if copy is False:  # refused alike, with the public error (UnalignedImport is convert's own signal)
-        assert type(p) is type(y) is bb.CopyRequiredError, said
+    # (whether tensorflow kept numpy's unaligned pointer for an empty buffer varies from run to run)
+    if isinstance(p, Exception) or isinstance(y, Exception):  # refused alike, with the public error
+        assert copy is False and type(p) is type(y) is bb.CopyRequiredError, said
         return
     assert isinstance(p, bb.Plan) and y.shape == (2, 0) and str(y.dtype) == "uint16"
 
