@@ -135,32 +135,33 @@ class ForeignCall:
             raise
         if watched is not None and (bad := self._written(callee, watched, leaves)):
             raise bad
-        # (a caller whose results are read-only, numpy's from an immutable callee, writes nothing)
-        if (out_leaves and callee.immutable != (caller := registry.get(to)).immutable and not caller.marks_readonly
-                and (kept := callee.kept(out_leaves))):
-            out_leaves = self._own(callee, out_leaves, callee_leaves, kept)
+        caller = registry.get(to)
+        kept: list[int] = []
+        # results the callee keeps (Adapter.kept), where one side writes in place and the other takes
+        # them as immutable; copied on the mutable side, whose copy is the cheap one (torch's, not a tf
+        # op's). A caller whose results are read-only (numpy's, from an immutable callee) writes nothing
+        if out_leaves and callee.immutable != caller.immutable and not caller.marks_readonly:
+            kept = callee.kept(out_leaves)
+            if kept and not callee.immutable:  # a torch parameter: copied now, before it changes
+                out_leaves, kept = self._own(callee, out_leaves, callee_leaves, kept), []
         outs = self._outputs(out_leaves, to)
-        if callee.immutable and outs:
-            # an immutable callee's results are values; one that is its input (lambda x: x, a
-            # reshape) would come back to a mutable caller as a second, writable tensor over the
-            # caller's own input, which the caller's framework does not know aliases it
-            # (torch: a separate version counter, so autograd's checks miss writes through it)
-            caller = registry.get(to)
-            if not caller.immutable:
-                for i in caller.aliased(outs, leaves):
-                    outs[i] = caller.copy(outs[i])
+        if callee.immutable and outs and not caller.immutable:
+            # and an immutable callee's result that is its input (lambda x: x, a reshape) would come back
+            # to a mutable caller as a second, writable tensor over the caller's own input, which the
+            # caller's framework does not know aliases it (torch: a separate version counter, so
+            # autograd's checks miss writes through it)
+            for i in sorted({*kept, *caller.aliased(outs, leaves)}):
+                outs[i] = caller.copy(outs[i])
         return outs, pullback
 
     @staticmethod
     def _own(callee: Adapter, out_leaves: list, callee_leaves: list, kept: list[int]) -> list:
-        """The results, those the callee keeps (``kept``, from ``Adapter.kept``: a captured constant, a
-        parameter, a view of one) copied: handed across as they are, they would be memory one side
-        writes in place and the other takes as immutable (a torch caller's write into a jax callee's
-        constant; a torch parameter's next update under a jax caller's array). A mutable callee's view
-        of its own input is the caller's memory, which it already had: not copied."""
-        if not callee.immutable:
-            mine = set(callee.aliased(out_leaves, callee_leaves))
-            kept = [i for i in kept if i not in mine]
+        """A mutable callee's results, those it keeps (``kept``, from ``Adapter.kept``: a parameter, a
+        view or detach of one) copied: handed across as they are, the next in-place update of the
+        parameter would change an immutable caller's array. A view of its own input is the caller's
+        memory, which it already had: not copied."""
+        mine = set(callee.aliased(out_leaves, callee_leaves))
+        kept = [i for i in kept if i not in mine]
         if not kept:
             return out_leaves
         own = list(out_leaves)  # a new list: a pullback may hold the callee's, which it differentiates
