@@ -156,6 +156,16 @@ def row(name: str) -> Dtype:
             from None
 
 
+def in_values(shape: tuple, name: str) -> tuple[tuple, str]:
+    """A tensor's shape and dtype said in values: for a packed dtype (torch's float4_e2m1fn_x2, two
+    values a byte along the last dimension) that dimension times the packing and the unpacked dtype;
+    any other (and a 0-d one) as it is."""
+    unpacked = PACKED.get(name)
+    if unpacked is None or not shape:
+        return tuple(shape), name
+    return (*shape[:-1], shape[-1] * ROWS[name].packing), unpacked
+
+
 def numpy_missing(name: str) -> str | None:
     """Why NumPy cannot hold row ``name`` here (the way out included), or None when it can."""
     d = ROWS.get(name)

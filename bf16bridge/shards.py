@@ -337,9 +337,7 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
         except Bf16BridgeError as err:
             raise type(err)(f"{where}: {err}") from err
         want = tuple(s.stop - s.start for s in p.index)
-        if got_dtype in dtypes.PACKED and got_shape:  # torch's packed fp4: two values a byte along the last dimension
-            packing = dtypes.row(got_dtype).packing
-            got_shape, got_dtype = (*got_shape[:-1], got_shape[-1] * packing), dtypes.PACKED[got_dtype]
+        got_shape, got_dtype = dtypes.in_values(got_shape, got_dtype)  # torch's packed fp4: two values a byte
         if tuple(got_shape) != want:
             raise InvalidArgumentError(
                 f"{where} holds a tensor of shape {tuple(got_shape)}; its index spans {want}: give each shard "

@@ -572,7 +572,8 @@ class TorchAdapter(Adapter):
         index = _local_index(shape, tuple(mesh.shape), kinds, coord)
         k = _packing(_FROM_TORCH.get(x.dtype))
         if k > 1 and shape:  # fp4 x2: said in values, as its shards cross (review: index packed, tensors not)
-            shape, index = (*shape[:-1], shape[-1] * k), (*index[:-1], slice(index[-1].start * k, index[-1].stop * k))
+            shape = dtypes.in_values(shape, _FROM_TORCH[x.dtype])[0]
+            index = (*index[:-1], slice(index[-1].start * k, index[-1].stop * k))
         return shape, layout, [(index, device, local, _replica(tuple(mesh.shape), kinds, coord))]
 
     def assemble(self, shape, pieces, sharding, layout, copy, on_alias):

@@ -77,9 +77,8 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
         if pieces is None:  # not a sharded tensor (a jax array over several devices, a DTensor)
             raise type(err)(f"key {key!r}: {err}") from err
         sharded.add(key)
-        shape, name = adapter.shape_dtype(x)  # the global shape
-        if name in dtypes.PACKED and shape:  # held packed (torch's fp4 x2): written, as gathered, in values
-            shape, name = (*shape[:-1], shape[-1] * dtypes.ROWS[name].packing), dtypes.PACKED[name]
+        # the global shape; held packed (torch's fp4 x2): written, as gathered, in values
+        shape, name = dtypes.in_values(*adapter.shape_dtype(x))
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
     code = fmt.NAMES.get(name)
