@@ -309,8 +309,7 @@ def _is_tensor_type(t: type, memo: dict) -> bool:
     """Whether objects of type ``t`` are tensors of a registered framework (numpy's included)."""
     known = memo.get(t)
     if known is None:
-        known = memo[t] = t in _TYPE_CACHE or any(issubclass(t, cls) for spec in _SPECS.values()
-                                                  for cls in _classes(spec))
+        known = memo[t] = _framework_of_type(t) is not None
     return known
 
 
@@ -330,6 +329,12 @@ def tensor_framework(x) -> str | None:
     """``framework_of``'s answer, or None where ``x`` is no registered framework's tensor (without
     asking what it is instead: a walk that keeps such objects asks only when it must)."""
     t = type(x)
+    name = _TYPE_CACHE.get(t)  # (the common answer without a call)
+    return name if name is not None else _framework_of_type(t)
+
+
+def _framework_of_type(t: type) -> str | None:
+    """The registered framework whose tensors are of type ``t`` (cached per type), or None."""
     name = _TYPE_CACHE.get(t)
     if name is not None:
         return name
