@@ -443,9 +443,6 @@ class TorchAdapter(Adapter):
         # the same tensor object held elsewhere (Adapter.kept's reference count), or a new tensor over
         # kept memory: a view, a detach of a parameter (its storage's use count); once a bridged call
         counts = _refcounts(outs)
-        if _use_count is None or _ALONE is None:  # (no use count in this torch)
-            return [i for i, (o, n) in enumerate(zip(outs, counts))
-                    if n > _FRESH or (isinstance(o, torch.Tensor) and not o.untyped_storage().resizable())]
         found = []
         for i, o in enumerate(outs):
             if counts[i] > _FRESH:
@@ -453,9 +450,11 @@ class TorchAdapter(Adapter):
             elif isinstance(o, torch.Tensor):
                 try:
                     storage = o.untyped_storage()
-                    # shared with another tensor, or memory torch did not allocate (torch.from_numpy of
-                    # the callee's own array, a DLPack import): its owner may write it (not resizable)
-                    if _use_count(storage._cdata) > _ALONE or not storage.resizable():
+                    # memory torch did not allocate (torch.from_numpy of the callee's own array, a DLPack
+                    # import: its owner may write it; not resizable), or shared with another tensor (the
+                    # storage's use count, where this torch tells it)
+                    if not storage.resizable() or (_use_count is not None and _ALONE is not None
+                                                   and _use_count(storage._cdata) > _ALONE):
                         found.append(i)
                 except (RuntimeError, NotImplementedError, AttributeError):  # no storage of its own (a wrapper)
                     pass
