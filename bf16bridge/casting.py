@@ -577,8 +577,11 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
     found: list[list] = []  # [label, tensor, dtype name, shape, rule or None, why]
     members: list[list[int]] = []  # per module, its own leaves' places in found
     by_type: set[str] = set()
+    type_rules: dict[tuple, Rule | None] = {}  # a module's class decides: asked once a class
     for s in subs:
-        rule = _kept_by_type(matchers, s)
+        if s.classes not in type_rules:
+            type_rules[s.classes] = _kept_by_type(matchers, s)
+        rule = type_rules[s.classes]
         if rule is not None:
             by_type.add(s.name)
         if rule is None and head_name is not None and _under(s.name, head_name):

@@ -1118,3 +1118,19 @@ def test_cast_tree_of_a_byte_swapped_bf16_array_keeps_its_values(order):
     a = x.astype(ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16).newbyteorder(order))
     out, _ = bb.cast_tree({"w": a}, "float32")
     np.testing.assert_array_equal(np.asarray(out["w"]).astype("<f4").view(np.uint32), x.view(np.uint32))
+
+
+def test_cast_module_lists_a_module_s_own_leaves_as_torch_names_them():
+    # read off the dicts Module._apply walks: an unset bias (None), a buffer set to None and one
+    # parameter registered under two names in one module are what named_parameters(recurse=False) says
+    torch = fw("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.LayerNorm(4))
+    model[0].register_buffer("scale", None)
+    model[0].register_buffer("mask", torch.ones(4))
+    model[0].alias = model[0].weight
+    expected = [f"{name}.{leaf}" if name else leaf for name, m in model.named_modules()
+                for leaf, _ in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False))]
+    _, report = bb.cast_module(model, "bfloat16")
+    assert [r.path for r in report.leaves] == expected == ["0.weight", "0.mask", "1.weight", "1.bias"]
+    assert model[0].weight.dtype == torch.bfloat16 and model[0].alias is model[0].weight
+    assert model[0].mask.dtype == torch.bfloat16 and model[1].weight.dtype == torch.float32  # the norm kept

@@ -517,11 +517,15 @@ class TorchAdapter(Adapter):
         if not isinstance(model, torch.nn.Module):
             return None
         out = []
+        names: dict[tuple[type, ...], tuple[str, ...]] = {}
         for name, m in model.named_modules():
-            params = tuple(m.named_parameters(recurse=False))
-            leaves = (*params, *m.named_buffers(recurse=False))
+            # a module's own, as named_parameters/named_buffers(recurse=False) give them (None and
+            # a second name for the same tensor left out), read off the dicts Module._apply walks
+            params = _own(m._parameters)
             classes = type(m).__mro__
-            out.append(Submodule(name, tuple(c.__name__ for c in classes), classes, leaves, len(params)))
+            if classes not in names:
+                names[classes] = tuple(c.__name__ for c in classes)
+            out.append(Submodule(name, names[classes], classes, params + _own(m._buffers), len(params)))
         return out
 
     def same_data(self, x):
@@ -533,8 +537,9 @@ class TorchAdapter(Adapter):
     def cast_module(self, model, plan, hooks):
         to = {}
         for m in model.modules():
-            for p in m.parameters(recurse=False):
-                if id(p) in plan and p.grad is not None:
+            _remove_cast_hooks(m)
+            for p in m._parameters.values():
+                if p is not None and id(p) in plan and p.grad is not None:
                     to[id(p.grad)] = _TO_TORCH[plan[id(p)]]  # a gradient follows its parameter
         to.update({k: _TO_TORCH[v] for k, v in plan.items()})
 
@@ -545,8 +550,6 @@ class TorchAdapter(Adapter):
         # Module._apply is what Module.to runs: parameters keep their identity (optimizers
         # still hold them), and modules that keep derived state (RNN's flat weights) redo it
         model._apply(fn)
-        for m in model.modules():
-            _remove_cast_hooks(m)
         for name, compute, output in hooks:
             m = model.get_submodule(name)
             m.register_forward_pre_hook(_CastInputs(_TO_TORCH[compute]), with_kwargs=True)
@@ -681,9 +684,23 @@ class _CastOutputs:
         return _cast_floating(output, self.dtype)
 
 
+def _own(members: dict) -> tuple:
+    """A module's own parameters or buffers (its ``_parameters`` or ``_buffers``) as (name, tensor)
+    pairs, as ``named_parameters(recurse=False)`` gives them: None and a second name left out."""
+    seen: set[int] = set()
+    out = []
+    for k, v in members.items():
+        if v is not None and id(v) not in seen:
+            seen.add(id(v))
+            out.append((k, v))
+    return tuple(out)
+
+
 def _remove_cast_hooks(m):
     # the hooks an earlier cast_module installed (found by their class: a handle would not
     # survive a deepcopy of the model)
+    if not (m._forward_pre_hooks or m._forward_hooks):
+        return
     for hooks, extras in ((m._forward_pre_hooks, (getattr(m, "_forward_pre_hooks_with_kwargs", {}),)),
                           (m._forward_hooks, (getattr(m, "_forward_hooks_with_kwargs", {}),
                                               getattr(m, "_forward_hooks_always_called", {})))):
