@@ -721,6 +721,10 @@ def _to_bf16_from(src, saturate, out, chunk, backend, threads, progress) -> np.n
 NIBBLE_DTYPES = tuple(n for n, f in FORMATS.items() if f.bits == 4)
 
 
+#: a pair of bytes as one number, the first byte the low one, whatever this machine's byte order
+_PAIR = np.dtype("<u2")
+
+
 def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
     name = a.dtype.name
     if name == "uint8":
@@ -745,13 +749,18 @@ def pack_nibbles(a, *, out=None) -> np.ndarray:
     bits = _nibble_source(a, "pack_nibbles")
     shape = (*a.shape[:-1], a.shape[-1] // 2)
     result = _out(out, shape, np.dtype(np.uint8), "pack_nibbles")
-    pairs = np.ascontiguousarray(bits).reshape(-1, 2)  # a copy only for a non-contiguous input
+    # each pair read as one little-endian uint16, the first value in its low byte (no strided access:
+    # about twice as fast as a byte at a time); a copy only for a non-contiguous input
+    pairs = np.ascontiguousarray(bits).reshape(-1).view(_PAIR)
     flat = result.reshape(-1)
+    hi, low = np.empty(min(BLOCK, flat.size), np.uint16), np.empty(min(BLOCK, flat.size), np.uint16)
     for lo in range(0, flat.size, BLOCK):
         p = pairs[lo:lo + BLOCK]
-        hi = p[:, 1] << 4
-        hi |= p[:, 0] & 0xF
-        flat[lo:lo + BLOCK] = hi
+        h, w = hi[:p.size], low[:p.size]
+        np.right_shift(p, 4, out=h)  # the second value's nibble to bits 4..7
+        np.bitwise_and(h, 0xF0, out=h)
+        np.bitwise_and(p, 0xF, out=w)
+        np.bitwise_or(w, h, out=flat[lo:lo + BLOCK], casting="unsafe")
     return result
 
 
@@ -773,9 +782,13 @@ def unpack_nibbles(bits, dtype, *, out=None) -> np.ndarray:
     result = _out(out, (*b.shape[:-1], b.shape[-1] * 2), nd if nd is not None else np.dtype(np.uint8),
                   "unpack_nibbles")
     src = np.ascontiguousarray(b).reshape(-1)
-    pairs = result.reshape(-1, 2).view(np.uint8)
+    pairs = result.reshape(-1).view(np.uint8).view(_PAIR)  # as pack_nibbles reads them
+    hi = np.empty(min(BLOCK, src.size), np.uint16)
     for lo in range(0, src.size, BLOCK):
-        s = src[lo:lo + BLOCK]
-        np.bitwise_and(s, 0xF, out=pairs[lo:lo + BLOCK, 0])
-        np.right_shift(s, 4, out=pairs[lo:lo + BLOCK, 1])
+        s, p = src[lo:lo + BLOCK], pairs[lo:lo + BLOCK]
+        h = hi[:s.size]
+        np.left_shift(s, 4, out=h, dtype=np.uint16)  # the high nibble to bits 8..11: the second byte
+        np.bitwise_and(h, 0xF00, out=h)
+        np.bitwise_and(s, 0xF, out=p, dtype=np.uint16)
+        np.bitwise_or(p, h, out=p)
     return result
