@@ -211,7 +211,7 @@ FLOATING = ("bfloat16", "float16", "float32", "float64")
 def _target(dtype, what: str) -> str:
     """The bridge name of the target dtype, or our error listing the choices."""
     name = dtype if isinstance(dtype, str) else None
-    if name is None:
+    if name is None and dtype is not None:  # (np.dtype(None) is float64: a cast to it without a word)
         try:
             name = dtypes.name_of_numpy(np.dtype(dtype))
         except TypeError:
@@ -239,6 +239,8 @@ def _rules(rules, what: str, default_why: str) -> tuple[Rule, ...]:
         return ()
     if isinstance(rules, (str, Rule)):
         rules = (rules,)
+    elif not isinstance(rules, Iterable):
+        rules = (rules,)  # refused below, naming it (iterating it raised Python's own TypeError)
     out = []
     for r in rules:
         if isinstance(r, Rule):
@@ -482,8 +484,8 @@ def _type_matchers(keep_types) -> list[tuple[str, str, Any]]:
     """(rule name, why, matcher) per keep_types entry: a compiled pattern over class names, or a class."""
     if keep_types is None:
         return []
-    if isinstance(keep_types, (str, Rule, type)):
-        keep_types = (keep_types,)
+    if isinstance(keep_types, (str, Rule, type)) or not isinstance(keep_types, Iterable):
+        keep_types = (keep_types,)  # (one that is none of these is refused below, naming it)
     out: list[tuple[str, str, Any]] = []
     for k in keep_types:
         if isinstance(k, Rule):

@@ -476,6 +476,7 @@ def test_report_str_stays_short_for_a_large_model():
     ("float8_e4m3fn", "a cast to float8_e4m3fn needs scales (quantisation)"),
     (ml_dtypes.float8_e5m2, "a cast to float8_e5m2 needs scales"),
     ("int4", "int4 is not a floating dtype"),
+    (None, "None is not a dtype name bf16bridge knows"),  # np.dtype(None) is float64: it cast to that
 ])
 def test_bad_target_dtype(dtype, says):
     for call in (bb.cast_tree, bb.cast_module):
@@ -499,6 +500,8 @@ def test_numpy_dtype_objects_are_taken():
 
 @pytest.mark.parametrize("kwargs, says", [
     ({"keep": [3]}, "neither a pattern (str) nor a bf16bridge.casting.Rule"),
+    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.Rule"),  # was Python's TypeError
+    ({"policy": 3.5}, "3.5 is neither a pattern (str) nor a bf16bridge.casting.Rule"),
     ({"keep": ["("]}, "is not a regular expression"),
     ({"keep_head": "yes"}, "keep_head must be True or False"),
     ({"keep_dtype": "int8"}, "int8 is not a floating dtype"),
@@ -507,6 +510,15 @@ def test_bad_arguments(kwargs, says):
     with pytest.raises(bb.InvalidArgumentError) as err:
         bb.cast_tree({"w": np.ones(2, np.float32)}, "bfloat16", **kwargs)
     assert says in str(err.value)
+
+
+def test_a_masked_array_is_refused_rather_than_cast_without_its_mask():
+    # the cast made a plain array: the masked value (2.0) came back as data, the mask gone
+    a = np.ma.masked_array(np.array([1.0, 2.0], np.float32), mask=[False, True])
+    with pytest.raises(bb.UnsupportedTypeError, match=r"at w: a numpy masked array would lose its mask.*a\.filled"):
+        bb.cast_tree({"w": a}, "bfloat16")
+    out, report = bb.cast_tree({"w": a}, "float32")  # handed back as it is: nothing lost
+    assert out["w"] is a and report.leaves[0].action == "unchanged"
 
 
 def test_cast_module_refuses_what_is_no_model():
@@ -766,6 +778,8 @@ def test_keep_head_on_a_flat_weight_list_keeps_the_last_kernel_and_its_bias():
 @pytest.mark.parametrize("kwargs, says", [
     ({"keep_types": "Batch["}, "'Batch[' is not a regular expression"),
     ({"keep_dtype": None}, "keep_dtype=None (kept leaves left as they are) is cast_tree's"),
+    ({"keep_types": 3}, "keep_types: 3 is not a class"),  # was Python's TypeError (int not iterable)
+    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.Rule"),
 ])
 def test_cast_module_bad_arguments_raise_ours(kwargs, says):
     torch = fw("torch")

@@ -568,6 +568,24 @@ def test_a_missing_file_is_a_checkpoint_error(tmp_path):
         bb.open(tmp_path / "nope.safetensors")
 
 
+def test_a_path_that_is_no_regular_file_is_refused_naming_what_it_is(tmp_path):
+    # a directory raised OSError's words only; /dev/null read as "0 bytes, damaged"
+    for path, kind in ((tmp_path, "a directory"), (os.devnull, "a character device")):
+        with pytest.raises(CheckpointError, match=f"cannot open it \\(it is {kind}, not a regular file\\)"):
+            bb.open(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
+def test_a_named_pipe_is_refused_not_waited_on(tmp_path):
+    # its open blocked until a writer came: bb.load hung for ever (in a child, so a hang fails the test)
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    code = "import bf16bridge as bb, sys\ntry:\n    bb.load(sys.argv[1])\nexcept bb.CheckpointError as e:\n    print(e)"
+    run = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "cannot open it (it is a named pipe, not a regular file)" in run.stdout
+
+
 # -- load_for_target ---------------------------------------------------------------------------
 
 

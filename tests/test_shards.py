@@ -369,6 +369,27 @@ def test_a_mesh_of_one_device_is_a_sharding():
     assert ptr(y.addressable_shards[0].data) == ptr(x)
 
 
+@pytest.mark.parametrize("dtype,value", [(np.int64, 2**40 + 1), (np.uint64, 2**63), (np.float64, 1 + 2**-40),
+                                         (np.complex128, 1 + 2**-40 * 1j)])
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_from_shards_into_jax_refuses_64_bit_shards_without_x64(dtype, value, framework):
+    # jax.device_put of an int64 shard without x64 made an int32 array (2**40 + 1 became 1) without a word
+    import jax
+
+    shard = Shard((slice(0, 2),), "cpu:0", make(framework, np.full(2, value, dtype)))
+    before = jax.config.jax_enable_x64
+    try:
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(bb.UnsupportedDtypeError, match=rf"jax cannot hold these {np.dtype(dtype).name} shards"
+                                                           r".*jax_enable_x64"):
+            bb.from_shards([shard], "jax", sharding=_one_device_sharding())
+        jax.config.update("jax_enable_x64", True)  # the flag is read at each call
+        y = bb.from_shards([shard], "jax", sharding=_one_device_sharding())
+        assert y.dtype == dtype and np.asarray(y).tobytes() == np.full(2, value, dtype).tobytes()
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
 def test_import_loads_no_framework():
     code = """
         import sys

@@ -18,7 +18,7 @@ from . import _dlpack
 from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport, cast_matches
 
 # for sharded arrays (bf16bridge.shards)
-from .. import shards
+from .. import registry, shards
 from ..errors import CopyRequiredError, DeviceError, InvalidArgumentError
 
 versions.require("jax", jax.__version__)
@@ -459,6 +459,14 @@ class JaxAdapter(Adapter):
             wanted = sharding.addressable_devices_indices_map(shape)
         except ValueError as err:  # a dimension the sharding does not divide evenly
             raise InvalidArgumentError(f"jax cannot lay out a {shape} array as {sharding}: {err}") from err
+        if pieces:  # (one dtype across the pieces: from_shards checked) jax without x64 would narrow
+            # int64 / float64 shards in device_put without a word: refused, as convert refuses them
+            t = pieces[0][2]
+            name = dtypes.in_values(*registry.get(registry.framework_of(t)).shape_dtype(t))[1]
+            refused = self.cannot_hold(name)
+            if refused is not None:
+                raise UnsupportedDtypeError(f"jax cannot hold these {name} shards bit for bit here ({refused}); "
+                                            "or convert the shards to a dtype jax holds first")
         held: dict = {}
         for index, device, t in pieces:
             held.setdefault(_span(index), []).append((device, t))

@@ -143,10 +143,7 @@ class NumpyAdapter(Adapter):
 
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
-        if isinstance(x, np.ma.MaskedArray):
-            raise UnsupportedTypeError(
-                "a numpy masked array would lose its mask; pass a.filled(value) or a.data explicitly"
-            )
+        _refuse_masked(x)
         scalar = isinstance(x, np.generic)
         if scalar:
             x = np.asarray(x)
@@ -269,6 +266,7 @@ class NumpyAdapter(Adapter):
         return view
 
     def astype(self, x, dtype):
+        _refuse_masked(x)  # the cast below is a plain array: cast_tree would drop the mask without a word
         # into an aligned array: the planner takes a widened array as this adapter's own copy
         # (copies_aligned), and hands it to importers that need alignment (tensorflow's kernels
         # abort the process on an unaligned buffer); numpy's own allocation of a small array is not
@@ -282,3 +280,10 @@ class NumpyAdapter(Adapter):
 
 
 ADAPTER = NumpyAdapter()
+
+
+def _refuse_masked(x) -> None:
+    if isinstance(x, np.ma.MaskedArray):
+        raise UnsupportedTypeError(
+            "a numpy masked array would lose its mask; pass a.filled(value) or a.data explicitly"
+        )

@@ -11,6 +11,7 @@ import builtins
 import dataclasses
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -38,11 +39,19 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike):
         self.path = fmt.fspath(path, "bb.open")
         try:
-            f = builtins.open(self.path, "rb")
+            # without blocking: a named pipe's open waits for a writer (bb.load hung for ever on one)
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError as err:
             raise CheckpointError(f"{self.path}: cannot open it ({err.strerror})") from err
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a pipe or a device has no size to check a header against
+            os.close(fd)
+            raise CheckpointError(f"{self.path}: cannot open it (it is {_kind(st.st_mode)}, not a regular file); "
+                                  "bb.open maps a safetensors file: save or copy it to a file first")
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
         try:
-            size = os.fstat(f.fileno()).st_size
+            size = st.st_size
             self.header = fmt.read(f, self.path, size)
             self._map: mmap.mmap | None = None
             if size > self.header.data_start:  # a file of no tensor data has nothing to map
@@ -308,6 +317,14 @@ def _shares(a: np.ndarray, out, to: str, copies: bool) -> bool:
         return adapter.data_ptr(out) == a.ctypes.data
     except Exception:  # noqa: BLE001 - a framework that cannot give a pointer (tensorflow's fp8):
         return not copies  # the plan says whether the route copied
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "no regular file"
 
 
 def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - bb.open, as the issue asks
