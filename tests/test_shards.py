@@ -418,7 +418,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 80
+EIGHT_DEVICE_TESTS = 82
 
 
 def test_eight_jax_devices_in_a_child():
@@ -857,6 +857,41 @@ if CHILD == "jax8":
                 assert bb.convert_tree({"w": d}, to, on_unsupported="keep")["w"] is d
             assert registry.get("torch").fast_key(d, True) is None
             assert not any(issubclass(key[0], DTensor) for key in conv._FAST)
+
+        def test_cast_tree_keeps_a_jax_array_s_sharding(self):
+            x = _sharded(np.arange(64 * 6, dtype=np.uint16).reshape(64, 6) + 0x3F80, (4, 2), ("x", "y"), (("x",), ()))
+            out, report = bb.cast_tree({"h.0.w": x}, "float32")
+            y = out["h.0.w"]
+            assert report.leaves[0].action == "cast" and y.dtype == np.float32
+            assert y.sharding.is_equivalent_to(x.sharding, 2)
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(x).astype(np.float32))
+
+        def test_cast_tree_casts_a_dtensor_s_part_and_keeps_it_sharded(self, fake_rank):
+            # an FSDP2 state dict: its DTensors cast as torch's own .to casts them (this rank's part), tied
+            # ones (the same part under two keys) kept together; it was refused as "no memory of its own"
+            import torch
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import DTensor
+            from torch.distributed.tensor import Shard as TorchShard
+
+            mesh = init_device_mesh("cpu", (8,))
+            raw = np.array([0x7FC00001, 0xFF800000, 0x80000000, 0x3F808000, 0x3F818000, 0x3F800001], np.uint32)
+            part = torch.from_numpy(raw.view(np.float32).reshape(2, 3).copy())
+
+            def dt(t):
+                return DTensor.from_local(t, mesh, [TorchShard(1)], run_check=False, shape=torch.Size((2, 24)),
+                                          stride=(24, 1))
+
+            tree = {"h.0.w": dt(part), "wte": dt(part.clone()), "ln_f.weight": dt(part.clone())}
+            tree["lm_head.weight"] = dt(tree["ln_f.weight"].to_local())  # tied to a kept leaf
+            out, report = bb.cast_tree(tree, "bfloat16")
+            w = out["h.0.w"]
+            assert isinstance(w, DTensor) and w.placements == (TorchShard(1),) and tuple(w.shape) == (2, 24)
+            expected = part.to(torch.bfloat16).view(torch.uint16).numpy()
+            np.testing.assert_array_equal(w.to_local().view(torch.uint16).numpy(), expected)
+            assert {r.path: r.action for r in report.leaves} == {
+                "h.0.w": "cast", "wte": "cast", "ln_f.weight": "kept", "lm_head.weight": "kept"}
+            assert out["lm_head.weight"] is tree["lm_head.weight"] and out["ln_f.weight"] is tree["ln_f.weight"]
 
         def test_dtensor_from_shards_checks_the_local_shard(self, fake_rank):
             import torch

@@ -300,6 +300,8 @@ class TorchAdapter(Adapter):
         )
 
     def no_data(self, x):
+        if type(x) is not torch.Tensor and _is_dtensor(x):  # a cast (Tensor.to) casts this rank's part
+            return _no_data(x.to_local())
         return _no_data(x)
 
     def fast_key(self, x, alignment):
@@ -530,6 +532,8 @@ class TorchAdapter(Adapter):
 
     def same_data(self, x):
         # state_dict() hands tied weights as two tensors over one storage
+        if type(x) is not torch.Tensor and _is_dtensor(x):  # (FSDP2's state dict) by this rank's part
+            return ("DTensor", self.same_data(x.to_local()), tuple(x.shape), tuple(x.placements), id(x.device_mesh))
         if x.layout is not torch.strided or x.is_nested or x.device.type == "meta" or x.numel() == 0:
             return id(x)  # empty tensors all have data_ptr 0: not one storage
         return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
