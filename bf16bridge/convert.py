@@ -611,19 +611,22 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
 
 
 def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
-    """Whether ``convert`` with these keywords hands a tensor back as it is: already of the target
-    framework, and its plan has no step, no copy, no change of dtype, no dropped gradient. The trees'
-    walk keeps a plain object whose tensors (in its attributes) all would be: nothing in it changes."""
+    """Whether ``convert`` with these keywords hands a tensor back as it is (the same object: not a
+    detached torch tensor, not a tf.Variable's value, no copy, no other dtype), asked only of a
+    tensor already of the target framework, and converted only where its plan copies nothing. The
+    trees' walk keeps a plain object whose tensors (in its attributes) all would be: nothing in it
+    changes."""
     target = registry.resolve(to)
 
     def as_is(x) -> bool:
         if copy is True or registry.tensor_framework(x) != target:
             return False
         try:
-            p = plan(x, target, fallback=fallback, for_compute=for_compute)
+            if plan(x, target, fallback=fallback, for_compute=for_compute).copies:
+                return False
+            return _one(x, target, copy, fallback, for_compute, "allow", "drop") is x
         except Bf16BridgeError:
             return False
-        return not p.steps and not p.copies and p.dtype_out == p.dtype_in and not p.drops_grad and p.alias is None
 
     return as_is
 
