@@ -278,6 +278,14 @@ def _nbytes(x, shape, name: str) -> int:
     return int(n) if isinstance(n, int) else 0
 
 
+def _not_cast(x) -> bool:
+    """Whether cast_tree hands the tensor ``x`` back as it is whatever its policy: it is not floating."""
+    try:
+        return not _is_floating(_describe(x)[1])
+    except Bf16BridgeError:
+        return False
+
+
 def _is_floating(name: str) -> bool:
     return name in FLOATING
 
@@ -403,7 +411,9 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
         found.append((x, _label(path, _wrapper_path(tree, path, x)), adapter, name, shape))
         return x
 
-    trees.map_leaves(collect, tree, strict=True)  # a model object in the tree: refused, naming cast_module
+    # a model object in the tree: refused, naming cast_module; a plain object holding tensors in its
+    # attributes only where one of them is floating (cast, or kept by a rule its name is not seen by)
+    trees.map_leaves(collect, tree, strict=True, as_is=_not_cast)
     labels = [f[1] for f in found]
     decide = _Decide(rules, labels)
 
@@ -461,7 +471,7 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
             results.append(out)
 
     it = iter(results)
-    out_tree = trees.map_leaves(lambda x, path: next(it), tree, strict=True)
+    out_tree = trees.map_leaves(lambda x, path: next(it), tree, strict=True, as_is=_not_cast)
     return out_tree, CastReport(target, tuple(rows))
 
 

@@ -596,7 +596,8 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     kept: list[str] = []
     token = _SAYING.set(pending)
     try:
-        out = trees.map_leaves(leaf, tree, unwrap_values=unwrap, strict=True)
+        out = trees.map_leaves(leaf, tree, unwrap_values=unwrap, strict=True,
+                               as_is=_as_is(to, copy, fallback, for_compute))
     finally:
         _SAYING.reset(token)
     for message, n in pending.items():
@@ -607,6 +608,27 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
               f"{'it is' if n == 1 else 'they are'}, not in {registry.resolve(to)}: {', '.join(kept[:3])}"
               f"{f' and {n - 3} more' if n > 3 else ''} (bb.plan_tree says why of each)")
     return out
+
+
+def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
+    """Whether ``convert`` with these keywords hands a tensor back as it is (the same object: not a
+    detached torch tensor, not a tf.Variable's value, no copy, no other dtype), asked only of a
+    tensor already of the target framework, and converted only where its plan copies nothing. The
+    trees' walk keeps a plain object whose tensors (in its attributes) all would be: nothing in it
+    changes."""
+    target = registry.resolve(to)
+
+    def as_is(x) -> bool:
+        if copy is True or registry.tensor_framework(x) != target:
+            return False
+        try:
+            if plan(x, target, fallback=fallback, for_compute=for_compute).copies:
+                return False
+            return _one(x, target, copy, fallback, for_compute, "allow", "drop") is x
+        except Bf16BridgeError:
+            return False
+
+    return as_is
 
 
 def _cannot_cross(x, to, fallback, for_compute) -> bool:
@@ -638,5 +660,5 @@ def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fal
             leaves.append((trees.where(path), err))
         return x
 
-    trees.map_leaves(leaf, tree, strict=True)
+    trees.map_leaves(leaf, tree, strict=True, as_is=_as_is(to, copy, fallback, for_compute))
     return TreePlan(tuple(leaves))

@@ -10,8 +10,10 @@ first use, under a lock, so several threads may ask at once.
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
+import itertools
 import sys
 import threading
 import types
@@ -259,14 +261,46 @@ def not_a_tensor(x) -> str | None:
     return None
 
 
-def held_in_attributes(x) -> tuple[str, ...]:
+#: how many values one look into an object's attributes reads (ids, types) before it stops: a
+#: vocabulary of 400,000 words is read in a few milliseconds; an object takes OBJECT_COST of it
+LOOK_BUDGET = 2_000_000
+OBJECT_COST = 50
+
+
+def held_in_attributes(x, as_is=None) -> tuple[str, ...]:
     """The names of the attributes of a plain object (its ``__dict__`` and ``__slots__``; a
-    ``functools.partial``'s arguments) that hold a tensor of a registered framework, directly or in
-    the lists, tuples and dicts there, two levels deep (no other object is entered, so no cycle is
-    followed); numpy scalars and numpy arrays of objects or strings are plain values. () for an
-    object with none, and for a class or a module, whose attributes are no data of theirs."""
+    ``functools.partial``'s arguments) that hold a tensor of a registered framework, at any depth
+    of the lists, tuples, sets, dicts and other objects' attributes there (each object and mutable
+    container entered once: a cycle ends); numpy scalars and numpy arrays of objects or strings are
+    plain values. ``as_is(tensor)``: a tensor for which it is true (the caller would hand it back as
+    it is) does not count. An attribute whose look reads more than ``LOOK_BUDGET`` values is named
+    too: what it holds is not known. () for an object with none, and for a class or a module, whose
+    attributes are no data of theirs."""
+    found, unlooked = look(x, as_is)
+    return found + unlooked
+
+
+def look(x, as_is=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``held_in_attributes``'s answer in two: the attributes found holding a tensor, and the one
+    whose look ran past ``LOOK_BUDGET`` (the look stops there)."""
     if issubclass(type(x), (type, types.ModuleType)):
-        return ()
+        return (), ()
+    found: list[str] = []
+    kinds: dict = {}  # type -> kind: a long list is asked once a type
+    seen = {id(x)}
+    budget = [LOOK_BUDGET]
+    for name, value in _attributes(x):
+        holds = _holds_tensor(value, as_is, kinds, seen, budget)
+        if holds is None:
+            return tuple(found), (str(name),)
+        if holds:
+            found.append(str(name))
+    return tuple(found), ()
+
+
+def _attributes(x) -> list:
+    """``(name, value)`` of an object's attributes: its ``__dict__``, its ``__slots__``, a
+    ``functools.partial``'s arguments; none where reading them raises (a proxy)."""
     try:  # a proxy's __getattr__ may raise anything: then there is nothing we can read
         attrs = getattr(x, "__dict__", None)
     except Exception:  # noqa: BLE001
@@ -284,33 +318,84 @@ def held_in_attributes(x) -> tuple[str, ...]:
                 items.append((name, getattr(x, stored)))
             except Exception:  # noqa: BLE001 - an unset slot (AttributeError), a failing descriptor
                 pass
-    memo: dict = {}  # type -> holds a tensor (the answer is the type's): a long list is asked once a type
-    return tuple(str(name) for name, value in items if _holds_tensor(value, 2, memo))
+    return items
 
 
-def _holds_tensor(value, depth: int, memo: dict) -> bool:
-    if isinstance(value, (list, tuple, dict)):
-        if depth == 0:
+_PLAIN, _TENSOR, _IMMUTABLE, _MUTABLE, _DICT, _OBJECT = range(6)
+#: values that hold no tensor: Python's scalars, numpy's (a numpy type, but a plain value), classes, modules
+_PLAIN_TYPES = (str, bytes, int, float, complex, type(None), type, types.ModuleType, np.generic,
+                types.FunctionType, types.BuiltinFunctionType, range)
+
+
+def _kind(t: type, kinds: dict) -> int:
+    kind = kinds.get(t)
+    if kind is None:
+        if issubclass(t, _PLAIN_TYPES):
+            kind = _PLAIN
+        elif _framework_of_type(t) is not None:
+            kind = _TENSOR
+        elif issubclass(t, (tuple, frozenset)):
+            kind = _IMMUTABLE  # (a cycle through one passes through a mutable container or an object)
+        elif issubclass(t, (list, set, collections.deque)):
+            kind = _MUTABLE
+        elif issubclass(t, dict):
+            kind = _DICT
+        else:
+            kind = _OBJECT
+        kinds[t] = kind
+    return kind
+
+
+def _holds_tensor(value, as_is, kinds: dict, seen: set, budget: list) -> bool | None:
+    """Whether ``value`` holds a tensor ``as_is`` does not pass, looking level by level (a level's
+    values by type, a type's kind asked once: 400,000 words are one set of types, read where they
+    are); None where the look reads more than ``budget`` values."""
+    level: list = [(value,)]  # a level: the containers (or lists) whose values are looked at
+    while level:
+        budget[0] -= sum(map(len, level))
+        if budget[0] < 0:
+            return None
+        types_here: set = set()
+        for chunk in level:
+            types_here.update(map(type, chunk))
+        groups: dict[int, set] = {}
+        for t in types_here:
+            kind = _kind(t, kinds)
+            if kind != _PLAIN:
+                groups.setdefault(kind, set()).add(t)
+        if not groups:
             return False
-        values = value.values() if isinstance(value, dict) else value
-        # (distinct types first: a 200,000-word vocabulary is a few types, asked once each)
-        kinds = set(map(type, values))
-        if not any(_is_tensor_type(t, memo) for t in kinds):
-            if not any(issubclass(t, (list, tuple, dict)) for t in kinds):
-                return False
-        return any(_holds_tensor(v, depth - 1, memo) for v in values)
-    t = type(value)
-    if not _is_tensor_type(t, memo):
-        return False
-    return not (isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.dtype.kind in "OUS"))
+        one_type = len(types_here) == 1
+        for v in _members(level, groups, one_type, _TENSOR):
+            if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
+                continue  # strings or objects (a jax Mesh's devices): plain values
+            if as_is is None or not as_is(v):
+                return True
+        deeper: list = [list(itertools.chain.from_iterable(_members(level, groups, one_type, _IMMUTABLE)))]
+        for kind in (_MUTABLE, _DICT, _OBJECT):
+            fresh = [v for v in _members(level, groups, one_type, kind) if id(v) not in seen]
+            seen.update(map(id, fresh))
+            # (many short containers read as one: a Python loop over them costs more)
+            if kind == _MUTABLE:
+                deeper.append(fresh[0] if len(fresh) == 1 else list(itertools.chain.from_iterable(fresh)))
+            elif kind == _DICT:
+                deeper.append(fresh[0].values() if len(fresh) == 1
+                              else list(itertools.chain.from_iterable(d.values() for d in fresh)))
+            elif fresh:
+                budget[0] -= OBJECT_COST * len(fresh)
+                deeper.append([v for obj in fresh for _, v in _attributes(obj)])
+        level = [chunk for chunk in deeper if len(chunk)]
+    return False
 
 
-def _is_tensor_type(t: type, memo: dict) -> bool:
-    """Whether objects of type ``t`` are tensors of a registered framework (numpy's included)."""
-    known = memo.get(t)
-    if known is None:
-        known = memo[t] = _framework_of_type(t) is not None
-    return known
+def _members(level: list, groups: dict, one_type: bool, kind: int):
+    """The values of ``level`` of that kind (``groups``: kind -> its types there)."""
+    if kind not in groups:
+        return ()
+    if one_type:
+        return itertools.chain.from_iterable(level)
+    ts = groups[kind]
+    return (v for chunk in level for v in chunk if type(v) in ts)
 
 
 #: containers of Python's own that a tree walk does not enter, and the way out
@@ -359,10 +444,15 @@ def framework_of(x) -> str:
         if isinstance(x, kinds):  # the first that fits: a generator is an iterator too
             hint = f"; {way_out}"
             break
-    held = held_in_attributes(x) if not hint else ()
+    held, unlooked = look(x) if not hint else ((), ())
     if held:
-        hint = (f"; it holds tensors in its attributes ({', '.join(held)}), which a tree walk does not enter: "
-                "make it a dataclass (whose fields are walked), or pass the tensors it holds")
+        hint = (f"; it holds tensors in its attributes ({', '.join(held)}), which a tree walk does not enter "
+                "(it keeps such an object only where each of them would come back as it is): make it a "
+                "dataclass (whose fields are walked), or pass the tensors it holds")
+    elif unlooked:
+        hint = (f"; its attribute {unlooked[0]} holds more than a look for tensors reads ({LOOK_BUDGET:,} "
+                "values), so whether it holds tensors is not known: make it a dataclass (whose fields are "
+                "walked), or leave it out of the tree")
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (
             "; make an array first, for example "

@@ -33,7 +33,8 @@ def where(path) -> str:
     return "".join(f"[{p!r}]" for p in path) or "the root"
 
 
-def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = False, strict: bool = False):
+def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = False, strict: bool = False,
+               as_is: Callable[[Any], bool] | None = None):
     """The tree with every tensor leaf ``x`` at ``path`` replaced by ``fn(x, path)``;
     new containers of the same types, the input untouched. ``unwrap_values``: a wrapper
     that holds a tensor in ``.value`` (an nnx.Variable, even where it is a tree node)
@@ -41,9 +42,11 @@ def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = F
     that holds tensors (a model object, a tensorflow ragged or sparse tensor, a set of tensors,
     a generator: ``hidden``) is handed to ``fn`` too, as a leaf, for ``fn`` to refuse naming
     its path (convert does: ``registry.framework_of`` names what it is and the way out),
-    rather than kept as it is, tensors unseen."""
+    rather than kept as it is, tensors unseen. ``as_is(tensor)``: whether ``fn`` would hand that
+    tensor back as it is; a plain object whose every tensor it would is kept as it is (nothing in
+    it would change), in a strict walk too."""
     try:
-        return _walk(fn, tree, (), _Walk(unwrap_values, strict))
+        return _walk(fn, tree, (), _Walk(unwrap_values, strict, as_is))
     except RecursionError as err:  # the walk recurses, a few frames a level
         raise UnsupportedTypeError(
             f"this tree is nested too deeply to walk (Python's recursion limit is {sys.getrecursionlimit()} "
@@ -54,12 +57,13 @@ def map_leaves(fn: Callable[[Any, tuple], Any], tree, *, unwrap_values: bool = F
 class _Walk:
     """What one walk carries: the containers being walked (to refuse a cycle), its options."""
 
-    __slots__ = ("active", "unwrap_values", "strict")
+    __slots__ = ("active", "unwrap_values", "strict", "as_is")
 
-    def __init__(self, unwrap_values: bool, strict: bool = False):
+    def __init__(self, unwrap_values: bool, strict: bool = False, as_is: Callable[[Any], bool] | None = None):
         self.active: set = set()
         self.unwrap_values = unwrap_values
         self.strict = strict
+        self.as_is = as_is
 
 
 class _Slot:
@@ -264,8 +268,9 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
     reach: a model object or a composite tensor of an imported framework
     (``registry.not_a_tensor``), a set holding a tensor, a generator (what it yields is not known
     until it is used up), any other one-shot iterator of Python's (map, zip, iter(list); not a file),
-    a dict view holding a tensor, a plain object holding one in its attributes
-    (``registry.held_in_attributes``)."""
+    a dict view holding a tensor, a plain object holding one in its attributes at any depth, or too
+    much there to look through (``registry.held_in_attributes``; tensors the walk's ``as_is`` says
+    would come back as they are do not count)."""
     if isinstance(node, Iterator) and not isinstance(node, io.IOBase):  # a generator among them
         return True
     if isinstance(node, (set, frozenset, MappingView)):
@@ -278,7 +283,7 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
 
         _walk(seen, list(typing_cast(Iterable, node)), path, walk or _Walk(False, True))
         return bool(found)
-    return registry.not_a_tensor(node) is not None or bool(registry.held_in_attributes(node))
+    return registry.not_a_tensor(node) is not None or bool(registry.held_in_attributes(node, walk and walk.as_is))
 
 
 #: what marks an object as holding array data (numpy's and DLPack's protocols)

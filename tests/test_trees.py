@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import re
 import types
 import warnings
@@ -416,7 +417,21 @@ def _hidden_cases():
         ("private-slot", lambda: _Private(t), r"attributes \(__w\)"),
         ("torch-optimizer", lambda: torch.optim.SGD([torch.nn.Parameter(t.clone())], lr=0.1),
          r"optimizer object of torch.*opt\.state_dict\(\)"),
+        # (review: kept unlooked: a tensor three containers deep, in an object held in an attribute, in a
+        # set or a deque there, behind a cycle)
+        ("three-deep", lambda: types.SimpleNamespace(lr=0.1, a=[[{"k": (t,)}]]), r"attributes \(a\)"),
+        ("object-in-attribute", lambda: types.SimpleNamespace(inner=_Holder(t), n=3), r"attributes \(inner\)"),
+        ("set-and-deque-in-attribute", lambda: types.SimpleNamespace(s={t}, d=collections.deque([[t]])),
+         r"attributes \(s, d\)"),
+        ("behind-a-cycle", lambda: _cycle(t), r"attributes \(peer\)"),
     ]
+
+
+def _cycle(value):
+    """Two objects that hold each other (a parent and its child), the second ``value`` too."""
+    a, b = types.SimpleNamespace(name="a"), types.SimpleNamespace(name="b")
+    a.peer, b.peer, b.items = b, a, [[value]]
+    return a
 
 
 class _Private:
@@ -471,7 +486,8 @@ def _TfModule():
                                   "map", "list-iterator", "tf-ragged", "tf-sparse", "tf-tensorarray", "tf-dataset",
                                   "tf-module", "keras-layer", "plain-object", "namespace-dict", "slots-list",
                                   "defaultdict-attr", "list-of-dicts-attr", "partial", "private-slot",
-                                  "torch-optimizer"])
+                                  "torch-optimizer", "three-deep", "object-in-attribute",
+                                  "set-and-deque-in-attribute", "behind-a-cycle"])
 @pytest.mark.parametrize("to", ["jax", "numpy"])
 def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its_path(case, to):
     mk, says = {name: (mk, says) for name, mk, says in _hidden_cases()}[case]
@@ -518,7 +534,9 @@ def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
                                    "types.SimpleNamespace(lr=np.float32(1e-3), name='adam', betas=[0.9, 0.99])",
                                    "np", "_Holder", "_Slots(None)", "_MODULE", "_Proxy()",
                                    "types.SimpleNamespace(names=np.array(['a', 'b']), objs=np.array([None]))",
-                                   "jax.sharding.Mesh(np.array(jax.devices()), ('d',))"])
+                                   "jax.sharding.Mesh(np.array(jax.devices()), ('d',))",
+                                   "_cycle('no tensor')", "types.SimpleNamespace(log=logging.getLogger('bf16bridge'))",
+                                   "types.SimpleNamespace(inner=types.SimpleNamespace(merges=[('a', 'b')] * 300_000))"])
 def test_plain_values_and_dtypes_still_pass_through(value):
     import jax  # noqa: F401 - named by the parameters
     import jax.numpy as jnp  # noqa: F401
@@ -582,3 +600,77 @@ def test_a_tensorflow_composite_is_named_as_tensorflows_with_its_way_out(kind, s
          "tensor-array": lambda: tf.TensorArray(tf.float32, size=1)}[kind]()
     with pytest.raises(bb.UnsupportedTypeError, match=says):
         getattr(bb, call)(x, "torch")
+
+
+# -- a plain object whose tensors would come back as they are: kept ---------------------------------
+
+
+def test_a_config_of_numpy_arrays_is_kept_by_a_walk_to_numpy_and_refused_where_its_arrays_would_change():
+    # (review: convert_tree(..., to="numpy") refused a config holding numpy arrays it would not change)
+    cfg = types.SimpleNamespace(mean=np.zeros(3, np.float32), ids=np.arange(4), inner=types.SimpleNamespace(
+        table=[{"w": _bf16((2,))}]), lr=np.float32(1e-3))
+    tree = {"w": _bf16((2, 2)), "cfg": cfg}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = bb.convert_tree(tree, "numpy")
+        assert out["cfg"] is cfg and out["w"] is tree["w"]
+        p = bb.plan_tree(tree, "numpy")
+        assert [w for w, _ in p.leaves] == ["['w']"] and not p.errors, str(p)
+    says = r"at \['cfg'\]: .*attributes \(mean, ids, inner\).*would come back as it is"
+    for kw in (dict(to="numpy", copy=True), dict(to="torch"), dict(to="jax")):  # each array would be new
+        with pytest.raises(bb.UnsupportedTypeError, match=says):
+            bb.convert_tree(tree, **kw)
+        p = bb.plan_tree(tree, **kw)
+        assert [w for w, _ in p.errors] == ["['cfg']"] and re.search(says[13:], str(p.errors[0][1]))
+    # cast_tree: an integer array comes back as it is whatever the policy; a floating one would be cast
+    ints = types.SimpleNamespace(ids=np.arange(4), deep=[[np.zeros(2, np.int8)]])
+    assert bb.cast_tree({"c": ints, "w": np.zeros(2, np.float32)})[0]["c"] is ints
+    with pytest.raises(bb.UnsupportedTypeError, match=r"at \['cfg'\]: .*attributes \(mean, ids, inner\)"):
+        bb.cast_tree(tree, "bfloat16")
+
+
+def _held_tensors():
+    import tensorflow as tf
+    import torch
+
+    readonly = _bf16((3,))
+    readonly.flags.writeable = False
+    return {"numpy-bf16": lambda: make("numpy", _bf16((3,))), "numpy-readonly": lambda: readonly,
+            "numpy-int64": lambda: np.arange(3), "torch-bf16": lambda: make("torch", _bf16((3,))),
+            "torch-grad": lambda: torch.ones(3, requires_grad=True), "jax-bf16": lambda: make("jax", _bf16((3,))),
+            "tf-bf16": lambda: make("tensorflow", _bf16((3,))), "tf-variable": lambda: tf.Variable([1.0, 2.0])}
+
+
+@pytest.mark.parametrize("held", ["numpy-bf16", "numpy-readonly", "numpy-int64", "torch-bf16", "torch-grad",
+                                  "jax-bf16", "tf-bf16", "tf-variable"])
+@pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
+def test_an_object_is_kept_exactly_where_convert_hands_each_tensor_it_holds_back_as_it_is(held, to):
+    t = _held_tensors()[held]()
+    try:
+        same = bb.convert(t, to, on_alias="allow", on_grad="drop") is t
+    except bb.Bf16BridgeError:  # int64 to jax without x64: refused, so the object is too
+        same = False
+    holder = types.SimpleNamespace(t=t, deep=[{"k": (t,)}], name="h")
+    tree = {"h": holder}
+    if same:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert bb.convert_tree(tree, to)["h"] is holder
+            assert not bb.plan_tree(tree, to).leaves
+    else:
+        with pytest.raises(bb.UnsupportedTypeError, match=r"at \['h'\]: .*attributes \(t, deep\)"):
+            bb.convert_tree(tree, to)
+        assert [w for w, _ in bb.plan_tree(tree, to).errors] == ["['h']"]
+
+
+def test_a_look_past_its_budget_refuses_the_object_saying_so(monkeypatch):
+    big = types.SimpleNamespace(name="vocab", vocab=[f"w{i}" for i in range(3000)])
+    tree = {"v": big}
+    assert bb.convert_tree(tree, "torch")["v"] is big  # read through: no tensor
+    monkeypatch.setattr(bb.registry, "LOOK_BUDGET", 2000)
+    says = r"at \['v'\]: .*its attribute vocab holds more than a look for tensors reads \(2,000 values\)"
+    with pytest.raises(bb.UnsupportedTypeError, match=says):
+        bb.convert_tree(tree, "torch")
+    assert [w for w, _ in bb.plan_tree(tree, "torch").errors] == ["['v']"]
+    with pytest.warns(bb.Bf16BridgeWarning, match=r"kept 1 leaf of this tree as it is.*\['v'\]"):
+        assert bb.convert_tree(tree, "torch", on_unsupported="keep")["v"] is big

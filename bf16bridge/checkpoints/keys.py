@@ -26,17 +26,20 @@ def _key(path: tuple) -> str:
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 
-def _refuse_values(node, path: tuple) -> None:
+def _refuse_values(node, path: tuple, empty: list) -> None:
     """Refuse what the walk kept as it was (numbers, strings, None, a model object, a set, any other
-    object): a file holds tensors only, and a leaf left out would be lost without a word."""
+    object): a file holds tensors only, and a leaf left out would be lost without a word. The paths
+    of empty containers below the root (no tensor, so no key: not in the file) go to ``empty``."""
     if node is trees.SLOT:
         return
+    if isinstance(node, (Mapping, list, tuple, *trees.SEQUENCES)) and not len(node) and path:
+        empty.append(path)
     if isinstance(node, Mapping):
         for k, v in node.items():
-            _refuse_values(v, path + (k,))
+            _refuse_values(v, path + (k,), empty)
     elif isinstance(node, (list, tuple, *trees.SEQUENCES)):
         for i, v in enumerate(node):
-            _refuse_values(v, path + (i,))
+            _refuse_values(v, path + (i,), empty)
     elif isinstance(node, _PLAIN):
         raise InvalidArgumentError(
             f"at {trees.where(path)}: {type(node).__name__} {node!r:.40} is not a tensor; a checkpoint holds "
@@ -45,8 +48,10 @@ def _refuse_values(node, path: tuple) -> None:
         found = trees.children(node)
         if found is not None:  # its children as any others; its static fields (not among them) are its own
             keys, values, _ = found
+            if not keys and path:
+                empty.append(path)
             for k, v in zip(keys, values):
-                _refuse_values(v, path + (k,))
+                _refuse_values(v, path + (k,), empty)
             return
         why = registry.not_a_tensor(node)  # a model with weights, a tf ragged tensor: what it is, the way out
         if why is not None:
@@ -63,8 +68,9 @@ def _refuse_values(node, path: tuple) -> None:
             "or leave it out")
 
 
-def leaves(tree) -> list[tuple[str, Any]]:
-    """``(key, tensor)`` for every tensor of ``tree``, keys joined with "."; colliding keys refused."""
+def leaves(tree) -> tuple[list[tuple[str, Any]], list[tuple]]:
+    """``(key, tensor)`` for every tensor of ``tree``, keys joined with "."; colliding keys refused.
+    And the paths of the empty containers below the root, which hold no tensor and so no key."""
     found: list[tuple[tuple, Any]] = []
 
     def take(x, path):
@@ -72,7 +78,8 @@ def leaves(tree) -> list[tuple[str, Any]]:
         return trees.SLOT
 
     skeleton = trees.map_leaves(take, tree, unwrap_values=True)
-    _refuse_values(skeleton, ())
+    empty: list[tuple] = []
+    _refuse_values(skeleton, (), empty)
     if found and found[0][0] == () and len(found) == 1 and skeleton is trees.SLOT:
         raise InvalidArgumentError("a bare tensor has no key: pass a dict, {'weight': x}")
     out: dict[str, tuple] = {}
@@ -89,7 +96,7 @@ def leaves(tree) -> list[tuple[str, Any]]:
         except UnicodeEncodeError as err:
             raise InvalidArgumentError(f"key {key!r} cannot be written as UTF-8 ({err.reason})") from None
         out[key] = (path, x)
-    return [(k, x) for k, (_, x) in out.items()]
+    return [(k, x) for k, (_, x) in out.items()], empty
 
 
 def nest(flat: Mapping[str, Any], path: str) -> dict:

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import dtypes, kernels, registry
+from .. import dtypes, kernels, registry, trees
 from ..adapters.numpy import aligned_empty
-from ..convert import convert, plan
+from ..convert import _warn, convert, plan
 from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
 from ..shards import convert_shards
@@ -194,7 +194,7 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
                 except UnicodeEncodeError as err:
                     raise InvalidArgumentError(f"metadata key {k!r}: its {what} cannot be written as UTF-8 "
                                                f"({err.reason}); the header is UTF-8 JSON") from None
-    pairs = leaves(tree)
+    pairs, empty = leaves(tree)
     sharded: set[str] = set()
     entries = fmt.order([_describe(k, x, sharded) for k, x in pairs])
     tensors = dict(pairs)
@@ -203,6 +203,12 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
         raise InvalidArgumentError(
             f"{path}: the header would be {len(head) - fmt.PREFIX} bytes, past the format's cap of "
             f"{fmt.MAX_HEADER} that readers refuse; shorten the metadata or the keys, or save fewer tensors a file")
+    if empty:  # said before anything is written: a warnings filter of "error" leaves the target as it was
+        n = len(empty)
+        _warn(f"bb.save writes {path} without {n} empty container{'' if n == 1 else 's'} of the tree "
+              f"({', '.join(map(trees.where, empty[:3]))}{f' and {n - 3} more' if n > 3 else ''}): a file holds "
+              "tensors under keys, and an empty container has none, so bb.load does not give it back; "
+              "rebuild it after loading, or leave it out of what you save")
     directory = os.path.dirname(os.path.abspath(path))
     # the temporary name stays within a directory entry's 255 bytes whatever the target's length
     stem = os.path.basename(path).encode("utf-8", "surrogateescape")[:100].decode("utf-8", "ignore")
