@@ -511,6 +511,38 @@ def test_worst_regions_find_injected_faults_with_their_interval_and_values():
     assert [g.nonfinite > 0 for g in regions.find(x, {"bad": bad}, ref, parity.parse("ulp(2)"))] == [True]
 
 
+def test_worst_regions_under_exact_compare_bits_nan_payloads_and_signed_zeros_included():
+    """exact is bits, in regions as in compare: a NaN whose payload (or sign) differs from the rounded
+    reference's NaN once passed, and so did the region it was in."""
+    from bf16bridge.parity import regions
+
+    x = _every_bf16()
+    xs = metrics.to_float64(x)
+    band = (xs >= 8.0) & (xs < 16.0)
+    ref = np.where(band, np.nan, xs)  # an op whose answer is NaN over one binade of inputs
+    good = metrics.round_to(ref, x.dtype).astype(x.dtype)
+    assert set(good.view(np.uint16)[band]) == {0x7FC0}
+    bad = good.copy()
+    u = bad.view(np.uint16)
+    idx = np.flatnonzero(band)
+    u[idx[::2]] = 0x7FC1  # another payload
+    u[idx[1::2]] = 0xFFC0  # the sign bit set (torch's vectorised code writes 0xFFFF)
+    assert regions.find(x, {"good": good}, ref, parity.parse("exact")) == ()
+    (g,) = regions.find(x, {"bad": bad}, ref, parity.parse("exact"))
+    assert (g.lo, g.hi, g.exceeding, g.nonfinite, g.ulps) == (8.0, float(xs[band].max()), idx.size, idx.size, None)
+    # NaN in the same places passes every policy but exact, and compare agrees on both
+    assert regions.find(x, {"bad": bad}, ref, parity.parse("ulp(0)")) == ()
+    assert not parity.compare(good, bad, policy="exact").passed
+    assert parity.compare(good, bad, policy="ulp(0)").passed
+    # -0 against +0: exact flags it, ulp(0) does not
+    zeros = bad.copy()
+    zeros.view(np.uint16)[band] = 0x7FC0
+    zeros.view(np.uint16)[xs == 0] ^= 0x8000
+    (z,) = regions.find(x, {"zeros": zeros}, ref, parity.parse("exact"))
+    assert (z.lo, z.hi, z.exceeding, z.nonfinite, z.ulps) == (0.0, 0.0, 2, 0, 0.0)
+    assert regions.find(x, {"zeros": zeros}, ref, parity.parse("ulp(0)")) == ()
+
+
 def _with_regions():
     from bf16bridge.parity import regions
 
@@ -655,9 +687,12 @@ def test_worst_regions_over_every_pattern_of_a_narrow_float(name):
     ones = np.flatnonzero((xs >= 1.0) & (xs < 2.0))
     fours = np.flatnonzero((xs >= 4.0) & (xs < 8.0))
     one_hi = ones[np.argmax(xs[ones])]
-    bad = x.copy()
+    # the identity, correctly rounded: NaN inputs of any payload give the format's own NaN (under
+    # exact, a NaN's bits count: an input's payload echoed back differs from the rounded reference's)
+    good = metrics.round_to(xs, x.dtype).astype(x.dtype)
+    bad = good.copy()
     bad.view(np.uint8)[[np.flatnonzero(xs == 1.0)[0], one_hi, np.flatnonzero(xs == 4.0)[0]]] += 1  # the next value up
-    found = regions.find(x, {"good": x.copy(), "bad": bad}, xs, parity.parse("exact"))
+    found = regions.find(x, {"good": good, "bad": bad}, xs, parity.parse("exact"))
     assert [(g.result, g.lo, g.hi, g.exceeding, g.inputs, g.ulps, g.nonfinite) for g in found] == [
         ("bad", 1.0, float(xs[one_hi]), len({1.0, float(xs[one_hi])}), ones.size, 1, 0),
         ("bad", 4.0, 4.0, 1, 1, 1, 0)], [(g.lo, g.hi, g.exceeding, g.inputs) for g in found]

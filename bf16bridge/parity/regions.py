@@ -4,7 +4,8 @@ intervals in which a result's error against the reference exceeds the policy.
 Each result is judged element by element against the float64 reference rounded to
 the result's dtype (the correctly rounded answer), under the report's policy:
 
-- ``exact``: any bit differs; ``ulp(n)``: more than n ULPs apart (and -0 against +0
+- ``exact``: any bit differs (-0 against +0, and NaN payloads: a NaN whose bits differ from
+  the rounded reference's NaN counts with the NaN/inf mismatches); ``ulp(n)``: more than n ULPs apart (and -0 against +0
   with ``signed_zeros``); ``allclose(rtol, atol)``: |x - ref| > atol + rtol |ref|;
   ``reference(k)``: more than k ULPs apart (k rounded down);
 - under every policy, NaN or infinity where the rounded reference has none (or the reverse).
@@ -42,7 +43,7 @@ class Region:
     values: tuple  # ((name, value), ...): every result at that input
     reference: float  # the float64 reference at that input
     ulps: float | None  # the result's distance there from the rounded reference; None: NaN/inf mismatch
-    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only
+    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only (exact: or NaNs' bits differ)
     regions_total: int  # regions of this result, shown or not
 
 
@@ -54,10 +55,12 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     fx, fh = cx["finite"].reshape(-1), ch["finite"].reshape(-1)
     inf_x, inf_h = cx["inf"].reshape(-1), ch["inf"].reshape(-1)
     nonfinite = (cx["nan"] != ch["nan"]).reshape(-1) | (inf_x != inf_h) | (inf_x & inf_h & (bx != bh))
+    if pol.kind == "exact":  # bits, as compare's exact: NaNs whose payloads or signs differ too
+        nonfinite |= ~fx & ~fh & (bx != bh)
     both = fx & fh
     d = np.where(both, metrics.ulp_distance(x, held).reshape(-1).astype(np.float64), 0.0)
     if pol.kind == "exact":
-        bad = both & (bx != bh)
+        bad = both & (bx != bh)  # -0 against +0 included
     elif pol.kind == "allclose":
         vx, vh = metrics.to_float64(x).reshape(-1), metrics.to_float64(held).reshape(-1)
         with np.errstate(invalid="ignore", over="ignore"):
