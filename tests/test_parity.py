@@ -229,6 +229,8 @@ def test_reference_with_condition_tames_cancellation():
     ("allclose(atol=0.1)", parity.allclose(0, 0.1)), ("allclose(rtol=0.1)", parity.allclose(0.1, 0)),
     ("allclose(atol=1e-3, rtol=0.02)", parity.allclose(0.02, 1e-3)),
     ("ALLCLOSE(1E-2, atol = 2)", parity.allclose(0.01, 2)),
+    ("allclose(1e-2, 1e-5, equal_nan=false)", parity.allclose(1e-2, 1e-5, equal_nan=False)),
+    ("allclose(0.1, 0, false)", parity.allclose(0.1, 0, equal_nan=False)),
     ("reference(2)", parity.reference(2)), ("reference(k=3)", parity.reference(3)),
     ("reference()", parity.reference(2)),
     ("torch", parity.FRAMEWORK_DEFAULTS["torch"]), ("tf", parity.FRAMEWORK_DEFAULTS["tensorflow"]),
@@ -242,7 +244,8 @@ def test_policy_texts_mean_what_they_say(text, want):
 @pytest.mark.parametrize("text,why", [
     ("ulp(1.9)", "whole number"), ("ulp(-1)", ">= 0"), ("ulp(x)", "number"), ("ulp", "parentheses"),
     ("ulp(1, 2)", "true or false"), ("ulp(1,)", "empty"), ("ulp(inf)", "finite"), ("ulp(tol=1)", "not 'tol'"),
-    ("allclose()", "needs rtol"), ("allclose(1, 2, 3)", "at most 2"), ("allclose(tol=0.1)", "not 'tol'"),
+    ("allclose()", "needs rtol"), ("allclose(1, 2, 3)", "equal_nan takes true or false, not '3'"),
+    ("allclose(1, 2, true, 4)", "at most 3"), ("allclose(tol=0.1)", "not 'tol'"),
     ("allclose(atol=0.1, 0.2)", "positional argument after"), ("allclose(rtol=1, rtol=2)", "given twice"),
     ("allclose(-1)", ">= 0"), ("allclose(nan)", "finite"), ("allclose(0.1", "unknown policy"),
     ("reference(0.5)", "k >= 1"), ("exact(1)", "at most 0"), ("close(1)", "unknown policy"), ("", "unknown policy"),
@@ -261,6 +264,46 @@ def test_framework_defaults_and_bad_policies():
         parity.ulp(1.5)
     with pytest.raises(ValueError, match="reference="):
         parity.compare(_rand(), _rand(), policy="reference(2)")
+
+
+def _torch_cases():
+    """(actual, expected) bf16 pairs: NaN in the same place, NaN on one side, close and far values, infinities."""
+    nan, inf = np.nan, np.inf
+    rows = [([1.0, nan], [1.0, nan]), ([1.0, nan], [1.0, 2.0]), ([1.0, 2.0], [1.01, 2.0]), ([1.0, 2.0], [1.1, 2.0]),
+            ([inf, -inf], [inf, -inf]), ([inf, 1.0], [-inf, 1.0]), ([0.0, -0.0], [-0.0, 0.0])]
+    return [(np.array(a, F32).astype(BF16), np.array(b, F32).astype(BF16)) for a, b in rows]
+
+
+@pytest.mark.frameworks("torch")
+def test_the_torch_policy_gives_torch_testing_assert_close_verdicts_nan_included():
+    """torch.testing.assert_close's default is equal_nan=False: NaN in the same place fails there. The torch
+    policy once passed it; jax's and tensorflow's helpers (numpy's assert_allclose) take NaN as equal."""
+    import torch
+
+    def torch_says(a, b):
+        t = lambda x: torch.from_numpy(x.view(np.uint16).copy()).view(torch.bfloat16)  # noqa: E731
+        try:
+            torch.testing.assert_close(t(a), t(b))
+            return True
+        except AssertionError:
+            return False
+
+    for a, b in _torch_cases():
+        assert parity.compare(a, b, policy="torch").passed == torch_says(a, b), (a, b)
+        both_nan = bool((np.isnan(a) & np.isnan(b)).any())
+        for other in ("jax", "tensorflow"):  # numpy.testing.assert_allclose: equal_nan=True
+            try:
+                np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=1e-2, atol=1e-2)
+                numpy_says = True
+            except AssertionError:
+                numpy_says = False
+            assert parity.compare(a, b, policy=other).passed == numpy_says, (other, a, b)
+        if both_nan:
+            rep = parity.compare(a, b, policy="torch")
+            assert rep.pairs[0].nan_both == 1 and "NaN on both sides: torch (equal_nan=false)" in str(rep)
+    nan_both = _torch_cases()[0]
+    assert parity.compare(*nan_both, policy="allclose(1.6e-2, 1e-5)").passed  # equal_nan defaults to true
+    assert not parity.compare(*nan_both, policy="allclose(1.6e-2, 1e-5, equal_nan=false)").passed
 
 
 def test_allclose_policy_judges_elements():
@@ -541,6 +584,10 @@ def test_worst_regions_under_exact_compare_bits_nan_payloads_and_signed_zeros_in
     (z,) = regions.find(x, {"zeros": zeros}, ref, parity.parse("exact"))
     assert (z.lo, z.hi, z.exceeding, z.nonfinite, z.ulps) == (0.0, 0.0, 2, 0, 0.0)
     assert regions.find(x, {"zeros": zeros}, ref, parity.parse("ulp(0)")) == ()
+    # the torch policy (equal_nan=false) counts a NaN close to nothing, even the reference's own
+    (t,) = regions.find(x, {"good": good}, ref, parity.parse("torch"))
+    assert (t.lo, t.exceeding, t.nonfinite) == (8.0, idx.size, idx.size)
+    assert regions.find(x, {"good": good}, ref, parity.parse("jax")) == ()
 
 
 def _with_regions():

@@ -4,10 +4,11 @@ intervals in which a result's error against the reference exceeds the policy.
 Each result is judged element by element against the float64 reference rounded to
 the result's dtype (the correctly rounded answer), under the report's policy:
 
-- ``exact``: any bit differs (-0 against +0, and NaN payloads: a NaN whose bits differ from
-  the rounded reference's NaN counts with the NaN/inf mismatches); ``ulp(n)``: more than n ULPs apart (and -0 against +0
-  with ``signed_zeros``); ``allclose(rtol, atol)``: |x - ref| > atol + rtol |ref|;
-  ``reference(k)``: more than k ULPs apart (k rounded down);
+- ``exact``: any bit differs (-0 against +0, and NaN payloads: a NaN whose bits differ
+  from the rounded reference's NaN counts with the NaN/inf mismatches); ``ulp(n)``: more
+  than n ULPs apart (and -0 against +0 with ``signed_zeros``); ``allclose(rtol, atol)``:
+  |x - ref| > atol + rtol |ref| (with ``equal_nan=False``, the ``torch`` policy, a NaN on
+  either side too); ``reference(k)``: more than k ULPs apart (k rounded down);
 - under every policy, NaN or infinity where the rounded reference has none (or the reverse).
 
 Inputs are ordered by value and grouped by binade (sign and exponent, subnormals and
@@ -43,7 +44,8 @@ class Region:
     values: tuple  # ((name, value), ...): every result at that input
     reference: float  # the float64 reference at that input
     ulps: float | None  # the result's distance there from the rounded reference; None: NaN/inf mismatch
-    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only (exact: or NaNs' bits differ)
+    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only (exact: or NaNs' bits
+    # differ; equal_nan=False: or NaN on both sides)
     regions_total: int  # regions of this result, shown or not
 
 
@@ -57,6 +59,8 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     nonfinite = (cx["nan"] != ch["nan"]).reshape(-1) | (inf_x != inf_h) | (inf_x & inf_h & (bx != bh))
     if pol.kind == "exact":  # bits, as compare's exact: NaNs whose payloads or signs differ too
         nonfinite |= ~fx & ~fh & (bx != bh)
+    if not pol.equal_nan:  # allclose(equal_nan=false), the torch policy: a NaN is close to nothing
+        nonfinite |= (cx["nan"] | ch["nan"]).reshape(-1)
     both = fx & fh
     d = np.where(both, metrics.ulp_distance(x, held).reshape(-1).astype(np.float64), 0.0)
     if pol.kind == "exact":
