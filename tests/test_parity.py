@@ -9,6 +9,8 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bf16bridge as bb
 from bf16bridge import parity
@@ -151,6 +153,93 @@ def test_float32_against_bf16_is_identical_only_where_the_rounding_lost_nothing(
         assert rep.passed is identical and rep.identical_fraction == float(identical)
         assert rep.pairs[0].note.startswith("float32 side rounded to bf16")
         assert parity.compare(*pair, policy="ulp(0)").passed, "in bf16 ULPs the rounded side is 0 away"
+
+
+def _nearest_bf16(x: np.ndarray) -> np.ndarray:
+    """float64 -> bf16 correctly rounded, by hand: of the bf16 numbers next to float32 rounding's,
+    the nearest (|x - v| is exact in float64 there), ties to the even pattern."""
+    t = x.astype(F32).astype(BF16).view(np.uint16).astype(np.int64)
+    cands = np.stack([t - 1, t, t + 1])  # same sign: bits one step down and up in magnitude
+    vals = cands.astype(np.uint16).view(BF16).astype(np.float64)
+    dist = np.where(np.isfinite(vals), np.abs(vals - x), np.inf)
+    best = dist.min(0)
+    pick = np.where(dist == best, cands, 1 << 20)  # ties: both kept, the even pattern wins below
+    even = np.where(pick % 2 == 0, pick, 1 << 20).min(0)
+    return np.where(even < 1 << 20, even, pick.min(0)).astype(np.uint16).view(BF16)
+
+
+@pytest.mark.parametrize("fine", ["float64", "float32", "float16"])
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_finer_float_against_bf16_is_compared_in_bf16_ulps_after_rounding(fine, seed):
+    """bf16 against float64 or float16 was measured in float64/float32 ULPs, where a correctly rounded
+    bf16 is thousands of ULPs away: it failed every ulp(n). The finer side is rounded to bf16 now, either
+    argument order, float64 once (not through float32 twice)."""
+    rng = np.random.default_rng(seed)
+    top = 60000.0 if fine == "float16" else 1e38
+    x = (rng.standard_normal(64) * np.exp2(rng.integers(-20, 20, 64))).clip(-top, top).astype(fine)
+    c = _nearest_bf16(x.astype(np.float64))
+    off = c.copy()
+    off.view(np.uint16)[::3] += 1  # one bf16 ULP (in magnitude) off
+    for pair, rounded_side in (((x, c), 0), ((c, x), 1)):
+        rep = parity.compare(*pair, policy="ulp(0)")
+        assert rep.passed, rep
+        assert rep.pairs[0].note.startswith(f"{fine} side rounded to bf16 (nearest-even) to compare in bf16 ULPs")
+        assert rep.pairs[0].dtype == "bfloat16"
+    assert parity.compare(x, off, policy="ulp(1)").passed and not parity.compare(off, x, policy="ulp(0)").passed
+    assert parity.compare(x, off, policy="ulp(0)").pairs[0].max_ulp == 1
+    exact = x.astype(np.float64) == c.astype(np.float64)
+    assert parity.compare(x, c, policy="exact").identical_fraction == exact.mean()
+
+
+def test_float64_rounds_to_bf16_once_not_through_float32():
+    """1 + 2**-8 + 2**-40 lies just above the tie between bf16's 1 and 1 + 2**-7: float32 rounds it onto
+    the tie, and the tie then goes to the even 1.0. Correctly rounded it is 1 + 2**-7."""
+    x = np.array([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40)])
+    up = np.array([0x3F81, 0xBF81], np.uint16).view(BF16)
+    assert parity.compare(x, up, policy="ulp(0)").passed
+    assert parity.compare(x, up.astype(F32).astype(np.float64).astype(F32).astype(BF16), policy="ulp(0)").passed
+    twice = x.astype(F32).astype(BF16)
+    assert twice.view(np.uint16).tolist() == [0x3F80, 0xBF80]
+    assert parity.compare(x, twice, policy="ulp(1)").passed and not parity.compare(x, twice, policy="ulp(0)").passed
+    assert metrics.round_to(x, BF16).tolist() == [1 + 2**-7, -(1 + 2**-7)]  # the reference, held correctly
+
+
+@pytest.mark.parametrize("fine, coarse, note", [
+    ("float64", "float32", "float64 side rounded to float32 (nearest-even) to compare in float32 ULPs"),
+    ("float32", "float16", "float32 side rounded to float16 (nearest-even) to compare in float16 ULPs"),
+    ("float16", "float8_e4m3fn", "float16 side rounded to float8_e4m3fn (nearest-even)"),
+    ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fn side rounded to float8_e5m2 (nearest-even)"),
+])
+def test_any_two_float_dtypes_are_compared_in_the_coarsers_ulps(fine, coarse, note):
+    x = np.array([1.0, 1.0 + 2**-12, 3.0, -0.375, 2.0**-5], np.float64)
+    a = x.astype(F32).astype(getattr(ml_dtypes, fine, fine))
+    b = a.astype(F32).astype(getattr(ml_dtypes, coarse, coarse))
+    for pair in ((a, b), (b, a)):
+        rep = parity.compare(*pair, policy="ulp(0)")
+        assert rep.passed and rep.pairs[0].note.startswith(note) and rep.pairs[0].dtype == coarse, rep
+
+
+def test_two_dtypes_of_as_many_mantissa_bits_are_compared_in_float32_and_say_so():
+    a = np.array([1.0, 2.0], F32)
+    rep = parity.compare(a.astype(ml_dtypes.float8_e4m3fn), a.astype(ml_dtypes.float8_e4m3fnuz), policy="ulp(0)")
+    assert rep.passed and rep.pairs[0].note == "compared as float32"
+
+
+def test_a_float32_value_beyond_bf16s_range_is_inf_there_and_the_report_says_so():
+    """3.4e38 is finite in float32 and past bf16's largest (3.3895e38): it rounds to inf. Against a bf16
+    inf that agrees (inf is what bf16 holds for it); against bf16's largest finite value it is a
+    non-finite mismatch. Either way the note says the float32 value left bf16's range."""
+    f = np.array([3.4e38, -3.4e38, 1.0], F32)
+    inf = np.array([np.inf, -np.inf, 1.0], F32).astype(BF16)
+    big = np.array([3.3895e38, -3.3895e38, 1.0], F32).astype(BF16)
+    assert np.isfinite(big.astype(F32)).all()
+    for pair in ((f, inf), (inf, f)):
+        rep = parity.compare(*pair, policy="ulp(0)")
+        assert rep.passed and "2 of its finite element(s) lie beyond bf16's range and became infinite" in str(rep)
+        assert not parity.compare(*pair, policy="exact").passed
+    rep = parity.compare(f, big, policy="ulp(1000)")
+    assert not rep.passed and rep.nonfinite_mismatches == 2 and "beyond bf16's range" in rep.pairs[0].note
 
 
 def test_a_reference_of_another_shape_is_refused_not_paired_out_of_order():

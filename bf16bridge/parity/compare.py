@@ -167,8 +167,9 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     n = a.size
     same = ba == bb_
     for orig, now in ((a0, a), (b0, b)):
-        if orig.dtype != now.dtype and metrics.kind_of(now) in metrics.NARROW_KINDS:
-            # a float32 side rounded to the other's narrow dtype is identical only where the
+        if orig.dtype != now.dtype and (metrics.kind_of(now) in metrics.NARROW_KINDS
+                                        or now.dtype.itemsize < orig.dtype.itemsize):
+            # a side rounded to the other's coarser dtype is identical only where the
             # rounding lost nothing: 1.0001 in float32 is not the bf16 1.0 it rounds to
             same &= metrics.held_exactly(orig, now).reshape(-1)
     identical = int(np.count_nonzero(same))

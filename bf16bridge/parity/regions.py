@@ -77,18 +77,10 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     return bad | nonfinite, nonfinite, d
 
 
-def _mbits(kind: str) -> int:
-    """Mantissa bits of a format parity compares in: the narrow dtypes' from their kernel format
-    (0 for the integers and e8m0, whose every value is its own group), the standard floats' from
-    their layout's mantissa mask."""
-    fmt = kernels.FORMATS.get(kind)
-    return fmt.mbits if fmt is not None else int(metrics._LAYOUT[kind][3]).bit_length()
-
-
 def _binade(x: np.ndarray) -> np.ndarray:
     """A key per input that is equal within a binade and ordered as the values are."""
     o = metrics.ordered(x)  # signed magnitude order of the bit patterns
-    mag = np.abs(o) >> _mbits(metrics.kind_of(x))  # the exponent field (0: zero and subnormals)
+    mag = np.abs(o) >> metrics.mantissa_bits(metrics.kind_of(x))  # the exponent field (0: zero and subnormals)
     return np.where(o < 0, -mag - 1, mag)  # negatives below positives, -0 with +0's group
 
 
