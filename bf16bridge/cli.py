@@ -95,8 +95,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     q = sub.add_parser("parity", help="the same bf16 computations in every framework that computes, compared",
                        description="Run the same bf16 computations in two or more frameworks and compare the "
                                    "results. Exits 1 if a case fails or nothing was compared.")
-    q.add_argument("--ops", default="", help="comma-separated built-in ops (default: all)")
-    q.add_argument("--frameworks", default="",
+    q.add_argument("--ops", help="comma-separated built-in ops (default: all)")
+    q.add_argument("--frameworks",
                    help=f"two or more, comma-separated, from {', '.join(names)} "
                         "(default: every registered framework that computes)")
     q.add_argument("--allow-missing", action="store_true",
@@ -221,7 +221,8 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
     if args.recheck:
         # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
         # the one asked for
-        ignored = [opt for opt, given in (("--ops", args.ops), ("--frameworks", args.frameworks),
+        ignored = [opt for opt, given in (("--ops", args.ops is not None),
+                                          ("--frameworks", args.frameworks is not None),
                                           ("--set", args.set), ("--seed", args.seed is not None)) if given]
         if ignored:
             parser.error(f"--recheck judges saved results again and runs nothing; {', '.join(ignored)} "
@@ -236,12 +237,15 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
             if name in params:
                 parser.error(f"--set {name} given twice")
             params[name] = int(value)
-        ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) or None
+        for opt, value in (("--ops", args.ops), ("--frameworks", args.frameworks)):
+            if value is not None and not value.strip(", "):  # left out, it means all; given, it names none
+                parser.error(f"{opt} {value!r} names nothing; name one or more (or leave {opt} out for all)")
+        ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) if args.ops is not None else None
         unknown = [o for o in ops or () if o not in runner.OPS]
         if unknown:
             parser.error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                          f"built-in ops: {', '.join(runner.OPS)}")
-        frameworks = _asked(args.frameworks, parser) or None
+        frameworks = _asked(args.frameworks, parser) if args.frameworks is not None else None
         if frameworks is not None and len(frameworks) < 2:
             parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
                          f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
@@ -289,7 +293,7 @@ def _load(args) -> None:
         elif args.recheck:  # runs nothing
             return
         else:
-            names = _asked(args.frameworks) or registry.names()
+            names = _asked(args.frameworks or "") or registry.names()
     except Bf16BridgeError:
         return
     for name in names:

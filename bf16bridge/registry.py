@@ -166,6 +166,12 @@ def _choices() -> str:
     return ", ".join(out)
 
 
+def install_hint(name: str) -> str:
+    """How to install a registered framework: its pip extra, else its package."""
+    s = spec(name)
+    return f"pip install 'bf16bridge[{s.extra}]'" if s.extra else f"install {s.requires or s.name}"
+
+
 def get(name: str) -> Adapter:
     """The adapter for a framework, importing its module on first use."""
     adapter = _LOADED.get(name)  # the hot path: a canonical name, already loaded
@@ -185,9 +191,8 @@ def get(name: str) -> Adapter:
                 try:
                     adapter = importlib.import_module(s.module).ADAPTER
                 except ImportError as err:
-                    how = f"pip install 'bf16bridge[{s.extra}]'" if s.extra else f"install {s.requires or key}"
                     raise FrameworkNotInstalledError(
-                        f"{key} is not usable here ({err}); {how}"
+                        f"{key} is not usable here ({err}); {install_hint(key)}"
                     ) from err
             _LOADED[key] = adapter
     return adapter

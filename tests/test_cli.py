@@ -116,6 +116,11 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
      ["usage: bf16bridge parity", "unknown framework 'jaxx'; choose one of numpy (np), torch (pt, pytorch), jax"]),
     (["parity", "--ops", "nosuchop"], ["usage: bf16bridge parity", "unknown op nosuchop; built-in ops: matmul,"]),
     (["parity", "--ops", "matmul,fft,ffft"], ["unknown ops fft, ffft; built-in ops: matmul,"]),
+    # given, an empty list names no op: it once read as "all ops" (left out, --ops means all)
+    (["parity", "--ops", ","], ["usage: bf16bridge parity", "--ops ',' names nothing; name one or more"]),
+    (["parity", "--ops", ""], ["--ops '' names nothing"]),
+    (["parity", "--frameworks", ", "], ["--frameworks ', ' names nothing"]),
+    (["parity", "--recheck", "r.json", "--ops", ""], ["--ops would change nothing"]),
     (["parity", "--frameworks", "torch"],
      ["two or more frameworks; --frameworks torch names only torch; choose two or more of numpy, torch, jax"]),
     (["parity", "--frameworks", "torch,pt", "--allow-missing"], ["--frameworks torch,pt names only torch"]),

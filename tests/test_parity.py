@@ -9,6 +9,8 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bf16bridge as bb
 from bf16bridge import parity
@@ -153,6 +155,93 @@ def test_float32_against_bf16_is_identical_only_where_the_rounding_lost_nothing(
         assert parity.compare(*pair, policy="ulp(0)").passed, "in bf16 ULPs the rounded side is 0 away"
 
 
+def _nearest_bf16(x: np.ndarray) -> np.ndarray:
+    """float64 -> bf16 correctly rounded, by hand: of the bf16 numbers next to float32 rounding's,
+    the nearest (|x - v| is exact in float64 there), ties to the even pattern."""
+    t = x.astype(F32).astype(BF16).view(np.uint16).astype(np.int64)
+    cands = np.stack([t - 1, t, t + 1])  # same sign: bits one step down and up in magnitude
+    vals = cands.astype(np.uint16).view(BF16).astype(np.float64)
+    dist = np.where(np.isfinite(vals), np.abs(vals - x), np.inf)
+    best = dist.min(0)
+    pick = np.where(dist == best, cands, 1 << 20)  # ties: both kept, the even pattern wins below
+    even = np.where(pick % 2 == 0, pick, 1 << 20).min(0)
+    return np.where(even < 1 << 20, even, pick.min(0)).astype(np.uint16).view(BF16)
+
+
+@pytest.mark.parametrize("fine", ["float64", "float32", "float16"])
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_finer_float_against_bf16_is_compared_in_bf16_ulps_after_rounding(fine, seed):
+    """bf16 against float64 or float16 was measured in float64/float32 ULPs, where a correctly rounded
+    bf16 is thousands of ULPs away: it failed every ulp(n). The finer side is rounded to bf16 now, either
+    argument order, float64 once (not through float32 twice)."""
+    rng = np.random.default_rng(seed)
+    top = 60000.0 if fine == "float16" else 1e38
+    x = (rng.standard_normal(64) * np.exp2(rng.integers(-20, 20, 64))).clip(-top, top).astype(fine)
+    c = _nearest_bf16(x.astype(np.float64))
+    off = c.copy()
+    off.view(np.uint16)[::3] += 1  # one bf16 ULP (in magnitude) off
+    for pair, rounded_side in (((x, c), 0), ((c, x), 1)):
+        rep = parity.compare(*pair, policy="ulp(0)")
+        assert rep.passed, rep
+        assert rep.pairs[0].note.startswith(f"{fine} side rounded to bf16 (nearest-even) to compare in bf16 ULPs")
+        assert rep.pairs[0].dtype == "bfloat16"
+    assert parity.compare(x, off, policy="ulp(1)").passed and not parity.compare(off, x, policy="ulp(0)").passed
+    assert parity.compare(x, off, policy="ulp(0)").pairs[0].max_ulp == 1
+    exact = x.astype(np.float64) == c.astype(np.float64)
+    assert parity.compare(x, c, policy="exact").identical_fraction == exact.mean()
+
+
+def test_float64_rounds_to_bf16_once_not_through_float32():
+    """1 + 2**-8 + 2**-40 lies just above the tie between bf16's 1 and 1 + 2**-7: float32 rounds it onto
+    the tie, and the tie then goes to the even 1.0. Correctly rounded it is 1 + 2**-7."""
+    x = np.array([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40)])
+    up = np.array([0x3F81, 0xBF81], np.uint16).view(BF16)
+    assert parity.compare(x, up, policy="ulp(0)").passed
+    assert parity.compare(x, up.astype(F32).astype(np.float64).astype(F32).astype(BF16), policy="ulp(0)").passed
+    twice = x.astype(F32).astype(BF16)
+    assert twice.view(np.uint16).tolist() == [0x3F80, 0xBF80]
+    assert parity.compare(x, twice, policy="ulp(1)").passed and not parity.compare(x, twice, policy="ulp(0)").passed
+    assert metrics.round_to(x, BF16).tolist() == [1 + 2**-7, -(1 + 2**-7)]  # the reference, held correctly
+
+
+@pytest.mark.parametrize("fine, coarse, note", [
+    ("float64", "float32", "float64 side rounded to float32 (nearest-even) to compare in float32 ULPs"),
+    ("float32", "float16", "float32 side rounded to float16 (nearest-even) to compare in float16 ULPs"),
+    ("float16", "float8_e4m3fn", "float16 side rounded to float8_e4m3fn (nearest-even)"),
+    ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fn side rounded to float8_e5m2 (nearest-even)"),
+])
+def test_any_two_float_dtypes_are_compared_in_the_coarsers_ulps(fine, coarse, note):
+    x = np.array([1.0, 1.0 + 2**-12, 3.0, -0.375, 2.0**-5], np.float64)
+    a = x.astype(F32).astype(getattr(ml_dtypes, fine, fine))
+    b = a.astype(F32).astype(getattr(ml_dtypes, coarse, coarse))
+    for pair in ((a, b), (b, a)):
+        rep = parity.compare(*pair, policy="ulp(0)")
+        assert rep.passed and rep.pairs[0].note.startswith(note) and rep.pairs[0].dtype == coarse, rep
+
+
+def test_two_dtypes_of_as_many_mantissa_bits_are_compared_in_float32_and_say_so():
+    a = np.array([1.0, 2.0], F32)
+    rep = parity.compare(a.astype(ml_dtypes.float8_e4m3fn), a.astype(ml_dtypes.float8_e4m3fnuz), policy="ulp(0)")
+    assert rep.passed and rep.pairs[0].note == "compared as float32"
+
+
+def test_a_float32_value_beyond_bf16s_range_is_inf_there_and_the_report_says_so():
+    """3.4e38 is finite in float32 and past bf16's largest (3.3895e38): it rounds to inf. Against a bf16
+    inf that agrees (inf is what bf16 holds for it); against bf16's largest finite value it is a
+    non-finite mismatch. Either way the note says the float32 value left bf16's range."""
+    f = np.array([3.4e38, -3.4e38, 1.0], F32)
+    inf = np.array([np.inf, -np.inf, 1.0], F32).astype(BF16)
+    big = np.array([3.3895e38, -3.3895e38, 1.0], F32).astype(BF16)
+    assert np.isfinite(big.astype(F32)).all()
+    for pair in ((f, inf), (inf, f)):
+        rep = parity.compare(*pair, policy="ulp(0)")
+        assert rep.passed and "2 of its finite element(s) lie beyond bf16's range and became infinite" in str(rep)
+        assert not parity.compare(*pair, policy="exact").passed
+    rep = parity.compare(f, big, policy="ulp(1000)")
+    assert not rep.passed and rep.nonfinite_mismatches == 2 and "beyond bf16's range" in rep.pairs[0].note
+
+
 def test_a_reference_of_another_shape_is_refused_not_paired_out_of_order():
     y = _rand((2, 3))
     ref = y.astype(np.float64)
@@ -229,6 +318,8 @@ def test_reference_with_condition_tames_cancellation():
     ("allclose(atol=0.1)", parity.allclose(0, 0.1)), ("allclose(rtol=0.1)", parity.allclose(0.1, 0)),
     ("allclose(atol=1e-3, rtol=0.02)", parity.allclose(0.02, 1e-3)),
     ("ALLCLOSE(1E-2, atol = 2)", parity.allclose(0.01, 2)),
+    ("allclose(1e-2, 1e-5, equal_nan=false)", parity.allclose(1e-2, 1e-5, equal_nan=False)),
+    ("allclose(0.1, 0, false)", parity.allclose(0.1, 0, equal_nan=False)),
     ("reference(2)", parity.reference(2)), ("reference(k=3)", parity.reference(3)),
     ("reference()", parity.reference(2)),
     ("torch", parity.FRAMEWORK_DEFAULTS["torch"]), ("tf", parity.FRAMEWORK_DEFAULTS["tensorflow"]),
@@ -242,7 +333,8 @@ def test_policy_texts_mean_what_they_say(text, want):
 @pytest.mark.parametrize("text,why", [
     ("ulp(1.9)", "whole number"), ("ulp(-1)", ">= 0"), ("ulp(x)", "number"), ("ulp", "parentheses"),
     ("ulp(1, 2)", "true or false"), ("ulp(1,)", "empty"), ("ulp(inf)", "finite"), ("ulp(tol=1)", "not 'tol'"),
-    ("allclose()", "needs rtol"), ("allclose(1, 2, 3)", "at most 2"), ("allclose(tol=0.1)", "not 'tol'"),
+    ("allclose()", "needs rtol"), ("allclose(1, 2, 3)", "equal_nan takes true or false, not '3'"),
+    ("allclose(1, 2, true, 4)", "at most 3"), ("allclose(tol=0.1)", "not 'tol'"),
     ("allclose(atol=0.1, 0.2)", "positional argument after"), ("allclose(rtol=1, rtol=2)", "given twice"),
     ("allclose(-1)", ">= 0"), ("allclose(nan)", "finite"), ("allclose(0.1", "unknown policy"),
     ("reference(0.5)", "k >= 1"), ("exact(1)", "at most 0"), ("close(1)", "unknown policy"), ("", "unknown policy"),
@@ -261,6 +353,46 @@ def test_framework_defaults_and_bad_policies():
         parity.ulp(1.5)
     with pytest.raises(ValueError, match="reference="):
         parity.compare(_rand(), _rand(), policy="reference(2)")
+
+
+def _torch_cases():
+    """(actual, expected) bf16 pairs: NaN in the same place, NaN on one side, close and far values, infinities."""
+    nan, inf = np.nan, np.inf
+    rows = [([1.0, nan], [1.0, nan]), ([1.0, nan], [1.0, 2.0]), ([1.0, 2.0], [1.01, 2.0]), ([1.0, 2.0], [1.1, 2.0]),
+            ([inf, -inf], [inf, -inf]), ([inf, 1.0], [-inf, 1.0]), ([0.0, -0.0], [-0.0, 0.0])]
+    return [(np.array(a, F32).astype(BF16), np.array(b, F32).astype(BF16)) for a, b in rows]
+
+
+@pytest.mark.frameworks("torch")
+def test_the_torch_policy_gives_torch_testing_assert_close_verdicts_nan_included():
+    """torch.testing.assert_close's default is equal_nan=False: NaN in the same place fails there. The torch
+    policy once passed it; jax's and tensorflow's helpers (numpy's assert_allclose) take NaN as equal."""
+    import torch
+
+    def torch_says(a, b):
+        t = lambda x: torch.from_numpy(x.view(np.uint16).copy()).view(torch.bfloat16)  # noqa: E731
+        try:
+            torch.testing.assert_close(t(a), t(b))
+            return True
+        except AssertionError:
+            return False
+
+    for a, b in _torch_cases():
+        assert parity.compare(a, b, policy="torch").passed == torch_says(a, b), (a, b)
+        both_nan = bool((np.isnan(a) & np.isnan(b)).any())
+        for other in ("jax", "tensorflow"):  # numpy.testing.assert_allclose: equal_nan=True
+            try:
+                np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=1e-2, atol=1e-2)
+                numpy_says = True
+            except AssertionError:
+                numpy_says = False
+            assert parity.compare(a, b, policy=other).passed == numpy_says, (other, a, b)
+        if both_nan:
+            rep = parity.compare(a, b, policy="torch")
+            assert rep.pairs[0].nan_both == 1 and "NaN on both sides: torch (equal_nan=false)" in str(rep)
+    nan_both = _torch_cases()[0]
+    assert parity.compare(*nan_both, policy="allclose(1.6e-2, 1e-5)").passed  # equal_nan defaults to true
+    assert not parity.compare(*nan_both, policy="allclose(1.6e-2, 1e-5, equal_nan=false)").passed
 
 
 def test_allclose_policy_judges_elements():
@@ -511,6 +643,42 @@ def test_worst_regions_find_injected_faults_with_their_interval_and_values():
     assert [g.nonfinite > 0 for g in regions.find(x, {"bad": bad}, ref, parity.parse("ulp(2)"))] == [True]
 
 
+def test_worst_regions_under_exact_compare_bits_nan_payloads_and_signed_zeros_included():
+    """exact is bits, in regions as in compare: a NaN whose payload (or sign) differs from the rounded
+    reference's NaN once passed, and so did the region it was in."""
+    from bf16bridge.parity import regions
+
+    x = _every_bf16()
+    xs = metrics.to_float64(x)
+    band = (xs >= 8.0) & (xs < 16.0)
+    ref = np.where(band, np.nan, xs)  # an op whose answer is NaN over one binade of inputs
+    good = metrics.round_to(ref, x.dtype).astype(x.dtype)
+    assert set(good.view(np.uint16)[band]) == {0x7FC0}
+    bad = good.copy()
+    u = bad.view(np.uint16)
+    idx = np.flatnonzero(band)
+    u[idx[::2]] = 0x7FC1  # another payload
+    u[idx[1::2]] = 0xFFC0  # the sign bit set (torch's vectorised code writes 0xFFFF)
+    assert regions.find(x, {"good": good}, ref, parity.parse("exact")) == ()
+    (g,) = regions.find(x, {"bad": bad}, ref, parity.parse("exact"))
+    assert (g.lo, g.hi, g.exceeding, g.nonfinite, g.ulps) == (8.0, float(xs[band].max()), idx.size, idx.size, None)
+    # NaN in the same places passes every policy but exact, and compare agrees on both
+    assert regions.find(x, {"bad": bad}, ref, parity.parse("ulp(0)")) == ()
+    assert not parity.compare(good, bad, policy="exact").passed
+    assert parity.compare(good, bad, policy="ulp(0)").passed
+    # -0 against +0: exact flags it, ulp(0) does not
+    zeros = bad.copy()
+    zeros.view(np.uint16)[band] = 0x7FC0
+    zeros.view(np.uint16)[xs == 0] ^= 0x8000
+    (z,) = regions.find(x, {"zeros": zeros}, ref, parity.parse("exact"))
+    assert (z.lo, z.hi, z.exceeding, z.nonfinite, z.ulps) == (0.0, 0.0, 2, 0, 0.0)
+    assert regions.find(x, {"zeros": zeros}, ref, parity.parse("ulp(0)")) == ()
+    # the torch policy (equal_nan=false) counts a NaN close to nothing, even the reference's own
+    (t,) = regions.find(x, {"good": good}, ref, parity.parse("torch"))
+    assert (t.lo, t.exceeding, t.nonfinite) == (8.0, idx.size, idx.size)
+    assert regions.find(x, {"good": good}, ref, parity.parse("jax")) == ()
+
+
 def _with_regions():
     from bf16bridge.parity import regions
 
@@ -655,9 +823,12 @@ def test_worst_regions_over_every_pattern_of_a_narrow_float(name):
     ones = np.flatnonzero((xs >= 1.0) & (xs < 2.0))
     fours = np.flatnonzero((xs >= 4.0) & (xs < 8.0))
     one_hi = ones[np.argmax(xs[ones])]
-    bad = x.copy()
+    # the identity, correctly rounded: NaN inputs of any payload give the format's own NaN (under
+    # exact, a NaN's bits count: an input's payload echoed back differs from the rounded reference's)
+    good = metrics.round_to(xs, x.dtype).astype(x.dtype)
+    bad = good.copy()
     bad.view(np.uint8)[[np.flatnonzero(xs == 1.0)[0], one_hi, np.flatnonzero(xs == 4.0)[0]]] += 1  # the next value up
-    found = regions.find(x, {"good": x.copy(), "bad": bad}, xs, parity.parse("exact"))
+    found = regions.find(x, {"good": good, "bad": bad}, xs, parity.parse("exact"))
     assert [(g.result, g.lo, g.hi, g.exceeding, g.inputs, g.ulps, g.nonfinite) for g in found] == [
         ("bad", 1.0, float(xs[one_hi]), len({1.0, float(xs[one_hi])}), ones.size, 1, 0),
         ("bad", 4.0, 4.0, 1, 1, 1, 0)], [(g.lo, g.hi, g.exceeding, g.inputs) for g in found]

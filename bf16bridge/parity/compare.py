@@ -49,6 +49,7 @@ class Pair:
     nonfinite_mismatches: int = 0  # elements NaN or infinite on one side only (or infinities of opposite sign)
     nan_mismatches: int = 0  # of those, NaN on one side only
     inf_mismatches: int = 0  # of those, infinite on one side only or with opposite signs
+    nan_both: int = 0  # elements NaN on both sides (agreeing, except under allclose's equal_nan=False: torch)
     signed_zero_mismatches: int = 0
     subnormal_mismatches: int = 0
     worst: tuple = ()
@@ -166,8 +167,9 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     n = a.size
     same = ba == bb_
     for orig, now in ((a0, a), (b0, b)):
-        if orig.dtype != now.dtype and metrics.kind_of(now) in metrics.NARROW_KINDS:
-            # a float32 side rounded to the other's narrow dtype is identical only where the
+        if orig.dtype != now.dtype and (metrics.kind_of(now) in metrics.NARROW_KINDS
+                                        or now.dtype.itemsize < orig.dtype.itemsize):
+            # a side rounded to the other's coarser dtype is identical only where the
             # rounding lost nothing: 1.0001 in float32 is not the bf16 1.0 it rounds to
             same &= metrics.held_exactly(orig, now).reshape(-1)
     identical = int(np.count_nonzero(same))
@@ -217,11 +219,16 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         nonfinite_mismatches=nonfinite_mis,
         nan_mismatches=nan_mis,
         inf_mismatches=inf_mis,
+        nan_both=int(np.count_nonzero(both_nan)),
         signed_zero_mismatches=int(np.count_nonzero(ca["zero"] & cb["zero"] & (ca["negzero"] != cb["negzero"]))),
         subnormal_mismatches=int(np.count_nonzero(ca["subnormal"] != cb["subnormal"])),
         worst=worst,
         smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0,
     )
+    if p.nan_both and not pol.equal_nan:  # the report says why close values failed
+        p = replace(p, note="; ".join(filter(None, (note, f"{p.nan_both} element(s) NaN on both sides: "
+                                                          f"{pol.name or 'this policy'} (equal_nan=false) "
+                                                          "counts a NaN close to nothing"))))
     return replace(p, passed=_judge(pol, p, va, vb))
 
 
@@ -271,7 +278,7 @@ def _judge(pol: Policy, p: Pair, va: np.ndarray, vb: np.ndarray) -> bool | None:
         return None
     if pol.kind == "exact":
         return p.identical_fraction == 1.0
-    if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches):
+    if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches) or (p.nan_both and not pol.equal_nan):
         return False
     if pol.kind == "ulp":
         return p.max_ulp <= pol.n

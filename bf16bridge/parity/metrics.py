@@ -40,6 +40,14 @@ def kind_of(a: np.ndarray) -> str:
     return name
 
 
+def mantissa_bits(kind: str) -> int:
+    """Mantissa bits of a format parity compares in: the narrow dtypes' from their kernel format
+    (0 for the integers and e8m0, whose every value is its own group), the standard floats' from
+    their layout's mantissa mask."""
+    fmt = kernels.FORMATS.get(kind)
+    return fmt.mbits if fmt is not None else int(_LAYOUT[kind][3]).bit_length()
+
+
 def bits(a: np.ndarray) -> np.ndarray:
     kind = kind_of(a)
     return np.ascontiguousarray(a).view(_LAYOUT[kind][0] if kind in _LAYOUT else np.uint8)
@@ -138,12 +146,37 @@ def to_float64(a: np.ndarray) -> np.ndarray:
 
 
 def round_to(ref64: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """A float64 reference as ``dtype`` would hold it (so values beyond its range are
-    infinite), back in float64. Used to count NaN/inf disagreements fairly."""
+    """A float64 reference as ``dtype`` would hold it, correctly rounded (so values beyond its
+    range are infinite), back in float64. Used to count NaN/inf disagreements fairly."""
+    return to_float64(rounded(np.ascontiguousarray(ref64, dtype=np.float64), dtype.name))
+
+
+def _float32_odd(x: np.ndarray) -> np.ndarray:
+    """float64 to float32 rounded to odd (toward zero, the last bit set where inexact): rounding
+    that once more to a format of 22 bits or fewer is the float64 value correctly rounded, where
+    float64 -> float32 -> bf16 by nearest-even twice is not (0x3F808000 + a hair: one bf16 ULP off)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        if dtype.name in kernels.NARROW:  # through float32, as ml_dtypes rounds float64
-            return to_float64(kernels.to_dtype(np.ascontiguousarray(ref64, dtype=np.float64), dtype.name))
-        return ref64.astype(dtype).astype(np.float64)
+        f = x.astype(np.float32)
+        back = f.astype(np.float64)
+        inexact = (back != x) & ~np.isnan(x)
+        u = f.view(np.uint32).copy()
+        u[inexact & (np.abs(back) > np.abs(x))] -= np.uint32(1)  # rounded away from zero: one step back
+        u[inexact] |= np.uint32(1)
+    return u.view(np.float32)
+
+
+def rounded(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` (any dtype parity compares) rounded to nearest-even in the float dtype ``name``, once:
+    float64 goes to a narrow dtype through float32 rounded to odd, not rounded twice."""
+    if x.dtype.name == name:
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name not in kernels.NARROW:  # float16/32/64: numpy rounds from float64 directly
+            return to_float64(x).astype(name)
+        if kernels.FORMATS.get(name) is not None and kernels.FORMATS[name].integer:  # as astype does
+            return kernels.to_dtype(np.ascontiguousarray(to_float64(x)), name)
+        wide = _float32_odd(x) if x.dtype.name == "float64" else to_float64(x).astype(np.float32)  # exact
+        return kernels.to_dtype(np.ascontiguousarray(wide), name)
 
 
 #: the dtypes same_dtype rounds a float32 side to (bf16, the fp8/fp6/fp4 family, the sub-byte ints)
@@ -184,16 +217,32 @@ def ensure_numpy(x):
 
 
 def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """Bring two results to one dtype for ULP comparison, saying what was done."""
+    """Bring two results to one dtype for ULP comparison, saying what was done.
+
+    Two float dtypes: the finer (more mantissa bits) is rounded to the coarser, nearest-even, and
+    both are measured in the coarser's ULPs: a correctly rounded bf16 result against a float32 or
+    float64 one is 0 ULPs away, as it would be against that result rounded by its own framework.
+    A float32 result against a narrow integer one is cast to it (toward zero). Other mixes (two dtypes of as
+    many mantissa bits, say e4m3fn and e4m3fnuz) are compared in float32 or float64."""
     if a.dtype == b.dtype:
         return a, b, None
-    names = {a.dtype.name, b.dtype.name}
-    narrow = names & set(kernels.NARROW)
-    if len(narrow) == 1 and names - narrow == {"float32"}:
-        (name,) = narrow
-        label = "bf16" if name == "bfloat16" else name
-        fix = lambda x: x if x.dtype.name == name else kernels.to_dtype(np.ascontiguousarray(x), name)  # noqa: E731
-        return (fix(a), fix(b),
-                f"float32 side rounded to {label} (nearest-even) to compare in {label} ULPs")
-    wide = np.dtype(np.float64) if "float64" in names else np.dtype(np.float32)
-    return to_float64(a).astype(wide), to_float64(b).astype(wide), f"compared as {wide.name}"
+    ka, kb = kind_of(a), kind_of(b)
+    ia, ib = (k in kernels.FORMATS and kernels.FORMATS[k].integer for k in (ka, kb))
+    if not ia and not ib and mantissa_bits(ka) != mantissa_bits(kb):
+        coarse = ka if mantissa_bits(ka) < mantissa_bits(kb) else kb
+    elif ia != ib and {ka, kb} - set(kernels.NARROW) == {"float32"}:
+        coarse = ka if ia else kb
+    else:
+        wide = np.dtype(np.float64) if "float64" in (ka, kb) else np.dtype(np.float32)
+        return to_float64(a).astype(wide), to_float64(b).astype(wide), f"compared as {wide.name}"
+    fine, fine_kind = (b, kb) if coarse == ka else (a, ka)
+    label = "bf16" if coarse == "bfloat16" else coarse
+    fine_label = "bf16" if fine_kind == "bfloat16" else fine_kind
+    held = rounded(fine, coarse)
+    how = "toward zero, as astype does" if ia or ib else "nearest-even"
+    note = f"{fine_label} side rounded to {label} ({how}) to compare in {label} ULPs"
+    over = int(np.count_nonzero(classify(fine)["finite"] & ~classify(held)["finite"]))
+    if over:  # a finite value past the coarser's range is infinite (or NaN) there: say so
+        note += (f"; {over} of its finite element(s) lie beyond {label}'s range and became infinite (or NaN) "
+                 "there: they agree only with the same infinity (NaN) on the other side")
+    return (held, b, note) if coarse == kb else (a, held, note)

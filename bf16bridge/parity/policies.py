@@ -28,16 +28,20 @@ class Policy:
     atol: float = 0.0
     name: str = ""  # e.g. "torch" for a framework's own defaults
     signed_zeros: bool = False  # ulp/allclose: count -0 against +0 as a mismatch
+    #: allclose: NaN on both sides agrees (numpy's and jax's and tensorflow's test helpers); False, as
+    #: torch.testing.assert_close's default: a NaN is close to nothing, not even a NaN
+    equal_nan: bool = True
 
     def __str__(self) -> str:
+        nan = "" if self.equal_nan else ", equal_nan=false"
         if self.name:
-            return f"{self.name} (allclose rtol={self.rtol:g}, atol={self.atol:g})"
+            return f"{self.name} (allclose rtol={self.rtol:g}, atol={self.atol:g}{nan})"
         if self.kind == "exact":
             return "exact"
         if self.kind == "ulp":
             return f"ulp({self.n:g}" + (", signed_zeros=true)" if self.signed_zeros else ")")
         if self.kind == "allclose":
-            return f"allclose(rtol={self.rtol:g}, atol={self.atol:g})"
+            return f"allclose(rtol={self.rtol:g}, atol={self.atol:g}{nan})"
         return f"reference({self.n:g})"
 
 
@@ -59,12 +63,15 @@ def ulp(n: int = 1, *, signed_zeros: bool = False) -> Policy:
     return Policy("ulp", n=n, signed_zeros=signed_zeros)
 
 
-def allclose(rtol: float, atol: float = 0.0) -> Policy:
-    """|a - b| <= atol + rtol * |b| for finite elements; NaN and infinity in the same places."""
+def allclose(rtol: float, atol: float = 0.0, *, equal_nan: bool = True) -> Policy:
+    """|a - b| <= atol + rtol * |b| for finite elements; NaN and infinity in the same places
+    (``equal_nan=False``: NaN anywhere fails, as torch.testing.assert_close's default)."""
     if not (_number(rtol) and _number(atol) and rtol >= 0 and atol >= 0):
         raise PolicyError(f"allclose(rtol, atol) needs finite numbers rtol >= 0 and atol >= 0; got rtol={rtol!r}, "
                           f"atol={atol!r}")
-    return Policy("allclose", rtol=rtol, atol=atol)
+    if not isinstance(equal_nan, bool):
+        raise PolicyError(f"allclose: equal_nan must be True or False; got {equal_nan!r}")
+    return Policy("allclose", rtol=rtol, atol=atol, equal_nan=equal_nan)
 
 
 def reference(k: float = 2.0) -> Policy:
@@ -74,9 +81,11 @@ def reference(k: float = 2.0) -> Policy:
     return Policy("reference", n=k)
 
 
-#: the frameworks' own bf16 test tolerances (torch.testing.assert_close; jax's and tf's test utilities)
+#: the frameworks' own bf16 test defaults: torch.testing.assert_close (equal_nan=False: NaN is close
+#: to nothing); jax's check_close and tensorflow's assertAllCloseAccordingToType, both through
+#: numpy.testing.assert_allclose with equal_nan=True (NaN in the same places agrees)
 FRAMEWORK_DEFAULTS = {
-    "torch": Policy("allclose", rtol=1.6e-2, atol=1e-5, name="torch"),
+    "torch": Policy("allclose", rtol=1.6e-2, atol=1e-5, name="torch", equal_nan=False),
     "jax": Policy("allclose", rtol=1e-2, atol=1e-2, name="jax"),
     "tensorflow": Policy("allclose", rtol=1e-2, atol=1e-2, name="tensorflow"),
 }
@@ -86,12 +95,12 @@ FRAMEWORK_DEFAULTS = {
 _SIGNATURES = {
     "exact": (),
     "ulp": (("n", 1), ("signed_zeros", False)),
-    "allclose": (("rtol", None), ("atol", 0.0)),
+    "allclose": (("rtol", None), ("atol", 0.0), ("equal_nan", True)),
     "reference": (("k", 2.0),),
 }
 
 _USAGE = ("use exact, ulp(N) (N a whole number), ulp(N, signed_zeros=true), allclose(RTOL, ATOL) "
-          "(or allclose(rtol=R, atol=A)), reference(K), torch, jax or tensorflow")
+          "(or allclose(rtol=R, atol=A, equal_nan=false)), reference(K), torch, jax or tensorflow")
 
 
 def _bad(spec, why: str) -> PolicyError:
@@ -99,12 +108,12 @@ def _bad(spec, why: str) -> PolicyError:
 
 
 def _value(spec, name: str, text: str):
-    if name == "signed_zeros":
+    if name in ("signed_zeros", "equal_nan"):
         if text in ("true", "1", "yes"):
             return True
         if text in ("false", "0", "no"):
             return False
-        raise _bad(spec, f"signed_zeros takes true or false, not {text!r}")
+        raise _bad(spec, f"{name} takes true or false, not {text!r}")
     try:
         x = float(text)
     except ValueError:
@@ -174,7 +183,7 @@ def parse(spec) -> Policy:
         if kind == "ulp":
             return ulp(got["n"], signed_zeros=got["signed_zeros"])
         if kind == "allclose":
-            return allclose(got["rtol"], got["atol"])
+            return allclose(got["rtol"], got["atol"], equal_nan=got["equal_nan"])
         return reference(got["k"])
     except PolicyError as err:
         raise _bad(spec, str(err)) from err

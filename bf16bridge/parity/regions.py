@@ -4,9 +4,11 @@ intervals in which a result's error against the reference exceeds the policy.
 Each result is judged element by element against the float64 reference rounded to
 the result's dtype (the correctly rounded answer), under the report's policy:
 
-- ``exact``: any bit differs; ``ulp(n)``: more than n ULPs apart (and -0 against +0
-  with ``signed_zeros``); ``allclose(rtol, atol)``: |x - ref| > atol + rtol |ref|;
-  ``reference(k)``: more than k ULPs apart (k rounded down);
+- ``exact``: any bit differs (-0 against +0, and NaN payloads: a NaN whose bits differ
+  from the rounded reference's NaN counts with the NaN/inf mismatches); ``ulp(n)``: more
+  than n ULPs apart (and -0 against +0 with ``signed_zeros``); ``allclose(rtol, atol)``:
+  |x - ref| > atol + rtol |ref| (with ``equal_nan=False``, the ``torch`` policy, a NaN on
+  either side too); ``reference(k)``: more than k ULPs apart (k rounded down);
 - under every policy, NaN or infinity where the rounded reference has none (or the reverse).
 
 Inputs are ordered by value and grouped by binade (sign and exponent, subnormals and
@@ -42,7 +44,8 @@ class Region:
     values: tuple  # ((name, value), ...): every result at that input
     reference: float  # the float64 reference at that input
     ulps: float | None  # the result's distance there from the rounded reference; None: NaN/inf mismatch
-    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only
+    nonfinite: int  # of the exceeding inputs, those with NaN or infinity on one side only (exact: or NaNs' bits
+    # differ; equal_nan=False: or NaN on both sides)
     regions_total: int  # regions of this result, shown or not
 
 
@@ -54,10 +57,14 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     fx, fh = cx["finite"].reshape(-1), ch["finite"].reshape(-1)
     inf_x, inf_h = cx["inf"].reshape(-1), ch["inf"].reshape(-1)
     nonfinite = (cx["nan"] != ch["nan"]).reshape(-1) | (inf_x != inf_h) | (inf_x & inf_h & (bx != bh))
+    if pol.kind == "exact":  # bits, as compare's exact: NaNs whose payloads or signs differ too
+        nonfinite |= ~fx & ~fh & (bx != bh)
+    if not pol.equal_nan:  # allclose(equal_nan=false), the torch policy: a NaN is close to nothing
+        nonfinite |= (cx["nan"] | ch["nan"]).reshape(-1)
     both = fx & fh
     d = np.where(both, metrics.ulp_distance(x, held).reshape(-1).astype(np.float64), 0.0)
     if pol.kind == "exact":
-        bad = both & (bx != bh)
+        bad = both & (bx != bh)  # -0 against +0 included
     elif pol.kind == "allclose":
         vx, vh = metrics.to_float64(x).reshape(-1), metrics.to_float64(held).reshape(-1)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -70,18 +77,10 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     return bad | nonfinite, nonfinite, d
 
 
-def _mbits(kind: str) -> int:
-    """Mantissa bits of a format parity compares in: the narrow dtypes' from their kernel format
-    (0 for the integers and e8m0, whose every value is its own group), the standard floats' from
-    their layout's mantissa mask."""
-    fmt = kernels.FORMATS.get(kind)
-    return fmt.mbits if fmt is not None else int(metrics._LAYOUT[kind][3]).bit_length()
-
-
 def _binade(x: np.ndarray) -> np.ndarray:
     """A key per input that is equal within a binade and ordered as the values are."""
     o = metrics.ordered(x)  # signed magnitude order of the bit patterns
-    mag = np.abs(o) >> _mbits(metrics.kind_of(x))  # the exponent field (0: zero and subnormals)
+    mag = np.abs(o) >> metrics.mantissa_bits(metrics.kind_of(x))  # the exponent field (0: zero and subnormals)
     return np.where(o < 0, -mag - 1, mag)  # negatives below positives, -0 with +0's group
 
 

@@ -50,7 +50,8 @@ def _smallest(rep) -> str:
     parts = []
     if s.get("ulp") == 0 and s.get("allclose_atol_at_rtol_0") == 0:
         parts.append("exact (every element bit-identical)" if all(p.identical_fraction == 1 for p in rep.pairs)
-                     else "ulp(0): equal values, some bits differ (signed zeros or NaN payloads)")
+                     else "ulp(0): equal values, some bits differ (signed zeros, NaN payloads, or what rounding "
+                          "one side to the other's dtype lost)")
     elif s.get("ulp") is not None:
         parts.append(f"ulp({s['ulp']})")
         parts.append(f"allclose(rtol={_g(s['allclose_rtol_at_atol_0'])}, atol=0)")
