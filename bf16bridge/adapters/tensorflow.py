@@ -414,7 +414,7 @@ class TensorflowAdapter(Adapter):
     # -- functions across frameworks -----------------------------------------------
     differentiates = True
 
-    def kept(self, outs):
+    def kept(self, outs, pullback=None):
         # every result: a tf result object can be new over a buffer the callee keeps (a tf.function's
         # captured constant or Variable forwarded as its output, tf.identity(c), v.read_value()), and
         # tensorflow tells no buffer's holders; a copy for a caller that writes in place
