@@ -373,6 +373,7 @@ def _torch_results():
         "view of an intermediate autograd saved": (saved, [0]),
         "view of a parameter": (lambda: [p[:1]], [0]),
         "view of a detached parameter": (lambda: [p.detach().reshape(-1)], [0]),
+        "views, one of them also held elsewhere": (lambda: (lambda y: [y[:2], held(y[2:])])(x * 2), [0, 1]),
         "an intermediate and its view": (lambda: (lambda y: [y, y.reshape(-1)])(x * 2), [0, 1]),
         "one view returned twice": (lambda: [(x * 2).reshape(-1)] * 2, [0, 1]),
     }
@@ -444,6 +445,31 @@ def test_a_jax_result_its_own_pullback_keeps_is_not_counted_as_kept(fn):
     assert adapter.kept(outs, pullback) == [1]
     outs, pullback = adapter.vjp(lambda x: (lambda y: [y, y])(f(x)), [x], [True])
     assert adapter.kept(outs, pullback) == [0, 1]
+    callee = _closing(lambda x, c: [f(x), c])  # (alive, as a bridged function holds its callee)
+    outs, pullback = adapter.vjp(callee, [x], [True])
+    assert adapter.kept(outs, pullback) == [1]  # one other holder: the closure's cell
+
+
+def _closing(fn):
+    """``fn(x, c)`` with a constant ``c`` that the returned function's closure alone holds."""
+    import jax.numpy as jnp
+
+    c = jnp.full((4, 4), 3, jnp.bfloat16)
+    return lambda x: fn(x, c)
+
+
+def test_the_references_a_pullback_holds_are_counted_once_each_and_only_in_its_containers():
+    """Adapter.kept's discount: each reference a container holds once, a container reached twice walked
+    once, and nothing inside other objects (a function's arguments): those keep the result kept."""
+    import functools
+
+    from bf16bridge.adapters._base import _held_in
+
+    o, other = object(), object()
+    inner = [o, other]
+    root = (inner, inner, {"k": (o,)}, functools.partial(print, o))
+    assert _held_in(root, {id(o)}) == {id(o): 2}
+    assert _held_in(None, {id(o)}) == {}
 
 
 @pytest.mark.frameworks("torch", "jax")
