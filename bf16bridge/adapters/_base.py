@@ -118,17 +118,18 @@ _FRESH = _refcounts([object()])[0]
 
 def _held_in(root, ids: set[int]) -> dict[int, int]:
     """How many references to each object of ``ids`` (by id) ``root`` holds, itself and through the
-    lists, tuples and dicts it holds (each container walked once): ``gc.get_referents`` lists one entry
-    per reference an object holds. References further in (a function's closure, another object's
-    attributes) are not counted: an object held there stays counted as kept. The containers are taken
-    to be ``root``'s alone (a vjp's residual lists, which its framework builds for it)."""
+    lists, tuples, dicts and ``functools.partial`` objects it holds (each walked once; older jax keeps
+    residuals in a partial's arguments): ``gc.get_referents`` lists one entry per reference an object
+    holds. References further in (a function's closure, another object's attributes) are not counted:
+    an object held there stays counted as kept. What is walked is taken to be ``root``'s alone (a vjp's
+    residual lists and partials, which its framework builds for that vjp)."""
     held: dict[int, int] = {}
     todo, seen = ([] if root is None else [root]), set()
     while todo:
         for r in gc.get_referents(todo.pop()):
             if id(r) in ids:
                 held[id(r)] = held.get(id(r), 0) + 1
-            elif type(r) in (list, tuple, dict) and id(r) not in seen:
+            elif (type(r) in (list, tuple, dict) or isinstance(r, functools.partial)) and id(r) not in seen:
                 seen.add(id(r))
                 todo.append(r)
     return held
