@@ -6,6 +6,8 @@ business, as natively."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -371,6 +373,8 @@ def _torch_results():
         "view of an intermediate held elsewhere": (lambda: [held(x * 2).reshape(-1)], [0]),
         "view whose sibling view is held elsewhere": (lambda: [(lambda y: (held(y[1:]), y[:1])[1])(x * 2)], [0]),
         "view of an intermediate autograd saved": (saved, [0]),
+        "view of an intermediate a weak reference holds": (lambda: [(lambda y: (held(weakref.ref(y)),
+                                                                                  y.reshape(-1))[1])(x * 2)], [0]),
         "view of a parameter": (lambda: [p[:1]], [0]),
         "view of a detached parameter": (lambda: [p.detach().reshape(-1)], [0]),
         "views, one of them also held elsewhere": (lambda: (lambda y: [y[:2], held(y[2:])])(x * 2), [0, 1]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import weakref
 
 import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
@@ -885,7 +886,7 @@ def _lone_base(o, outs: list, counts: list[int], shared: int) -> bool:
     holds (``(x * 2).reshape(...)``, ``torch.split`` at a model's end): memory the callee keeps no handle
     on. Anything else on that storage (a parameter, a buffer, an input, a view or a detach of one kept
     anywhere, a base with any other holder in Python or in C++: autograd's saved tensors, a scripted
-    module) is counted by torch's own counts and makes it kept."""
+    module, a weak reference) is counted by torch's own counts and makes it kept."""
     lone = _LONE_BASE
     got = _base_holders(o) if lone is not None else None
     if got is None or lone is None:
@@ -895,8 +896,10 @@ def _lone_base(o, outs: list, counts: list[int], shared: int) -> bool:
     for x, n in zip(outs, counts):
         if n == _FRESH and isinstance(x, torch.Tensor) and x._base is base:
             views += 1
-    # each view of the base holds it once in C++, and the storage once (o among them)
-    return shared == views and cpp == lone[0] + views - 1 and py == lone[1]
+    # each view of the base holds it once in C++, and the storage once (o among them); a weak reference
+    # to the base is a handle on it too
+    return (shared == views and cpp == lone[0] + views - 1 and py == lone[1]
+            and not weakref.getweakrefcount(base))
 
 
 def _packing(name: str | None) -> int:
