@@ -141,7 +141,7 @@ class ForeignCall:
         # them as immutable; copied on the mutable side, whose copy is the cheap one (torch's, not a tf
         # op's). A caller whose results are read-only (numpy's, from an immutable callee) writes nothing
         if out_leaves and callee.immutable != caller.immutable and not caller.marks_readonly:
-            kept = callee.kept(out_leaves)
+            kept = callee.kept(out_leaves, pullback)
             if kept and not callee.immutable:  # a torch parameter: copied now, before it changes
                 out_leaves, kept = self._own(callee, out_leaves, callee_leaves, kept), []
         outs = self._outputs(out_leaves, to)

@@ -6,6 +6,8 @@ business, as natively."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -338,3 +340,188 @@ def test_a_torch_callees_view_of_its_input_comes_back_to_an_immutable_caller_wit
     x = make(caller, _data())
     y = bb.bridge("torch")(_passthrough("torch", how))(x)
     assert _pointer(y) == _pointer(x)
+
+
+# -- what the callee keeps, told exactly: a view of an intermediate, a result only the pullback keeps --
+
+_HELD: list = []  # holders that outlive a callee's call (a module's state, a training loop's)
+
+
+def _torch_results():
+    """Callee results as a torch function hands them over (that list their only holder), and which
+    of them the callee keeps: memory nothing but the results holds, or memory something else holds too."""
+    import torch
+
+    x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    p = torch.nn.Parameter(x.clone())
+
+    def held(t):
+        _HELD.append(t)
+        return t
+
+    def saved():  # a base autograd saved for the backward: a holder in C++ only
+        y = x.clone().requires_grad_() * 2
+        _HELD.append(y * y)
+        return [y.reshape(-1)]
+
+    return {
+        "reshape of an intermediate": (lambda: [(x * 2).reshape(-1)], []),
+        "torch.split of an intermediate": (lambda: list(torch.split(x * 2, 2)), []),
+        "some parts of a split (the rest dropped)": (lambda: list(torch.split(x * 2, 1))[:3], []),
+        "view of a view of an intermediate": (lambda: [(x * 2).view(24)[4:]], []),
+        "einsum's view (its base made in C++)": (lambda: [torch.einsum("ij,jk->ki", x, x.t())], []),
+        "view of an intermediate held elsewhere": (lambda: [held(x * 2).reshape(-1)], [0]),
+        "view whose sibling view is held elsewhere": (lambda: [(lambda y: (held(y[1:]), y[:1])[1])(x * 2)], [0]),
+        "view of an intermediate autograd saved": (saved, [0]),
+        "view of an intermediate a weak reference holds": (lambda: [(lambda y: (held(weakref.ref(y)),
+                                                                                  y.reshape(-1))[1])(x * 2)], [0]),
+        "view of a parameter": (lambda: [p[:1]], [0]),
+        "view of a detached parameter": (lambda: [p.detach().reshape(-1)], [0]),
+        "views, one of them also held elsewhere": (lambda: (lambda y: [y[:2], held(y[2:])])(x * 2), [0, 1]),
+        "an intermediate and its view": (lambda: (lambda y: [y, y.reshape(-1)])(x * 2), [0, 1]),
+        "one view returned twice": (lambda: [(x * 2).reshape(-1)] * 2, [0, 1]),
+    }
+
+
+@pytest.mark.frameworks("torch")
+def test_a_torch_callee_keeps_a_view_only_when_something_besides_the_results_holds_its_memory():
+    """A view of an intermediate ((x * 2).reshape(...), torch.split at a model's end) shares its storage
+    with its base, which only the view keeps alive: the callee keeps nothing, so no copy. Anything else
+    holding the base or its storage (Python, autograd's saved tensors in C++, another view) keeps it."""
+    from bf16bridge import registry
+
+    adapter = registry.get("torch")
+    for name, (results, want) in _torch_results().items():
+        outs = results()
+        assert want or all(t._is_view() for t in outs), name  # (each case is the view it says)
+        assert adapter.kept(outs) == want, name
+        del outs
+    _HELD.clear()
+
+
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_view_of_a_torch_intermediate_comes_to_an_immutable_caller_without_a_copy(caller):
+    """End to end: the views cross zero-copy (the caller's arrays are over the callee's memory), and a
+    view of a held intermediate is still the caller's own copy: the holder's write does not reach it."""
+    import torch
+
+    seen = []
+
+    def split(x):
+        parts = torch.split(x * 2, 4)  # 4 rows of 32 bf16: 256 bytes, every part 64-byte aligned
+        seen.extend(p.data_ptr() for p in parts)
+        return parts
+
+    data = np.arange(8 * 32, dtype=np.float32).astype(BF16).reshape(8, 32)
+    ys = bb.bridge("torch")(split)(make(caller, data))
+    assert [_pointer(y) for y in ys] == seen
+    assert np.array_equal(np.concatenate([bits(y) for y in ys]), bits(make("torch", data) * 2))
+
+    def held(x):
+        y = x * 2
+        _HELD.append(y)
+        return y.reshape(-1)
+
+    y = bb.bridge("torch")(held)(make(caller, data))
+    want = bits(y).copy()
+    _HELD.pop().add_(1)
+    assert np.array_equal(bits(y), want)
+
+
+@pytest.mark.frameworks("jax")
+@pytest.mark.parametrize("fn", ["exp", "jit(exp)"])
+def test_a_jax_result_its_own_pullback_keeps_is_not_counted_as_kept(fn):
+    """exp(x) under a gradient: jax's residuals hold the result for the backward, so its reference count
+    says kept. Those references, and no others, are not counted (Adapter.kept's pullback)."""
+    import jax
+    import jax.numpy as jnp
+
+    from bf16bridge import registry
+
+    f = {"exp": jnp.exp, "jit(exp)": jax.jit(jnp.exp)}[fn]
+    adapter = registry.get("jax")
+    x = jnp.ones((4, 4), jnp.bfloat16)
+    outs, pullback = adapter.vjp(lambda x: [f(x)], [x], [True])
+    assert adapter.kept(outs) == [0]  # the residual's reference: kept by the count alone
+    assert adapter.kept(outs, pullback) == []
+    w = jnp.full((4, 4), 2, jnp.bfloat16)  # a captured constant, and a result returned twice: still kept
+    outs, pullback = adapter.vjp(lambda x: [f(x) * w, w], [x], [True])
+    assert adapter.kept(outs, pullback) == [1]
+    outs, pullback = adapter.vjp(lambda x: (lambda y: [y, y])(f(x)), [x], [True])
+    assert adapter.kept(outs, pullback) == [0, 1]
+    callee = _closing(lambda x, c: [f(x), c])  # (alive, as a bridged function holds its callee)
+    outs, pullback = adapter.vjp(callee, [x], [True])
+    assert adapter.kept(outs, pullback) == [1]  # one other holder: the closure's cell
+
+
+def _closing(fn):
+    """``fn(x, c)`` with a constant ``c`` that the returned function's closure alone holds."""
+    import jax.numpy as jnp
+
+    c = jnp.full((4, 4), 3, jnp.bfloat16)
+    return lambda x: fn(x, c)
+
+
+def test_the_references_a_pullback_holds_are_counted_once_each_and_only_in_its_containers():
+    """Adapter.kept's discount: each reference a container (a list, tuple, dict, partial) holds once, a
+    container reached twice walked once, and nothing inside other objects (a function's closure): those
+    keep the result kept."""
+    import functools
+
+    from bf16bridge.adapters._base import _held_in
+
+    o, other = object(), object()
+    inner = [o, other]
+    root = (inner, inner, {"k": (o,)}, functools.partial(print, o), lambda: o)
+    assert _held_in(root, {id(o)}) == {id(o): 3}
+    assert _held_in(None, {id(o)}) == {}
+
+
+@pytest.mark.frameworks("torch", "jax")
+def test_a_jax_result_only_its_pullback_keeps_comes_to_torch_zero_copy_and_torch_guards_it(monkeypatch):
+    """No copy of exp(x) for a torch caller under a gradient; the gradient is jax's, bit for bit; a write
+    into the result before the backward is torch's own error (it saved the result), as natively, not a
+    silently wrong gradient from a changed residual."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from bf16bridge import registry
+
+    torch_adapter = type(registry.get("torch"))
+    copies = []
+    copy = torch_adapter.copy
+    monkeypatch.setattr(torch_adapter, "copy", lambda self, t: copies.append(t) or copy(self, t))
+    data = (np.arange(8 * 32, dtype=np.float32) / 64).astype(BF16).reshape(8, 32)
+    x = make("torch", data).requires_grad_()
+    y = bb.bridge("jax")(jnp.exp)(x)
+    assert copies == []
+    (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    _, pullback = jax.vjp(jnp.exp, make("jax", data))
+    (want,) = pullback(jnp.ones((8, 32), jnp.bfloat16))
+    assert np.array_equal(bits(g), bits(want))
+    y = bb.bridge("jax")(jnp.exp)(x)
+    with torch.no_grad():
+        y.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.frameworks("torch", "tensorflow")
+@pytest.mark.parametrize("how", ["row slice", "tf.split", "reshape"])
+def test_a_slice_split_or_reshape_of_a_tensorflow_constant_comes_to_torch_as_a_fresh_tensor(how):
+    """Eager tensorflow hands out its constant's own buffer (at an offset for a row slice or a split)
+    as a new result object: why every tensorflow result is kept (a test of the result's own buffer alone
+    would miss the offset ones)."""
+    import tensorflow as tf
+
+    c = tf.constant((np.arange(64 * 32, dtype=np.float32) / 8).astype(BF16).reshape(64, 32))
+    before = bits(c).copy()
+    fn = {"row slice": lambda x: c[16:32], "tf.split": lambda x: tf.split(c, 4)[1],
+          "reshape": lambda x: tf.reshape(c, [-1])}[how]
+    bridged = bb.bridge("tensorflow")(fn)
+    y = bridged(make("torch", _data()))
+    assert np.array_equal(bits(y).reshape(-1), bits(fn(None)).reshape(-1))
+    y.add_(1)
+    assert np.array_equal(bits(c), before)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import sys
 import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
@@ -113,6 +114,25 @@ def _refcounts(objs: list) -> list[int]:
 #: what ``_refcounts`` reads for an object that list alone holds (measured, not assumed: the count
 #: a loop and a call add differ between Python versions)
 _FRESH = _refcounts([object()])[0]
+
+
+def _held_in(root, ids: set[int]) -> dict[int, int]:
+    """How many references to each object of ``ids`` (by id) ``root`` holds, itself and through the
+    lists, tuples, dicts and ``functools.partial`` objects it holds (each walked once; older jax keeps
+    residuals in a partial's arguments): ``gc.get_referents`` lists one entry per reference an object
+    holds. References further in (a function's closure, another object's attributes) are not counted:
+    an object held there stays counted as kept. What is walked is taken to be ``root``'s alone (a vjp's
+    residual lists and partials, which its framework builds for that vjp)."""
+    held: dict[int, int] = {}
+    todo, seen = ([] if root is None else [root]), set()
+    while todo:
+        for r in gc.get_referents(todo.pop()):
+            if id(r) in ids:
+                held[id(r)] = held.get(id(r), 0) + 1
+            elif (type(r) in (list, tuple, dict) or isinstance(r, functools.partial)) and id(r) not in seen:
+                seen.add(id(r))
+                todo.append(r)
+    return held
 
 
 class Adapter:
@@ -436,7 +456,7 @@ class Adapter:
         """The positions of the leaves ``watch_writes`` watched that were written in place since."""
         return []
 
-    def kept(self, outs: list) -> list[int]:
+    def kept(self, outs: list, pullback=None) -> list[int]:
         """Callee side: the positions of the output tensors ``outs`` (this framework's; that list
         their only holder in the bridge) that something else keeps too: the same tensor object
         referenced elsewhere (a captured constant, a parameter, an input, a result returned twice)
@@ -444,8 +464,19 @@ class Adapter:
         of a parameter). Asked when the caller's framework and the callee's differ in whether their
         tensors are written in place: such a result is copied, so neither side's later writes reach
         the other's. Default: by Python's reference count (the same object; a new tensor object over
-        kept memory is not seen)."""
-        return [i for i, n in enumerate(_refcounts(outs)) if n > _FRESH]
+        kept memory is not seen).
+
+        ``pullback``: this call's own pullback (``vjp``'s; None without one). The references its
+        ``residuals`` hold (an attribute a ``vjp`` may set: what its autodiff keeps for the backward,
+        ``exp(x)``'s result) are not counted: a result only the pullback keeps is the caller's to guard,
+        and its autodiff does (torch saves a bridged call's results for its backward, so a write into
+        one before the backward is torch's own error, as natively)."""
+        counts = _refcounts(outs)
+        found = [i for i, n in enumerate(counts) if n > _FRESH]
+        if found and pullback is not None:
+            held = _held_in(getattr(pullback, "residuals", None), {id(outs[i]) for i in found})
+            found = [i for i in found if counts[i] - held.get(id(outs[i]), 0) > _FRESH]
+        return found
 
     def aliased(self, outs: list, ins: list) -> list[int]:
         """Caller side: the positions of the output tensors ``outs`` that share memory with any of

@@ -422,6 +422,7 @@ class JaxAdapter(Adapter):
             grads = iter(vjp_fn(list(cts)))
             return [next(grads) if d else None for d in diff]
 
+        pullback.residuals = vjp_fn  # type: ignore[attr-defined]  # for Adapter.kept: jax's residuals (exp(x)'s result)
         return outs, pullback
 
     # -- sharded arrays, for bf16bridge.shards ------------------------------------------------------

@@ -414,10 +414,13 @@ class TensorflowAdapter(Adapter):
     # -- functions across frameworks -----------------------------------------------
     differentiates = True
 
-    def kept(self, outs):
+    def kept(self, outs, pullback=None):
         # every result: a tf result object can be new over a buffer the callee keeps (a tf.function's
-        # captured constant or Variable forwarded as its output, tf.identity(c), v.read_value()), and
-        # tensorflow tells no buffer's holders; a copy for a caller that writes in place
+        # captured constant or Variable forwarded as its output, tf.identity(c), v.read_value(), eagerly
+        # tf.reshape(c), c[16:32] and tf.split(c) too, the last two at an offset: a sub-buffer of c's),
+        # and tensorflow tells no buffer's holders (no Python or C API reads a TensorBuffer's reference
+        # count; TF_TensorMaybeMove asks "one?" of a tensor that resolving the handle already shared);
+        # a copy for a caller that writes in place
         return list(range(len(outs)))
 
     def shape_dtype(self, x):

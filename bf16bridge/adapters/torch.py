@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import weakref
 
 import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
@@ -441,9 +442,10 @@ class TorchAdapter(Adapter):
         now = [None if v is None else x._version for x, v in zip(leaves, versions)]
         return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
 
-    def kept(self, outs):
+    def kept(self, outs, pullback=None):
         # the same tensor object held elsewhere (Adapter.kept's reference count), or a new tensor over
-        # kept memory: a view, a detach of a parameter (its storage's use count); once a bridged call
+        # kept memory: a view, a detach of a parameter (its storage's use count), unless what shares it is
+        # only the view's base, an intermediate nothing else holds (_lone_base); once a bridged call
         counts = _refcounts(outs)
         found = []
         for i, o in enumerate(outs):
@@ -455,11 +457,14 @@ class TorchAdapter(Adapter):
                     # memory torch did not allocate (torch.from_numpy of the callee's own array, a DLPack
                     # import: its owner may write it; not resizable), or shared with another tensor (the
                     # storage's use count, where this torch tells it)
-                    if not storage.resizable() or (_use_count is not None and _ALONE is not None
-                                                   and _use_count(storage._cdata) > _ALONE):
+                    if not storage.resizable():
                         found.append(i)
+                        continue
+                    shared = 0 if _use_count is None or _ALONE is None else _use_count(storage._cdata) - _ALONE
                 except (RuntimeError, NotImplementedError, AttributeError):  # no storage of its own (a wrapper)
-                    pass
+                    continue
+                if shared > 0 and not _lone_base(o, outs, counts, shared):
+                    found.append(i)
         return found
 
     def aliased(self, outs, ins):
@@ -874,6 +879,48 @@ def _storage_count(t) -> int | None:
 
 #: what _storage_count reads for a tensor alone on its storage (the storage object asked holds one)
 _ALONE = _storage_count(torch.empty(1))
+
+
+def _base_holders(o) -> tuple | None:
+    """(o's base, the base's holders in C++: its tensor's use count, and in Python: its reference
+    count), as read here; None for a tensor that is no view (or a torch that cannot tell)."""
+    base = o._base
+    return None if base is None else (base, base._use_count(), sys.getrefcount(base))
+
+
+def _calibrate_base() -> tuple | None:
+    try:
+        got = _base_holders(torch.empty(2).view(2))  # a view of an intermediate nothing else holds
+    except (AttributeError, RuntimeError):  # a torch without Tensor._use_count
+        return None
+    return None if got is None else got[1:]
+
+
+#: what _base_holders reads for the base of one view, when that view alone holds the base (measured,
+#: not assumed: how torch keeps a base's Python object alive beside its C++ holders changes)
+_LONE_BASE = _calibrate_base()
+
+
+def _lone_base(o, outs: list, counts: list[int], shared: int) -> bool:
+    """Whether the ``shared`` tensors beside result ``o`` on its storage are its base, an intermediate
+    held by nothing but its views, and other such views among the results ``outs`` that nothing else
+    holds (``(x * 2).reshape(...)``, ``torch.split`` at a model's end): memory the callee keeps no handle
+    on. Anything else on that storage (a parameter, a buffer, an input, a view or a detach of one kept
+    anywhere, a base with any other holder in Python or in C++: autograd's saved tensors, a scripted
+    module, a weak reference) is counted by torch's own counts and makes it kept."""
+    lone = _LONE_BASE
+    got = _base_holders(o) if lone is not None else None
+    if got is None or lone is None:
+        return False
+    base, cpp, py = got
+    views = 0
+    for x, n in zip(outs, counts):
+        if n == _FRESH and isinstance(x, torch.Tensor) and x._base is base:
+            views += 1
+    # each view of the base holds it once in C++, and the storage once (o among them); a weak reference
+    # to the base is a handle on it too
+    return (shared == views and cpp == lone[0] + views - 1 and py == lone[1]
+            and not weakref.getweakrefcount(base))
 
 
 def _packing(name: str | None) -> int:
