@@ -610,9 +610,11 @@ def test_a_missing_file_is_a_checkpoint_error(tmp_path):
 
 def test_a_path_that_is_no_regular_file_is_refused_naming_what_it_is(tmp_path):
     # a directory raised OSError's words only; /dev/null read as "0 bytes, damaged"
+    fds = set(os.listdir("/proc/self/fd"))  # (Linux) the refused path's descriptor is closed again
     for path, kind in ((tmp_path, "a directory"), (os.devnull, "a character device")):
         with pytest.raises(CheckpointError, match=f"cannot open it \\(it is {kind}, not a regular file\\)"):
             bb.open(path)
+    assert set(os.listdir("/proc/self/fd")) <= fds
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")

@@ -38,18 +38,24 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike):
         self.path = fmt.fspath(path, "bb.open")
+        # without blocking: a named pipe's open waits for a writer (bb.load hung for ever on one);
+        # binary where the platform has a text mode
+        nonblocking = getattr(os, "O_NONBLOCK", 0)
         try:
-            # without blocking: a named pipe's open waits for a writer (bb.load hung for ever on one)
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            fd = os.open(self.path, os.O_RDONLY | nonblocking | getattr(os, "O_BINARY", 0))
         except OSError as err:
             raise CheckpointError(f"{self.path}: cannot open it ({err.strerror})") from err
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a pipe or a device has no size to check a header against
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a pipe or a device has no size to check a header against
+                raise CheckpointError(f"{self.path}: cannot open it (it is {_kind(st.st_mode)}, not a regular "
+                                      "file); bb.open maps a safetensors file: save or copy it to a file first")
+            if nonblocking:
+                os.set_blocking(fd, True)
+            f = os.fdopen(fd, "rb")
+        except BaseException:
             os.close(fd)
-            raise CheckpointError(f"{self.path}: cannot open it (it is {_kind(st.st_mode)}, not a regular file); "
-                                  "bb.open maps a safetensors file: save or copy it to a file first")
-        os.set_blocking(fd, True)
-        f = os.fdopen(fd, "rb")
+            raise
         try:
             size = st.st_size
             self.header = fmt.read(f, self.path, size)
