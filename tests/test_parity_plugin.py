@@ -92,3 +92,16 @@ def test_a_required_name_the_registry_does_not_know_is_a_usage_error(suite, monk
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     assert says in result.stderr.str(), result.stderr.str()
     assert "RAN" not in result.stdout.str()
+
+
+def test_a_framework_registered_in_a_sub_directory_s_conftest_can_be_required(pytester, monkeypatch):
+    # that conftest.py loads when its directory is collected, after pytest_configure: the names are
+    # read once collection is done (read at configure, ghostfw was an unknown name: a usage error)
+    monkeypatch.delenv("BF16BRIDGE_REQUIRED_FRAMEWORKS", raising=False)
+    sub = pytester.mkpydir("sub")
+    (sub / "conftest.py").write_text(CONFTEST)
+    (sub / "test_user.py").write_text(TEST)
+    result = pytester.runpytest_subprocess("-rs", "--bf16-frameworks=ghostfw")
+    ran = [n for n in FRAMEWORKS if _installed(n)]
+    result.assert_outcomes(passed=len(ran), errors=1, skipped=len(FRAMEWORKS) - len(ran) - 1)
+    result.stdout.fnmatch_lines(["*bf16_framework=ghostfw: ghostfw is required*"])

@@ -66,8 +66,10 @@ def required(text: str, where: str) -> tuple:
         raise pytest.UsageError(f"{where}: {err}") from None
 
 
-def pytest_configure(config):
-    # after conftest.py files load: an adapter registered in one is known here
+def pytest_collection_finish(session):
+    # once every conftest.py has loaded (a directory's loads when it is collected): an adapter
+    # registered in any of them is known here
+    config = session.config
     text = config.getoption("bf16_frameworks", None)
     where = "--bf16-frameworks"
     if text is None and os.environ.get(ENV, "").strip():
