@@ -155,6 +155,21 @@ def test_float32_against_bf16_is_identical_only_where_the_rounding_lost_nothing(
         assert parity.compare(*pair, policy="ulp(0)").passed, "in bf16 ULPs the rounded side is 0 away"
 
 
+@pytest.mark.parametrize("fine, coarse", [(np.float64, np.float32), (np.float32, np.float16), (np.float64, np.float16)])
+def test_wider_float_against_a_narrower_one_is_identical_only_where_the_rounding_lost_nothing(fine, coarse):
+    # (wider than both are plain numpy floats, not the narrow kinds): 1 + 2**-40 rounds to the
+    # float32 1.0 and is not it; 0.5 and -0 are held exactly
+    x = np.array([1 + 2.0 ** -40, 0.5, -0.0], np.float64).astype(fine)
+    if fine is np.float32:
+        x[0] = np.float32(1 + 2.0 ** -20)  # rounds to float16's 1.0 (its step there: 2**-10)
+    y = x.astype(coarse)
+    assert y[0] == 1.0 and x[0] != 1.0
+    for pair in ((x, y), (y, x)):
+        rep = parity.compare(*pair, policy="exact")
+        assert not rep.passed and rep.identical_fraction == pytest.approx(2 / 3)
+        assert parity.compare(pair[0][1:], pair[1][1:], policy="exact").passed
+
+
 def _nearest_bf16(x: np.ndarray) -> np.ndarray:
     """float64 -> bf16 correctly rounded, by hand: of the bf16 numbers next to float32 rounding's,
     the nearest (|x - v| is exact in float64 there), ties to the even pattern."""
