@@ -387,7 +387,6 @@ def test_unpack_inverts_pack(name):
     assert kernels.pack_nibbles(a, out=out) is out
 
 
-
 @pytest.mark.parametrize("offset", [0, 1])  # a source at an odd address: its byte pairs unaligned
 @pytest.mark.parametrize("n", [1, 7, kernels.BLOCK - 1, kernels.BLOCK + 3, 2 * kernels.BLOCK + 1])
 def test_nibbles_over_blocks_and_odd_addresses_are_the_one_liners(n, offset):
@@ -402,6 +401,7 @@ def test_nibbles_over_blocks_and_odd_addresses_are_the_one_liners(n, offset):
     src = np.empty(2 * n + offset, np.uint8)[offset:]
     src[...] = unpacked
     np.testing.assert_array_equal(kernels.pack_nibbles(src), (src[1::2] << 4) | (src[0::2] & 0xF))
+
 
 def _doc_row(name: str) -> str:
     """docs/kernels.md's row for a float dtype, from what the kernels do."""
