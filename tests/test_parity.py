@@ -959,6 +959,12 @@ def test_float32_against_an_int_is_rounded_to_nearest_and_what_int_cannot_hold_i
     assert (p.nonfinite_mismatches, p.nan_mismatches, p.inf_mismatches, p.finite_compared) == (4, 1, 3, 1)
     assert "4 of its element(s) are NaN, infinite or beyond int4's range [-8, 7]" in p.note and not rep.passed
     assert [e.index for e in p.worst[:4]] == [(0,), (1,), (2,), (3,)] and p.worst[0].a == 100.0
+    # a float64 reference is held in an int result's dtype the same way (the nearest it holds, saturated),
+    # so its NaN/inf count and reference(k)'s floor are not astype's wrapped values (100 was int4's 4)
+    held = metrics.rounded(np.array([2.9999, 100.0, -100.0, 2.5, np.inf]), "int4")
+    assert held.astype(int).tolist() == [3, 7, -8, 2, 7]
+    rep = parity.compare({"a": q, "b": q.copy()}, reference=f.astype(np.float64), policy="reference(1)")
+    assert rep.references[0].rounding_rms == rep.references[0].rms_error > 0
 
 
 def test_allclose_judges_mixed_dtypes_on_their_values_not_rounded_to_one():

@@ -167,15 +167,19 @@ def _float32_odd(x: np.ndarray) -> np.ndarray:
 
 
 def rounded(x: np.ndarray, name: str) -> np.ndarray:
-    """``x`` (any dtype parity compares) rounded to nearest-even in the float dtype ``name``, once:
-    float64 goes to a narrow dtype through float32 rounded to odd, not rounded twice."""
+    """``x`` (any dtype parity compares) rounded to nearest-even in the dtype ``name``, once:
+    float64 goes to a narrow dtype through float32 rounded to odd, not rounded twice; to a narrow
+    integer, the nearest integer it holds (saturated: 100 is int4's 7; NaN 0)."""
     if x.dtype.name == name:
         return x
     with np.errstate(over="ignore", invalid="ignore"):
         if name not in kernels.NARROW:  # float16/32/64: numpy rounds from float64 directly
             return to_float64(x).astype(name)
-        if kernels.FORMATS.get(name) is not None and kernels.FORMATS[name].integer:  # as astype does
-            return kernels.to_dtype(np.ascontiguousarray(to_float64(x)), name)
+        fmt = kernels.FORMATS.get(name)
+        if fmt is not None and fmt.integer:  # the nearest integer it holds (ties to even; NaN: 0), not astype's
+            values = kernels.decoded(fmt)  # truncation, which wraps 100 around to int4's 4
+            near = np.clip(np.nan_to_num(np.rint(to_float64(x))), values.min(), values.max())
+            return kernels.to_dtype(near.astype(np.float32), name)
         wide = _float32_odd(x) if x.dtype.name == "float64" else to_float64(x).astype(np.float32)  # exact
         return kernels.to_dtype(np.ascontiguousarray(wide), name)
 
@@ -259,10 +263,10 @@ def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, st
     lost = None
     if ia or ib:
         values = kernels.decoded(kernels.FORMATS[coarse])
-        near = np.rint(to_float64(fine))  # ties to even
+        near = np.rint(to_float64(fine))
         with np.errstate(invalid="ignore"):
             lost = ~((near >= values.min()) & (near <= values.max()))  # NaN too
-        held = kernels.to_dtype(np.where(lost, 0.0, near).astype(np.float32), coarse)  # exact: whole numbers
+        held = rounded(fine, coarse)
         note = f"{fine_label} side rounded to {label} (nearest, ties to even) to compare in {label} steps"
         if lost.any():
             note += (f"; {int(np.count_nonzero(lost))} of its element(s) are NaN, infinite or beyond {label}'s range "
