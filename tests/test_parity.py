@@ -854,3 +854,144 @@ def test_worst_regions_over_every_pattern_of_a_narrow_float(name):
     binades = np.signbit(xs[normal]) * 1000 + np.frexp(xs[normal])[1]
     pairs = set(zip(keys.tolist(), binades.tolist()))
     assert len(pairs) == len(set(keys.tolist())) == len(set(binades.tolist())) >= 4
+
+
+# -- verdicts at the edges: reference(k)'s floor, torch's own arithmetic, units, integers, mixed dtypes --
+
+def test_reference_k_holds_no_result_to_less_than_its_own_dtypes_rounding():
+    """An exact float64 result has RMS error 0; a bf16 or float32 result correctly rounded cannot do
+    better than its own rounding of the reference, so it passes reference(1) beside it (it failed every k).
+    A result that truncates is still caught: its error is beyond k times that floor."""
+    ref = np.random.default_rng(11).standard_normal(4096)
+    bf = metrics.round_to(ref, BF16).astype(BF16)
+    f32 = ref.astype(F32)
+    trunc = (f32.view(np.uint32) >> 16).astype(np.uint16).view(BF16)
+    rep = parity.compare({"f64": ref.copy(), "bf16": bf, "f32": f32}, reference=ref, policy="reference(1)")
+    assert rep.passed, [(r.name, r.rms_error, r.rounding_rms) for r in rep.references]
+    held = {"f64": ref, "bf16": bf.astype(np.float64), "f32": f32.astype(np.float64)}
+    for r in rep.references:
+        assert r.rounding_rms == pytest.approx(float(np.sqrt(np.mean((held[r.name] - ref) ** 2))), rel=1e-12)
+    assert rep.smallest["reference_k"] == 1.0
+    rep = parity.compare({"f64": ref.copy(), "bf16": bf, "trunc": trunc}, reference=ref, policy="reference(1.5)")
+    assert [r.passed for r in rep.references] == [True, True, False]
+    assert rep.smallest["reference_k"] == pytest.approx(rep.references[2].rms_error / rep.references[2].rounding_rms)
+
+
+def _torch_isclose_says(a, b, rtol=1.6e-2, atol=1e-5):
+    """a and b as torch tensors, and torch.isclose's answer after promoting them as assert_close does."""
+    import torch
+
+    t = lambda x: (torch.from_numpy(x.view(np.uint16).copy()).view(torch.bfloat16)  # noqa: E731
+                   if x.dtype == BF16 else torch.from_numpy(x.copy()))
+    ta, tb = t(a), t(b)
+    common = torch.promote_types(ta.dtype, tb.dtype)
+    return ta, tb, torch.isclose(ta.to(common), tb.to(common), rtol=rtol, atol=atol).numpy()
+
+
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)])
+def test_the_torch_arithmetic_is_torch_isclose_on_every_pattern_near_the_edge(dtype):
+    """Every finite pattern b against the patterns 1..8 steps away, both signs: element for element what
+    torch.isclose says (float64 arithmetic differed on a few hundred bf16 pairs, e.g. 0.0146 vs 0.01459)."""
+    from bf16bridge.parity import regions
+
+    bits = np.arange(0, int(metrics.bits(np.array([np.inf], dtype)).item()), dtype=np.int64)
+    b = bits.astype(np.uint16).view(dtype)
+    for step in (-8, -5, -3, -1, 1, 2, 3, 4, 6, 8):
+        a = np.clip(bits + step, 0, bits[-1]).astype(np.uint16).view(dtype)
+        for x, y in ((a, b), (-a, b), (b, a)):
+            *_, want = _torch_isclose_says(x, y)
+            got = metrics.isclose(x, y, 1.6e-2, 1e-5, False, "promoted")
+            assert np.array_equal(got, want), (step, x[got != want][:3], y[got != want][:3])
+            bad, _, _ = regions.exceeds(parity.parse("torch"), x, y)  # worst_regions judge so too (all finite)
+            assert np.array_equal(bad, ~want)
+
+
+@st.composite
+def _near_the_torch_edge(draw):
+    """(a, b) one element each, a about rtol * |b| + atol away from b (a few float32 ULPs either side),
+    as bf16, float16 or float32, the two of one dtype or of two."""
+    names = ["bfloat16", "float16", "float32"]
+    da, db = draw(st.sampled_from(names)), draw(st.sampled_from(names))
+    dt = lambda n: BF16 if n == "bfloat16" else np.dtype(n)  # noqa: E731
+    y = draw(st.floats(min_value=2.0 ** -20, max_value=6e4, allow_nan=False)) * draw(st.sampled_from([1, -1]))
+    b = np.array([y], dtype=np.float64).astype(np.float32).astype(dt(db))
+    yb = float(b.astype(np.float64)[0])
+    gap = (1e-5 + 1.6e-2 * abs(yb)) * (1 + draw(st.integers(-40, 40)) * 2.0 ** -12)
+    a = np.array([yb + draw(st.sampled_from([1, -1])) * gap], dtype=np.float64).astype(np.float32).astype(dt(da))
+    return a, b
+
+
+@pytest.mark.frameworks("torch")
+@settings(max_examples=300, deadline=None)
+@given(_near_the_torch_edge())
+def test_the_torch_policy_is_torch_testing_assert_close_at_the_edge(pair):
+    """compare(policy="torch") gives torch.testing.assert_close(check_dtype=False)'s verdict, with the same
+    rtol and atol, on values at the tolerance's edge: one dtype or two (promoted, as torch does)."""
+    import torch
+
+    a, b = pair
+    ta, tb, _ = _torch_isclose_says(a, b)
+    try:
+        torch.testing.assert_close(ta, tb, rtol=1.6e-2, atol=1e-5, check_dtype=False)
+        torch_says = True
+    except AssertionError:
+        torch_says = False
+    assert parity.compare({"a": a, "b": b}, policy="torch").passed == torch_says, (a, a.dtype, b, b.dtype)
+
+
+@pytest.mark.parametrize("name,half_max", [("float32", 0.5), ("float16", 0.5), ("bfloat16", 0.5),
+                                           ("float8_e4m3fn", 0.5), ("float8_e5m2", 0.5)])
+def test_errors_against_the_reference_are_in_the_results_own_ulps(name, half_max):
+    """A result correctly rounded to its dtype is within half an ULP of the reference in that dtype's
+    ULPs (they were bf16 ULPs for every dtype: a float32 result read 8e-6), and within u * condition
+    with u its own unit roundoff; the report names the unit."""
+    ref = np.random.default_rng(12).uniform(0.5, 100, 4096) * np.random.default_rng(13).choice([1, -1], 4096)
+    dt = np.dtype(getattr(ml_dtypes, name, None) or name)
+    x = metrics.round_to(ref, dt).astype(dt)
+    rep = parity.compare({"a": x, "b": x.copy()}, reference=ref, condition=np.abs(ref), policy="ulp(0)")
+    r = rep.references[0]
+    assert r.ulp_unit == name
+    assert half_max * 0.9 < r.max_ulps_of_reference <= half_max, r.max_ulps_of_reference
+    assert 0.45 < r.max_normalised <= 1.0, r.max_normalised
+    assert "ulps of" in str(rep) and f" {name} " in str(rep).split("ulps of", 1)[1]
+
+
+def test_float32_against_an_int_is_rounded_to_nearest_and_what_int_cannot_hold_is_a_mismatch():
+    """A quantised int is the float rounded to nearest (ties to even): 2.9999 against 3 is 0 steps, not 1
+    (truncation); 100, NaN and inf, which int4 cannot hold (astype wraps 100 to 4 and NaN to 0), are
+    NaN/inf mismatches, not small distances."""
+    f = np.array([2.9999, 3.5, 2.5, -2.6, 7.4, -8.4, 0.49], F32)
+    q = np.array([3, 4, 2, -3, 7, -8, 0], ml_dtypes.int4)
+    p = parity.compare({"f": f, "q": q}, policy="ulp(0)").pairs[0]
+    assert (p.max_ulp, p.nonfinite_mismatches) == (0, 0) and "nearest, ties to even" in p.note
+    assert parity.compare({"f": f, "q": q}, policy="ulp(0)").passed
+    assert not parity.compare({"f": f + np.float32(0.6), "q": q}, policy="ulp(0)").passed  # a step off
+    f = np.array([100.0, np.nan, np.inf, -9.0, 1.0], F32)
+    q = np.array([7, 0, 7, -8, 1], ml_dtypes.int4)
+    rep = parity.compare({"f": f, "q": q}, policy="ulp(15)")
+    p = rep.pairs[0]
+    assert (p.nonfinite_mismatches, p.nan_mismatches, p.inf_mismatches, p.finite_compared) == (4, 1, 3, 1)
+    assert "4 of its element(s) are NaN, infinite or beyond int4's range [-8, 7]" in p.note and not rep.passed
+    assert [e.index for e in p.worst[:4]] == [(0,), (1,), (2,), (3,)] and p.worst[0].a == 100.0
+    # a float64 reference is held in an int result's dtype the same way (the nearest it holds, saturated),
+    # so its NaN/inf count and reference(k)'s floor are not astype's wrapped values (100 was int4's 4)
+    held = metrics.rounded(np.array([2.9999, 100.0, -100.0, 2.5, np.inf]), "int4")
+    assert held.astype(int).tolist() == [3, 7, -8, 2, 7]
+    rep = parity.compare({"a": q, "b": q.copy()}, reference=f.astype(np.float64), policy="reference(1)")
+    assert rep.references[0].rounding_rms == rep.references[0].rms_error > 0
+
+
+def test_allclose_judges_mixed_dtypes_on_their_values_not_rounded_to_one():
+    """A float32 1.0039 rounds to bf16 1.0: allclose(1e-3) passed it against a bf16 1.0, whose values
+    are 0.39% apart. allclose takes each result as given (float32 3.4e38 against bf16's largest,
+    3.39e38, is close though it rounds to inf); ULPs stay in the coarser dtype."""
+    one = np.array([1.0], BF16)
+    rep = parity.compare({"f32": np.array([1.0039], F32), "bf16": one}, policy="allclose(1e-3)")
+    assert not rep.passed and rep.pairs[0].max_abs == pytest.approx(0.0039, rel=1e-4)
+    assert rep.pairs[0].max_ulp == 0  # in bf16 ULPs: it rounds to 1.0
+    assert parity.compare({"f32": np.array([1.0004], F32), "bf16": one}, policy="allclose(1e-3)").passed
+    top = np.array([ml_dtypes.finfo(BF16).max], BF16)
+    big = np.array([3.4e38], F32)
+    assert parity.compare({"f32": big, "bf16": top}, policy="allclose(1.6e-2)").passed
+    assert not parity.compare({"f32": big, "bf16": top}, policy="ulp(1)").passed  # inf in bf16

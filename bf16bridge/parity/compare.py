@@ -68,15 +68,20 @@ class Against:
     name: str
     rms_error: float
     max_abs_error: float
-    p99_ulps_of_reference: float  # |c - ref| in bf16 ULPs at ref, 99th percentile
+    p99_ulps_of_reference: float  # |c - ref| in ULPs of the result's dtype (ulp_unit) at ref, 99th percentile
     max_ulps_of_reference: float
-    max_normalised: float | None  # |c - ref| / (u * condition), u = 2**-8; None without a condition
+    max_normalised: float | None  # |c - ref| / (u * condition), u the unit roundoff of ulp_unit (bf16: 2**-8)
     p99_normalised: float | None
     nonfinite_mismatches: int
     passed: bool | None = None
     #: the result's shape differs from the reference's: no element is measured (the errors are
     #: infinite) and the report fails
     shape_mismatch: str | None = None
+    #: the dtype whose ULPs ``*_ulps_of_reference`` count (the result's own)
+    ulp_unit: str = "bfloat16"
+    #: the RMS error of the reference correctly rounded to the result's dtype: no result of that
+    #: dtype can be closer, so reference(k) holds none to less than k times it
+    rounding_rms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,10 +166,11 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         return Pair(na, nb, tuple(a.shape), a.dtype.name, a.size, passed=False,
                     shape_mismatch=f"shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
     a0, b0 = a, b
-    a, b, note = metrics.same_dtype(a, b)
+    a, b, note, lost = metrics.same_dtype(a, b)
     ca, cb = metrics.classify(a), metrics.classify(b)
     ba, bb_ = metrics.bits(a).reshape(-1), metrics.bits(b).reshape(-1)
     n = a.size
+    lost = np.zeros(n, bool) if lost is None else lost.reshape(-1)  # not held in the compared dtype
     same = ba == bb_
     for orig, now in ((a0, a), (b0, b)):
         if orig.dtype != now.dtype and (metrics.kind_of(now) in metrics.NARROW_KINDS
@@ -174,10 +180,12 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
             same &= metrics.held_exactly(orig, now).reshape(-1)
     identical = int(np.count_nonzero(same))
     fa, fb = ca["finite"].reshape(-1), cb["finite"].reshape(-1)
-    both = fa & fb
+    both = fa & fb & ~lost
     d = metrics.ulp_distance(a, b).reshape(-1)
     df = d[both]
-    xa, xb = metrics.to_float64(a).reshape(-1), metrics.to_float64(b).reshape(-1)
+    # errors in value (max_abs, max_rel, rmse, cosine, worst's values) are of the results as given,
+    # not as rounded to the compared dtype: only ULP distances are counted there
+    xa, xb = metrics.to_float64(a0).reshape(-1), metrics.to_float64(b0).reshape(-1)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: those elements are counted apart
         diff = np.abs(xa - xb)
     diff_f = diff[both]
@@ -189,7 +197,7 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     cosine = _cosine(va, vb)
     # worst: non-finite disagreements first, then the largest ULP distances
     both_nan = ca["nan"].reshape(-1) & cb["nan"].reshape(-1)  # NaN payloads may differ: not a mismatch here
-    nonfinite = ~both & ~both_nan & (ba != bb_)
+    nonfinite = (~both & ~both_nan & (ba != bb_)) | lost
     score = np.where(both, d.astype(np.float64), -1.0)
     score = np.where(nonfinite, np.inf, score)
     order = np.argsort(-score, kind="stable")[:k_worst]
@@ -199,12 +207,14 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         for j in order if not same[j]
     )
     pct = np.percentile(df, [50, 99, 99.9]) if df.size else np.zeros(3)
-    nan_mis = int(np.count_nonzero(ca["nan"] != cb["nan"]))
+    lost_nan = lost & (np.isnan(xa) | np.isnan(xb))  # a float NaN against an integer
+    nan_differ = (ca["nan"] != cb["nan"]).reshape(-1) | lost_nan
+    nan_mis = int(np.count_nonzero(nan_differ))
     inf_a, inf_b = ca["inf"].reshape(-1), cb["inf"].reshape(-1)
-    inf_differ = (inf_a != inf_b) | (inf_a & inf_b & (ba != bb_))
+    inf_differ = (inf_a != inf_b) | (inf_a & inf_b & (ba != bb_)) | (lost & ~lost_nan)  # or beyond its range
     inf_mis = int(np.count_nonzero(inf_differ))
     # an element inf on one side and NaN on the other is in both columns, counted once here
-    nonfinite_mis = int(np.count_nonzero((ca["nan"] != cb["nan"]).reshape(-1) | inf_differ))
+    nonfinite_mis = int(np.count_nonzero(nan_differ | inf_differ))
     p = Pair(
         na, nb, tuple(a.shape), a.dtype.name, n, None, note,
         identical_fraction=identical / n if n else 1.0,
@@ -229,7 +239,7 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         p = replace(p, note="; ".join(filter(None, (note, f"{p.nan_both} element(s) NaN on both sides: "
                                                           f"{pol.name or 'this policy'} (equal_nan=false) "
                                                           "counts a NaN close to nothing"))))
-    return replace(p, passed=_judge(pol, p, va, vb))
+    return replace(p, passed=_judge(pol, p, a0, b0))
 
 
 def _cosine(va: np.ndarray, vb: np.ndarray) -> float:
@@ -253,38 +263,39 @@ def _rms(e: np.ndarray) -> float:
     return s * float(np.sqrt(np.mean((e / s) ** 2)))
 
 
-def _against(name, x, held, ref64, cond, nonfinite) -> Against:
+def _against(name, x, held, ref64, cond, nonfinite, kind: str) -> Against:
     ok = np.isfinite(x) & np.isfinite(held) & np.isfinite(ref64)
     err = np.abs(x[ok] - ref64[ok])
-    ulps = err / metrics.bf16_ulp(ref64[ok])
+    unit = metrics.ulp_of(ref64[ok], kind)
+    ulps = err / unit
     norm = None
     if cond is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             c_ok = cond[ok]
-            norm = np.where(c_ok > 0, err / (metrics.BF16_U * c_ok), np.where(err > 0, np.inf, 0.0))
+            u = 2.0 ** -(metrics.mantissa_bits(kind) + 1)  # the result dtype's unit roundoff: bf16 2**-8
+            norm = np.where(c_ok > 0, err / (u * c_ok), np.where(err > 0, np.inf, 0.0))
     q = lambda v, p: float(np.percentile(v, p)) if v.size else 0.0  # noqa: E731
     return Against(
         name, _rms(err), float(err.max()) if err.size else 0.0,
         q(ulps, 99), float(ulps.max()) if ulps.size else 0.0,
         float(norm.max()) if norm is not None and norm.size else None,
-        q(norm, 99) if norm is not None else None, nonfinite,
+        q(norm, 99) if norm is not None else None, nonfinite, ulp_unit=kind,
+        rounding_rms=_rms(np.abs(held[ok] - ref64[ok])),
     )
 
 
-def _judge(pol: Policy, p: Pair, va: np.ndarray, vb: np.ndarray) -> bool | None:
+def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     """Whether one pair passes the policy (None: the policy judges against the reference).
-    ``va``, ``vb``: the elements finite on both sides, as float64."""
+    ``a``, ``b``: the results as given (allclose judges their values, not as rounded to one dtype)."""
     if pol.kind == "reference":
         return None
     if pol.kind == "exact":
         return p.identical_fraction == 1.0
+    if pol.kind == "allclose":  # b the expected side, as the frameworks take it
+        return bool(np.all(metrics.isclose(a, b, pol.rtol, pol.atol, pol.equal_nan, pol.arithmetic)))
     if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches) or (p.nan_both and not pol.equal_nan):
         return False
-    if pol.kind == "ulp":
-        return p.max_ulp <= pol.n
-    # allclose, with b as the expected side, as the frameworks do
-    with np.errstate(over="ignore"):  # float64 results of opposite sign near the top: inf, as it is
-        return bool(np.all(np.abs(va - vb) <= pol.atol + pol.rtol * np.abs(vb)))
+    return p.max_ulp <= pol.n  # ulp(n)
 
 
 def compare(*results, reference=None, condition=None, policy="ulp(1)", names=None, k_worst: int = 5,
@@ -342,7 +353,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
             if tuple(c.shape) != shape:
                 inf = float("inf")
                 refs.append(Against(name, inf, inf, inf, inf, None if cond is None else inf,
-                                    None if cond is None else inf, 0, passed=False,
+                                    None if cond is None else inf, 0, passed=False, ulp_unit=c.dtype.name,
                                     shape_mismatch=f"shape {tuple(c.shape)}, the reference {shape}"))
                 continue
             # the reference as the result's dtype would hold it: beyond its range is infinite
@@ -350,14 +361,14 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
             x = metrics.to_float64(c).reshape(-1)
             xf, hf = np.isfinite(x), np.isfinite(held)
             differ = (xf != hf) | (~xf & ~hf & ~(np.isnan(x) & np.isnan(held)) & (x != held))
-            refs.append(_against(name, x, held, ref, cond, int(np.count_nonzero(differ))))
+            refs.append(_against(name, x, held, ref, cond, int(np.count_nonzero(differ)), c.dtype.name))
         outlier, why = _outlier(refs)
     elif pol.kind == "reference":
         raise InvalidArgumentError("policy reference(k) needs reference=: the float64 result of the same "
                                    "computation (or judge the results against each other: ulp(n), allclose)")
     if pol.kind == "reference":
         best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
-        refs = [replace(r, passed=(r.rms_error <= pol.n * best and not r.nonfinite_mismatches
+        refs = [replace(r, passed=(r.rms_error <= pol.n * max(best, r.rounding_rms) and not r.nonfinite_mismatches
                                    and not r.shape_mismatch)) for r in refs]
         passed = all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
     else:
@@ -412,7 +423,8 @@ def _smallest(pairs, refs) -> dict:
         out["ulp"] = out["allclose_rtol_at_atol_0"] = out["allclose_atol_at_rtol_0"] = None
     if refs:
         best = max(min(r.rms_error for r in refs), 1e-300)
-        out["reference_k"] = None if any(r.shape_mismatch for r in refs) else max(r.rms_error for r in refs) / best
+        out["reference_k"] = None if any(r.shape_mismatch for r in refs) else max(
+            1.0, max(r.rms_error / max(best, r.rounding_rms) for r in refs))
     return out
 
 

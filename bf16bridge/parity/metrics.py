@@ -11,6 +11,7 @@ the finite ones, since a ULP distance means nothing for them.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .. import kernels
@@ -166,15 +167,19 @@ def _float32_odd(x: np.ndarray) -> np.ndarray:
 
 
 def rounded(x: np.ndarray, name: str) -> np.ndarray:
-    """``x`` (any dtype parity compares) rounded to nearest-even in the float dtype ``name``, once:
-    float64 goes to a narrow dtype through float32 rounded to odd, not rounded twice."""
+    """``x`` (any dtype parity compares) rounded to nearest-even in the dtype ``name``, once:
+    float64 goes to a narrow dtype through float32 rounded to odd, not rounded twice; to a narrow
+    integer, the nearest integer it holds (saturated: 100 is int4's 7; NaN 0)."""
     if x.dtype.name == name:
         return x
     with np.errstate(over="ignore", invalid="ignore"):
         if name not in kernels.NARROW:  # float16/32/64: numpy rounds from float64 directly
             return to_float64(x).astype(name)
-        if kernels.FORMATS.get(name) is not None and kernels.FORMATS[name].integer:  # as astype does
-            return kernels.to_dtype(np.ascontiguousarray(to_float64(x)), name)
+        fmt = kernels.FORMATS.get(name)
+        if fmt is not None and fmt.integer:  # the nearest integer it holds (ties to even; NaN: 0), not astype's
+            values = kernels.decoded(fmt)  # truncation, which wraps 100 around to int4's 4
+            near = np.clip(np.nan_to_num(np.rint(to_float64(x))), values.min(), values.max())
+            return kernels.to_dtype(near.astype(np.float32), name)
         wide = _float32_odd(x) if x.dtype.name == "float64" else to_float64(x).astype(np.float32)  # exact
         return kernels.to_dtype(np.ascontiguousarray(wide), name)
 
@@ -195,16 +200,30 @@ def hexbits(a: np.ndarray, i) -> str:
     return f"0x{int(b):0{b.dtype.itemsize * 2}X}"
 
 
+def _min_exponent(kind: str) -> int:
+    """The exponent of ``kind``'s smallest normal number (its spacing is the subnormals')."""
+    fmt = kernels.FORMATS.get(kind)
+    if fmt is not None:
+        return 1 - fmt.bias
+    return int(ml_dtypes.finfo(kind).minexp) if kind == "bfloat16" else int(np.finfo(kind).minexp)
+
+
+def ulp_of(x: np.ndarray, kind: str) -> np.ndarray:
+    """The spacing of ``kind``'s numbers at |x| (x float64): the ULP an error against a float64
+    reference is counted in (1 for the narrow integers). Exact: the exponent comes from frexp."""
+    fmt = kernels.FORMATS.get(kind)
+    if fmt is not None and fmt.integer:
+        return np.ones_like(x, dtype=np.float64)
+    emin = _min_exponent(kind)
+    ax = np.abs(np.asarray(x, dtype=np.float64))
+    _, e = np.frexp(np.where(np.isfinite(ax), ax, 0.0))  # ax = m * 2**e, m in [0.5, 1); 0: e = 0
+    e = np.where((ax > 0) & np.isfinite(ax), e - 1, emin)  # zero, NaN, inf: the smallest spacing
+    return np.ldexp(1.0, np.maximum(e, emin) - mantissa_bits(kind))
+
+
 def bf16_ulp(x: np.ndarray) -> np.ndarray:
     """The spacing of bf16 numbers at |x| (float64), for errors against a float64 reference."""
-    ax = np.abs(x)
-    tiny = 2.0 ** -126
-    e = np.floor(np.log2(np.where(ax >= tiny, ax, tiny)))
-    return np.where(np.isfinite(e), 2.0 ** (e - 7), 2.0 ** -133)
-
-
-#: bf16's unit roundoff (8 significant bits: half an ULP at 1)
-BF16_U = 2.0 ** -8
+    return ulp_of(x, "bfloat16")
 
 
 def ensure_numpy(x):
@@ -216,16 +235,19 @@ def ensure_numpy(x):
     return convert(x, "numpy")
 
 
-def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None]:
+def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None, np.ndarray | None]:
     """Bring two results to one dtype for ULP comparison, saying what was done.
 
     Two float dtypes: the finer (more mantissa bits) is rounded to the coarser, nearest-even, and
     both are measured in the coarser's ULPs: a correctly rounded bf16 result against a float32 or
     float64 one is 0 ULPs away, as it would be against that result rounded by its own framework.
-    A float32 result against a narrow integer one is cast to it (toward zero). Other mixes (two dtypes of as
-    many mantissa bits, say e4m3fn and e4m3fnuz) are compared in float32 or float64."""
+    A float32 result against a narrow integer one is rounded to the nearest integer (ties to even,
+    as quantisers round: 2.9999 is 3); where it is NaN, infinite or beyond the integer's range it
+    cannot be held, and the fourth value, a mask of such elements (else None), says where: they
+    are NaN/inf mismatches, as a float beyond a coarser float's range is. Other mixes (two dtypes
+    of as many mantissa bits, say e4m3fn and e4m3fnuz) are compared in float32 or float64."""
     if a.dtype == b.dtype:
-        return a, b, None
+        return a, b, None, None
     ka, kb = kind_of(a), kind_of(b)
     ia, ib = (k in kernels.FORMATS and kernels.FORMATS[k].integer for k in (ka, kb))
     if not ia and not ib and mantissa_bits(ka) != mantissa_bits(kb):
@@ -234,15 +256,67 @@ def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, st
         coarse = ka if ia else kb
     else:
         wide = np.dtype(np.float64) if "float64" in (ka, kb) else np.dtype(np.float32)
-        return to_float64(a).astype(wide), to_float64(b).astype(wide), f"compared as {wide.name}"
+        return to_float64(a).astype(wide), to_float64(b).astype(wide), f"compared as {wide.name}", None
     fine, fine_kind = (b, kb) if coarse == ka else (a, ka)
     label = "bf16" if coarse == "bfloat16" else coarse
     fine_label = "bf16" if fine_kind == "bfloat16" else fine_kind
-    held = rounded(fine, coarse)
-    how = "toward zero, as astype does" if ia or ib else "nearest-even"
-    note = f"{fine_label} side rounded to {label} ({how}) to compare in {label} ULPs"
-    over = int(np.count_nonzero(classify(fine)["finite"] & ~classify(held)["finite"]))
-    if over:  # a finite value past the coarser's range is infinite (or NaN) there: say so
-        note += (f"; {over} of its finite element(s) lie beyond {label}'s range and became infinite (or NaN) "
-                 "there: they agree only with the same infinity (NaN) on the other side")
-    return (held, b, note) if coarse == kb else (a, held, note)
+    lost = None
+    if ia or ib:
+        values = kernels.decoded(kernels.FORMATS[coarse])
+        near = np.rint(to_float64(fine))
+        with np.errstate(invalid="ignore"):
+            lost = ~((near >= values.min()) & (near <= values.max()))  # NaN too
+        held = rounded(fine, coarse)
+        note = f"{fine_label} side rounded to {label} (nearest, ties to even) to compare in {label} steps"
+        if lost.any():
+            note += (f"; {int(np.count_nonzero(lost))} of its element(s) are NaN, infinite or beyond {label}'s range "
+                     f"[{values.min():g}, {values.max():g}]: counted as NaN/inf mismatches")
+    else:
+        held = rounded(fine, coarse)
+        note = f"{fine_label} side rounded to {label} (nearest-even) to compare in {label} ULPs"
+        over = int(np.count_nonzero(classify(fine)["finite"] & ~classify(held)["finite"]))
+        if over:  # a finite value past the coarser's range is infinite (or NaN) there: say so
+            note += (f"; {over} of its finite element(s) lie beyond {label}'s range and became infinite (or NaN) "
+                     "there: they agree only with the same infinity (NaN) on the other side")
+    return (held, b, note, lost) if coarse == kb else (a, held, note, lost)
+
+
+def _torch_arithmetic(ka: str, kb: str) -> tuple[np.dtype, type]:
+    """The dtype torch.promote_types gives two results (a narrow dtype, which torch has no
+    arithmetic for: float32), and the type torch computes its ops in (float32 for bf16 and float16)."""
+    if ka == kb and ka in _LAYOUT:
+        dt = np.dtype(ml_dtypes.bfloat16) if ka == "bfloat16" else np.dtype(ka)
+    else:
+        dt = np.dtype(np.float64) if "float64" in (ka, kb) else np.dtype(np.float32)
+    return dt, (np.float64 if dt == np.float64 else np.float32)
+
+
+def isclose(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: bool,
+            arithmetic: str = "float64") -> np.ndarray:
+    """Per element: ``|a - b| <= atol + rtol * |b|`` (b the expected side), or equal (infinities of
+    one sign), or NaN on both sides with ``equal_nan``: numpy's and torch's isclose.
+
+    ``arithmetic``: "float64", on the values as they are, exactly widened; "promoted", as
+    torch.isclose computes after torch.testing promotes the two dtypes: in the promoted dtype,
+    each step (rtol * b, its sum with atol, a - b) rounded to it, in float32 for bf16 and float16
+    (checked against torch itself: tests/test_parity.py)."""
+    ka, kb = kind_of(a), kind_of(b)
+    if arithmetic == "promoted":
+        dt, op = _torch_arithmetic(ka, kb)
+    else:
+        dt, op = np.dtype(np.float64), np.float64
+    rnd = (lambda v: v) if dt == op else (lambda v: v.astype(dt).astype(op))  # noqa: E731
+    with np.errstate(over="ignore", invalid="ignore"):
+        x: np.ndarray = to_float64(a).astype(op)  # exact: both are values of dt
+        y: np.ndarray = to_float64(b).astype(op)
+        close = x == y
+        if equal_nan:
+            close |= np.isnan(x) & np.isnan(y)
+        if rtol == 0 and atol == 0:
+            return close
+        # torch multiplies by rtol as float32 (the scalar as given) but adds atol as the tensors'
+        # dtype holds it (bf16's 1e-5 is 1.00136e-5): each ufunc reads its scalar its own way
+        atol_held = op(rnd(np.array([atol]))[0])
+        allowed = rnd(atol_held + np.abs(rnd(op(rtol) * y)))
+        actual = np.abs(rnd(x - y))
+        return close | (np.isfinite(actual) & (actual <= allowed))

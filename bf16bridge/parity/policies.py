@@ -31,6 +31,11 @@ class Policy:
     #: allclose: NaN on both sides agrees (numpy's and jax's and tensorflow's test helpers); False, as
     #: torch.testing.assert_close's default: a NaN is close to nothing, not even a NaN
     equal_nan: bool = True
+    #: allclose: "float64", the values as they are, exactly widened (a float32 result against a bf16
+    #: one is judged on its own value, not rounded to bf16); "promoted", as torch.isclose computes
+    #: after torch.testing.assert_close(check_dtype=False) promotes the two dtypes: in that dtype,
+    #: each step rounded to it (see metrics.isclose)
+    arithmetic: str = "float64"
 
     def __str__(self) -> str:
         nan = "" if self.equal_nan else ", equal_nan=false"
@@ -75,17 +80,19 @@ def allclose(rtol: float, atol: float = 0.0, *, equal_nan: bool = True) -> Polic
 
 
 def reference(k: float = 2.0) -> Policy:
-    """Each candidate's RMS error against the float64 reference at most k times the best candidate's."""
+    """Each candidate's RMS error against the float64 reference at most k times the best candidate's,
+    or k times what correct rounding to its own dtype may err, whichever is larger."""
     if not (_number(k) and k >= 1):
         raise PolicyError(f"reference(k) needs a finite number k >= 1 (1: every result as close as the best); got {k!r}")
     return Policy("reference", n=k)
 
 
 #: the frameworks' own bf16 test defaults: torch.testing.assert_close (equal_nan=False: NaN is close
-#: to nothing); jax's check_close and tensorflow's assertAllCloseAccordingToType, both through
+#: to nothing; computed as torch.isclose does, in the dtype after check_dtype=False's promotion);
+#: jax's check_close and tensorflow's assertAllCloseAccordingToType, both through
 #: numpy.testing.assert_allclose with equal_nan=True (NaN in the same places agrees)
 FRAMEWORK_DEFAULTS = {
-    "torch": Policy("allclose", rtol=1.6e-2, atol=1e-5, name="torch", equal_nan=False),
+    "torch": Policy("allclose", rtol=1.6e-2, atol=1e-5, name="torch", equal_nan=False, arithmetic="promoted"),
     "jax": Policy("allclose", rtol=1e-2, atol=1e-2, name="jax"),
     "tensorflow": Policy("allclose", rtol=1e-2, atol=1e-2, name="tensorflow"),
 }

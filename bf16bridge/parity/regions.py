@@ -7,7 +7,8 @@ the result's dtype (the correctly rounded answer), under the report's policy:
 - ``exact``: any bit differs (-0 against +0, and NaN payloads: a NaN whose bits differ
   from the rounded reference's NaN counts with the NaN/inf mismatches); ``ulp(n)``: more
   than n ULPs apart (and -0 against +0 with ``signed_zeros``); ``allclose(rtol, atol)``:
-  |x - ref| > atol + rtol |ref| (with ``equal_nan=False``, the ``torch`` policy, a NaN on
+  |x - ref| > atol + rtol |ref|, computed as the policy computes it (``torch``: in the
+  result's dtype, as torch.isclose) (with ``equal_nan=False``, the ``torch`` policy, a NaN on
   either side too); ``reference(k)``: more than k ULPs apart (k rounded down);
 - under every policy, NaN or infinity where the rounded reference has none (or the reverse).
 
@@ -66,9 +67,7 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     if pol.kind == "exact":
         bad = both & (bx != bh)  # -0 against +0 included
     elif pol.kind == "allclose":
-        vx, vh = metrics.to_float64(x).reshape(-1), metrics.to_float64(held).reshape(-1)
-        with np.errstate(invalid="ignore", over="ignore"):
-            bad = both & ~(np.abs(vx - vh) <= pol.atol + pol.rtol * np.abs(vh))
+        bad = both & ~metrics.isclose(x, held, pol.rtol, pol.atol, pol.equal_nan, pol.arithmetic).reshape(-1)
     else:  # ulp(n); reference(k) judges k ULPs per element
         bad = both & (d > np.floor(pol.n))
         if pol.signed_zeros:

@@ -36,10 +36,11 @@ def _pair_rows(rep):
 
 
 def _ref_rows(rep):
-    head = ["result", "rms error", "max abs error", "p99 err (bf16 ulps of ref)", "max err (ulps of ref)",
+    head = ["result", "rms error", "max abs error", "ulps of", "p99 err (ulps of ref)", "max err (ulps of ref)",
             "max err / (u * condition)", "p99 err / (u * condition)", "non-finite mismatches", "passed"]
-    rows = [[r.name, r.shape_mismatch] + [""] * 6 + ["no"] if r.shape_mismatch else
-            [r.name, _g(r.rms_error), _g(r.max_abs_error), _g(r.p99_ulps_of_reference), _g(r.max_ulps_of_reference),
+    rows = [[r.name, r.shape_mismatch] + [""] * 7 + ["no"] if r.shape_mismatch else
+            [r.name, _g(r.rms_error), _g(r.max_abs_error), r.ulp_unit, _g(r.p99_ulps_of_reference),
+             _g(r.max_ulps_of_reference),
              _g(r.max_normalised), _g(r.p99_normalised), str(r.nonfinite_mismatches),
              {True: "yes", False: "no", None: "-"}[r.passed]] for r in rep.references]
     return head, rows
@@ -249,7 +250,8 @@ def _reference_claim(rep) -> str:
     return "; ".join(
         f"{r.name}: {r.shape_mismatch}" if r.shape_mismatch else
         (f"{r.name} {_g(r.max_normalised)} u.cond" if r.max_normalised is not None
-         else f"{r.name} {_g(r.max_ulps_of_reference)} ulp") + _nonfinite(r.nonfinite_mismatches)
+         else f"{r.name} {_g(r.max_ulps_of_reference)} ulp" + ("" if r.ulp_unit == "bfloat16" else f" ({r.ulp_unit})"))
+        + _nonfinite(r.nonfinite_mismatches)
         for r in rep.references) or "-"
 
 
