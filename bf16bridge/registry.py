@@ -467,7 +467,11 @@ def _holds_tensor(value, state: _Look) -> bool | None:
             elif kind == _REF:
                 deeper.append([r() for r in state.fresh(list(members))])
             else:
-                fresh = state.fresh(list(members))
+                members = list(members)
+                n = state.objects + 1  # (where the first n are all new, the look stops: the rest is not asked)
+                fresh = state.fresh(members[:n])
+                if len(fresh) < n:
+                    fresh += state.fresh(members[n:])
                 state.objects -= len(fresh)  # charged before their attributes are read
                 state.values -= OBJECT_COST * len(fresh)
                 if state.objects < 0 or state.values < 0:

@@ -774,6 +774,11 @@ def test_a_look_refuses_too_many_objects_before_reading_their_attributes(monkeyp
     cfg = _flat(bb.registry.LOOK_OBJECTS)
     assert bb.convert_tree({"c": cfg}, "numpy")["c"] is cfg
     assert len(read) == bb.registry.LOOK_OBJECTS + 1
+    # one object many times over is one object entered: what follows it is still looked at
+    one = types.SimpleNamespace(i=0)
+    cfg = types.SimpleNamespace(items=[one] * (bb.registry.LOOK_OBJECTS + 1) + [_Holder(np.ones(2))])
+    with pytest.raises(bb.UnsupportedTypeError, match=r"at \['c'\]: .*attributes \(items\)"):
+        bb.convert_tree({"c": cfg}, "torch")
 
 
 class _RaisingList(list):
