@@ -615,18 +615,36 @@ def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
     detached torch tensor, not a tf.Variable's value, no copy, no other dtype), asked only of a
     tensor already of the target framework, and converted only where its plan copies nothing. The
     trees' walk keeps a plain object whose tensors (in its attributes) all would be: nothing in it
-    changes."""
+    changes. The answer is the plan's, so it is asked once per type and ``Adapter.fast_key`` in a
+    call, for a type the fast path keys plans by (what convert's own fast path asks of it, so a
+    tf.Variable, whose plans are never kept, is asked on its own each time, as is a tensor without
+    a fast key)."""
     target = registry.resolve(to)
+    known: dict = {}  # (type, whether the key reads alignment, fast key) -> the answer
+
+    def key(x):
+        fast = _FAST.get((type(x), target, copy, fallback, for_compute, "allow", "drop"))
+        if fast is None or fast.generation != registry._GENERATION:
+            return None
+        k = fast.src.fast_key(x, fast.alignment)  # (alignment read where the fast path reads it)
+        return None if k is None else (type(x), fast.alignment, k)
 
     def as_is(x) -> bool:
         if copy is True or registry.tensor_framework(x) != target:
             return False
+        k = key(x)
+        answer = known.get(k) if k is not None else None
+        if answer is not None:
+            return answer
         try:
-            if plan(x, target, fallback=fallback, for_compute=for_compute).copies:
-                return False
-            return _one(x, target, copy, fallback, for_compute, "allow", "drop") is x
+            answer = (not plan(x, target, fallback=fallback, for_compute=for_compute).copies
+                      and _one(x, target, copy, fallback, for_compute, "allow", "drop") is x)
         except Bf16BridgeError:
-            return False
+            answer = False
+        k = k or key(x)  # (the conversion just asked may have made the type's plans)
+        if k is not None:
+            known[k] = answer
+        return answer
 
     return as_is
 

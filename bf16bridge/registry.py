@@ -14,9 +14,11 @@ import collections
 import functools
 import importlib
 import itertools
+import operator
 import sys
 import threading
 import types
+import weakref
 from collections import abc
 from typing import NamedTuple
 
@@ -266,41 +268,102 @@ def not_a_tensor(x) -> str | None:
     return None
 
 
-#: how many values one look into an object's attributes reads (ids, types) before it stops: a
-#: vocabulary of 400,000 words is read in a few milliseconds; an object takes OBJECT_COST of it
+#: how much one look into an object's attributes reads before it stops, in values (a value's type
+#: is asked where it is, in C: some 25 ns, so a vocabulary of 400,000 words is read in a few
+#: milliseconds); an object entered (its attributes read in Python) and a level of the look (its
+#: sets and lists) are charged what they cost, measured against a value: about 1 and 2 us
 LOOK_BUDGET = 2_000_000
 OBJECT_COST = 50
+LEVEL_COST = 100
+#: the most objects one look enters: a look through an object graph (a linked list of nodes, a
+#: level each) stops after a few milliseconds, whatever the budget has left
+LOOK_OBJECTS = 1_000
+#: a tuple or frozenset longer than this is entered once a look, as a list is (a label tuple shared
+#: by many examples is read once); shorter ones are read wherever they are (asking costs more)
+_SHARED_LEN = 16
 
 
 def held_in_attributes(x, as_is=None) -> tuple[str, ...]:
     """The names of the attributes of a plain object (its ``__dict__`` and ``__slots__``; a
     ``functools.partial``'s arguments) that hold a tensor of a registered framework, at any depth
-    of the lists, tuples, sets, dicts and other objects' attributes there (each object and mutable
-    container entered once: a cycle ends); numpy scalars and numpy arrays of objects or strings are
-    plain values. ``as_is(tensor)``: a tensor for which it is true (the caller would hand it back as
-    it is) does not count. An attribute whose look reads more than ``LOOK_BUDGET`` values is named
-    too: what it holds is not known. () for an object with none, and for a class or a module, whose
-    attributes are no data of theirs."""
-    found, unlooked = look(x, as_is)
-    return found + unlooked
+    of the lists, tuples, sets, dicts (keys and values), weak references, numpy object arrays and
+    other objects' attributes there (each object and container entered once: a cycle ends); numpy
+    scalars and numpy arrays of strings are plain values. ``as_is(tensor)``: a tensor for which it
+    is true (the caller would hand it back as it is) does not count. The attributes whose holdings
+    are not known are named too: the look read more than its budget (``LOOK_BUDGET`` values,
+    ``LOOK_OBJECTS`` objects; the attribute it read most of is named), or reading one raised. () for
+    an object with none, and for a class or a module, whose attributes are no data of theirs."""
+    found, unknown, _ = look(x, as_is)
+    return found + unknown
 
 
-def look(x, as_is=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``held_in_attributes``'s answer in two: the attributes found holding a tensor, and the one
-    whose look ran past ``LOOK_BUDGET`` (the look stops there)."""
+def look(x, as_is=None) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """``held_in_attributes``'s answer in parts: the attributes found holding a tensor, those whose
+    holdings are not known, and why not ("" where every one is known)."""
     if issubclass(type(x), (type, types.ModuleType)):
-        return (), ()
+        return (), (), ""
     found: list[str] = []
-    kinds: dict = {}  # type -> kind: a long list is asked once a type
-    seen = {id(x)}
-    budget = [LOOK_BUDGET]
+    unknown: list[str] = []
+    why = ""
+    state = _Look(as_is, id(x))
+    spent: dict[str, int] = {}
     for name, value in _attributes(x):
-        holds = _holds_tensor(value, as_is, kinds, seen, budget)
-        if holds is None:
-            return tuple(found), (str(name),)
+        name = str(name)
+        before = state.values
+        try:
+            holds = _holds_tensor(value, state)
+        except Exception as err:  # noqa: BLE001 - a container's own error (its __iter__, values(), a type's __hash__)
+            unknown.append(name)
+            why = why or f"reading its attribute {name} raised {type(err).__name__}: {err}"
+            continue
+        spent[name] = before - state.values
+        if holds is None:  # the budget is spent: named after the attribute that took most of it
+            most = max(spent, key=spent.__getitem__)
+            return (tuple(found), (*unknown, most), why or (
+                f"its attributes hold more than a look for tensors reads ({LOOK_BUDGET:,} values or "
+                f"{LOOK_OBJECTS:,} objects; the most in {most})"))
         if holds:
-            found.append(str(name))
-    return tuple(found), ()
+            found.append(name)
+    return tuple(found), tuple(unknown), why
+
+
+class _Look:
+    """What one look carries across an object's attributes: what is left of its budget, the kinds
+    of the types met, and the containers entered under attributes found to hold no tensor (each of
+    them was read through, so another attribute reaching one need not read it again)."""
+
+    __slots__ = ("as_is", "values", "objects", "kinds", "clean", "entered")
+
+    def __init__(self, as_is, root: int):
+        self.as_is = as_is
+        self.values = LOOK_BUDGET
+        self.objects = LOOK_OBJECTS
+        self.kinds: dict = {}  # type -> kind: a long list is asked once a type
+        self.clean = {root >> 4}  # (the object itself: each of its attributes is looked at on its own)
+        self.entered: set = set()  # under the attribute being looked at
+
+    def fresh(self, values: list) -> list:
+        """Those of ``values`` (containers, objects) not entered yet, now entered."""
+        if len(values) == 1:  # (a level of one: the common case in a nested config)
+            k = id(values[0]) >> 4
+            if k in self.entered or k in self.clean:
+                return []
+            self.entered.add(k)
+            return values
+        # (a set of the ids, in C, where all are new: a Python loop over 600,000 small lists costs
+        # more than reading them; ids shifted: an object's address is a multiple of 16, which
+        # leaves a set of them colliding, and no two objects of 16 bytes or more share one shifted)
+        keys = set(map(operator.rshift, map(id, values), itertools.repeat(4)))
+        if len(keys) == len(values) and keys.isdisjoint(self.entered) and keys.isdisjoint(self.clean):
+            self.entered |= keys
+            return values
+        fresh = []
+        for v in values:
+            k = id(v) >> 4
+            if k not in self.entered and k not in self.clean:
+                self.entered.add(k)
+                fresh.append(v)
+        return fresh
 
 
 def _attributes(x) -> list:
@@ -326,7 +389,7 @@ def _attributes(x) -> list:
     return items
 
 
-_PLAIN, _TENSOR, _IMMUTABLE, _MUTABLE, _DICT, _OBJECT = range(6)
+_PLAIN, _TENSOR, _IMMUTABLE, _MUTABLE, _DICT, _REF, _OBJECT = range(7)
 #: values that hold no tensor: Python's scalars, numpy's (a numpy type, but a plain value), classes, modules
 _PLAIN_TYPES = (str, bytes, int, float, complex, type(None), type, types.ModuleType, np.generic,
                 types.FunctionType, types.BuiltinFunctionType, range)
@@ -345,51 +408,77 @@ def _kind(t: type, kinds: dict) -> int:
             kind = _MUTABLE
         elif issubclass(t, dict):
             kind = _DICT
+        elif issubclass(t, weakref.ref):
+            kind = _REF  # (a WeakValueDictionary's values: their referents are looked at)
         else:
             kind = _OBJECT
         kinds[t] = kind
     return kind
 
 
-def _holds_tensor(value, as_is, kinds: dict, seen: set, budget: list) -> bool | None:
-    """Whether ``value`` holds a tensor ``as_is`` does not pass, looking level by level (a level's
-    values by type, a type's kind asked once: 400,000 words are one set of types, read where they
-    are); None where the look reads more than ``budget`` values."""
+def _holds_tensor(value, state: _Look) -> bool | None:
+    """Whether ``value`` holds a tensor ``state.as_is`` does not pass, looking level by level (a
+    level's values by type, a type's kind asked once: 400,000 words are one set of types, read where
+    they are); None where the look runs past its budget, which is charged before what it pays for
+    is read (a level's values, the attributes of the objects entered there)."""
+    state.entered = set()
     level: list = [(value,)]  # a level: the containers (or lists) whose values are looked at
     while level:
-        budget[0] -= sum(map(len, level))
-        if budget[0] < 0:
+        state.values -= sum(map(len, level)) + LEVEL_COST
+        if state.values < 0:
             return None
         types_here: set = set()
         for chunk in level:
             types_here.update(map(type, chunk))
         groups: dict[int, set] = {}
         for t in types_here:
-            kind = _kind(t, kinds)
+            kind = _kind(t, state.kinds)
             if kind != _PLAIN:
                 groups.setdefault(kind, set()).add(t)
-        if not groups:
-            return False
         one_type = len(types_here) == 1
-        for v in _members(level, groups, one_type, _TENSOR):
-            if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
-                continue  # strings or objects (a jax Mesh's devices): plain values
-            if as_is is None or not as_is(v):
-                return True
-        deeper: list = [list(itertools.chain.from_iterable(_members(level, groups, one_type, _IMMUTABLE)))]
-        for kind in (_MUTABLE, _DICT, _OBJECT):
-            fresh = [v for v in _members(level, groups, one_type, kind) if id(v) not in seen]
-            seen.update(map(id, fresh))
-            # (many short containers read as one: a Python loop over them costs more)
-            if kind == _MUTABLE:
+        deeper: list = []
+        for kind in sorted(groups):  # (tensors first: a look that finds one stops)
+            members = _members(level, groups, one_type, kind)
+            if kind == _TENSOR:
+                arrays = []
+                for v in members:
+                    if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
+                        if v.dtype.kind == "O":  # its elements are objects: looked at as a list's
+                            arrays.append(v)
+                        continue  # strings: plain values
+                    if state.as_is is None or not state.as_is(v):
+                        return True
+                deeper += (a.ravel().tolist() for a in state.fresh(arrays))
+            elif kind == _IMMUTABLE:
+                immutable = list(members)
+                if max(map(len, immutable)) > _SHARED_LEN:
+                    immutable = [v for v in immutable if len(v) <= _SHARED_LEN] + state.fresh(
+                        [v for v in immutable if len(v) > _SHARED_LEN])
+                # (many short containers read as one: a Python loop over them costs more)
+                deeper.append(immutable[0] if len(immutable) == 1 else list(itertools.chain.from_iterable(immutable)))
+            elif kind == _MUTABLE:
+                fresh = state.fresh(list(members))
                 deeper.append(fresh[0] if len(fresh) == 1 else list(itertools.chain.from_iterable(fresh)))
-            elif kind == _DICT:
-                deeper.append(fresh[0].values() if len(fresh) == 1
-                              else list(itertools.chain.from_iterable(d.values() for d in fresh)))
-            elif fresh:
-                budget[0] -= OBJECT_COST * len(fresh)
+            elif kind == _DICT:  # keys too: a torch tensor is hashable
+                fresh = state.fresh(list(members))
+                deeper += ((fresh[0], fresh[0].values()) if len(fresh) == 1 else
+                           (list(itertools.chain.from_iterable(fresh)),
+                            list(itertools.chain.from_iterable(d.values() for d in fresh))))
+            elif kind == _REF:
+                deeper.append([r() for r in state.fresh(list(members))])
+            else:
+                members = list(members)
+                n = state.objects + 1  # (where the first n are all new, the look stops: the rest is not asked)
+                fresh = state.fresh(members[:n])
+                if len(fresh) < n:
+                    fresh += state.fresh(members[n:])
+                state.objects -= len(fresh)  # charged before their attributes are read
+                state.values -= OBJECT_COST * len(fresh)
+                if state.objects < 0 or state.values < 0:
+                    return None
                 deeper.append([v for obj in fresh for _, v in _attributes(obj)])
         level = [chunk for chunk in deeper if len(chunk)]
+    state.clean |= state.entered
     return False
 
 
@@ -449,14 +538,13 @@ def framework_of(x) -> str:
         if isinstance(x, kinds):  # the first that fits: a generator is an iterator too
             hint = f"; {way_out}"
             break
-    held, unlooked = look(x) if not hint else ((), ())
+    held, unknown, why = look(x) if not hint else ((), (), "")
     if held:
         hint = (f"; it holds tensors in its attributes ({', '.join(held)}), which a tree walk does not enter "
                 "(it keeps such an object only where each of them would come back as it is): make it a "
                 "dataclass (whose fields are walked), or pass the tensors it holds")
-    elif unlooked:
-        hint = (f"; its attribute {unlooked[0]} holds more than a look for tensors reads ({LOOK_BUDGET:,} "
-                "values), so whether it holds tensors is not known: make it a dataclass (whose fields are "
+    elif unknown:
+        hint = (f"; {why}, so whether it holds tensors is not known: make it a dataclass (whose fields are "
                 "walked), or leave it out of the tree")
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (

@@ -269,8 +269,9 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
     (``registry.not_a_tensor``), a set holding a tensor, a generator (what it yields is not known
     until it is used up), any other one-shot iterator of Python's (map, zip, iter(list); not a file),
     a dict view holding a tensor, a plain object holding one in its attributes at any depth, or too
-    much there to look through (``registry.held_in_attributes``; tensors the walk's ``as_is`` says
-    would come back as they are do not count)."""
+    much there to look through, or a container there whose reading raised
+    (``registry.held_in_attributes``; tensors the walk's ``as_is`` says would come back as they are
+    do not count)."""
     if isinstance(node, Iterator) and not isinstance(node, io.IOBase):  # a generator among them
         return True
     if isinstance(node, (set, frozenset, MappingView)):
