@@ -15,6 +15,7 @@ import functools
 import importlib
 import itertools
 import operator
+import struct
 import sys
 import threading
 import types
@@ -327,6 +328,11 @@ def look(x, as_is=None) -> tuple[tuple[str, ...], tuple[str, ...], str]:
     return tuple(found), tuple(unknown), why
 
 
+#: ids shifted right by this are still distinct: every object holds at least a reference count and
+#: a type pointer (two pointers: 16 bytes where a pointer has 8), so no two share a block of that size
+_ID_SHIFT = (2 * struct.calcsize("P")).bit_length() - 1
+
+
 class _Look:
     """What one look carries across an object's attributes: what is left of its budget, the kinds
     of the types met, and the containers entered under attributes found to hold no tensor (each of
@@ -339,27 +345,27 @@ class _Look:
         self.values = LOOK_BUDGET
         self.objects = LOOK_OBJECTS
         self.kinds: dict = {}  # type -> kind: a long list is asked once a type
-        self.clean = {root >> 4}  # (the object itself: each of its attributes is looked at on its own)
+        self.clean = {root >> _ID_SHIFT}  # (the object itself: each of its attributes is looked at on its own)
         self.entered: set = set()  # under the attribute being looked at
 
     def fresh(self, values: list) -> list:
         """Those of ``values`` (containers, objects) not entered yet, now entered."""
         if len(values) == 1:  # (a level of one: the common case in a nested config)
-            k = id(values[0]) >> 4
+            k = id(values[0]) >> _ID_SHIFT
             if k in self.entered or k in self.clean:
                 return []
             self.entered.add(k)
             return values
         # (a set of the ids, in C, where all are new: a Python loop over 600,000 small lists costs
         # more than reading them; ids shifted: an object's address is a multiple of 16, which
-        # leaves a set of them colliding, and no two objects of 16 bytes or more share one shifted)
-        keys = set(map(operator.rshift, map(id, values), itertools.repeat(4)))
+        # leaves a set of them colliding, and no two objects share one shifted: _ID_SHIFT)
+        keys = set(map(operator.rshift, map(id, values), itertools.repeat(_ID_SHIFT)))
         if len(keys) == len(values) and keys.isdisjoint(self.entered) and keys.isdisjoint(self.clean):
             self.entered |= keys
             return values
         fresh = []
         for v in values:
-            k = id(v) >> 4
+            k = id(v) >> _ID_SHIFT
             if k not in self.entered and k not in self.clean:
                 self.entered.add(k)
                 fresh.append(v)
