@@ -31,7 +31,7 @@ import numpy as np
 
 from . import dtypes, registry, trees
 from .adapters._base import Adapter
-from .convert import Fallback, _one, plan
+from .convert import Fallback, _many, _one, plan
 from .errors import (Bf16BridgeWarning, InputWrittenError, InvalidArgumentError, UnsupportedDtypeError,
                      UnsupportedTypeError)
 
@@ -51,7 +51,7 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method", "memo", "caller", "_declared", "flat")
+                 "vmap_method", "memo", "caller", "_declared", "flat", "traced")
 
     def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None, flat=False):
         self.fn = fn
@@ -70,13 +70,14 @@ class ForeignCall:
         #: what a caller adapter keeps between calls of one signature (input structure, non-tensor
         #: values, leaves' shapes and dtypes, which want gradients); None when it cannot be keyed
         self.memo: dict | None = None
+        #: whether the caller is being traced (Adapter.traced, asked once a call: its hooks read this)
+        self.traced = False
 
     # -- the pieces every caller hook uses -----------------------------------------------
-    # convert's hot path (_one) with its keywords as positions: copy, fallback, for_compute,
+    # convert's hot path (_many, _one) with its keywords as positions: copy, fallback, for_compute,
     # on_alias, on_grad (a call converts every leaf both ways)
     def _inputs(self, leaves):
-        copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
-        return [_one(x, to, copy, fallback, False, "allow", "drop") for x in leaves]
+        return _many(leaves, self.callee, True if self.copy_inputs else None, self.fallback, False, "allow", "drop")
 
     def _flat_fn(self, *callee_leaves):
         if self.flat:
@@ -84,16 +85,21 @@ class ForeignCall:
         else:
             args, kwargs = trees.fill(self.skeleton, callee_leaves)
             out = self.fn(*args, **kwargs)
-        out_leaves, skeleton = trees.flatten(out)
+        # one tensor of the callee's (the usual result): the leaf flatten would find, and the check
+        # below passed, in one lookup of its type (registry's cache of tensor types: one not in it yet,
+        # or a tree, takes the walk)
+        one = registry._TYPE_CACHE.get(type(out)) == self.callee
+        out_leaves, skeleton = ([out], trees.SLOT) if one else trees.flatten(out)
         if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
             self._check_declared(skeleton)
         self.out_skeleton = skeleton
-        for x in out_leaves:
-            if registry.framework_of(x) != self.callee:
-                raise UnsupportedTypeError(
-                    f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
-                    f"return {self.callee} tensors (the bridge converts them for the caller)"
-                )
+        if not one:
+            for x in out_leaves:
+                if registry.framework_of(x) != self.callee:
+                    raise UnsupportedTypeError(
+                        f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
+                        f"return {self.callee} tensors (the bridge converts them for the caller)"
+                    )
         return out_leaves
 
     def _check_declared(self, skeleton) -> None:
@@ -114,8 +120,9 @@ class ForeignCall:
             "tensor must not depend on the inputs' values; return it as a tensor")
 
     def _outputs(self, out_leaves, to):
-        fallback = self.fallback
-        return [_one(y, to, None, fallback, False, "allow", "drop") for y in out_leaves]
+        if len(out_leaves) == 1:  # the usual result: no lookup to share
+            return [_one(out_leaves[0], to, None, self.fallback, False, "allow", "drop")]
+        return _many(out_leaves, to, None, self.fallback, False, "allow", "drop")
 
     def forward(self, leaves, want_vjp: bool, to: str):
         callee_leaves = self._inputs(leaves)
@@ -150,7 +157,8 @@ class ForeignCall:
             # to a mutable caller as a second, writable tensor over the caller's own input, which the
             # caller's framework does not know aliases it (torch: a separate version counter, so
             # autograd's checks miss writes through it)
-            for i in sorted({*kept, *caller.aliased(outs, leaves)}):
+            # (every result kept, as tensorflow's are: no need to ask which view an input)
+            for i in kept if len(kept) == len(outs) else sorted({*kept, *caller.aliased(outs, leaves)}):
                 outs[i] = caller.copy(outs[i])
         return outs, pullback
 
@@ -193,10 +201,9 @@ class ForeignCall:
     def backward(self, pullback, cotangents, to: str):
         if pullback is None:
             return [None] * len(self.diff)
-        callee, fallback = self.callee, self.fallback
-        cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", "warn") for c in cotangents]
-        grads = pullback(cts)
-        return [None if g is None else _one(g, to, None, fallback, False, "allow", "drop") for g in grads]
+        fallback = self.fallback
+        grads = pullback(_many(cotangents, self.callee, None, fallback, False, "allow", "warn"))
+        return _many(grads, to, None, fallback, False, "allow", "drop")
 
     def recompute_backward(self, leaves, cotangents, to: str):
         _, pullback = self.forward(leaves, True, to)
@@ -284,7 +291,8 @@ class BridgedFunction:
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
         adapter = registry.get(caller)
-        diff = adapter.differentiable_leaves(leaves)
+        traced = adapter.traced(leaves)
+        diff = adapter.differentiable_leaves(leaves, traced)
         callee = registry.get(self.callee)
         if any(diff) and not callee.differentiates:
             warnings.warn(
@@ -294,12 +302,13 @@ class BridgedFunction:
             diff = [False] * len(leaves)
         call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method,
                            caller, flat)
+        call.traced = traced
         # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
         # anything runs: they are found by one call on zeros and kept per input signature
         # (the arguments' structure, non-tensor values, each leaf's shape and dtype, and both
         # sides' run-time state: jax's x64 flag decides which results it gives and can hold).
         # An eager call runs the function now and learns its results as it goes: none of this.
-        sig = trees.key(skeleton) if adapter.traced(leaves) else None
+        sig = trees.key(skeleton) if traced else None
         if sig is not None:
             # both sides' state: the callee's decides which results it gives (jax's x64 flag), the
             # caller's which it can hold

@@ -356,8 +356,13 @@ class TorchAdapter(Adapter):
         if name is not None and name in _NO_KERNELS:  # a shell dtype (torch.int4): its carrier copies
             carrier = getattr(torch, dtypes.BITS_OF[name])
             return _empty(x.shape, carrier, x.device, x.nbytes).copy_(x.view(carrier)).view(x.dtype)
+        n = x.nbytes
+        if n < _numpy.FRESH_MEMORY_FROM and not (x.is_conj() or x.is_neg()):
+            # empty_like and copy_ in one call (a bridged call copies each tensorflow result for a torch
+            # caller: this is on its hot path); clone keeps conj/neg bits lazily, so those take copy_ below
+            return x.clone(memory_format=torch.contiguous_format)
         # copy_ resolves conj/neg bits; clone() would keep them
-        return _empty(x.shape, x.dtype, x.device, x.nbytes, like=x).copy_(x)
+        return _empty(x.shape, x.dtype, x.device, n, like=x).copy_(x)
 
     def astype(self, x, dtype):
         # row-major, as the planner takes a widened tensor to be (a fresh copy): Tensor.to keeps
@@ -417,6 +422,12 @@ class TorchAdapter(Adapter):
     def differentiable(self, x):
         return x.requires_grad and torch.is_grad_enabled()
 
+    def differentiable_leaves(self, leaves, traced):
+        # asked on every bridged call: whether autograd records at all, once for all leaves
+        if not torch.is_grad_enabled():
+            return [False] * len(leaves)
+        return [x.requires_grad for x in leaves]
+
     def call_foreign(self, call, leaves):
         if _functorch_active() and any(_functorch_wrapped(x) for x in leaves):
             raise UnsupportedTypeError(
@@ -439,7 +450,10 @@ class TorchAdapter(Adapter):
 
     def written(self, watched):
         leaves, versions = watched
-        now = [None if v is None else x._version for x, v in zip(leaves, versions)]
+        try:  # (every call: the plain read first)
+            now: list = [x._version for x in leaves]
+        except RuntimeError:  # an inference tensor among them, not watched
+            now = [None if v is None else x._version for x, v in zip(leaves, versions)]
         return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
 
     def kept(self, outs, pullback=None):
