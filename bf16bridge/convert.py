@@ -161,54 +161,6 @@ def _one(x, to, copy, fallback, for_compute, on_alias, on_grad):
     return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
 
 
-def _hit(fasts: dict, x, to, copy, fallback, for_compute, on_alias, on_grad) -> tuple | None:
-    """``(convert's result for x, the warnings its plan gives or None)`` by the hot path's cached plan,
-    or None where none is cached for ``x`` (``_one`` then plans it). For leaves converted together, under
-    one state (a tree, a bridged call's arguments or results): ``fasts`` keeps, per leaf type, the cached
-    plans for these keywords and the adapters' state, looked up once per type rather than once per leaf."""
-    t = type(x)
-    got: Any = fasts.get(t)
-    if got is None:
-        fast = _FAST.get((t, to, copy, fallback, for_compute, on_alias, on_grad))
-        got = fasts[t] = (False if fast is None or fast.generation != registry._GENERATION
-                          else (fast, None if fast.state is None else fast.state()))
-    if got is False:
-        return None
-    fast, state = got
-    k = fast.src.fast_key(x, fast.alignment)
-    if k is None:
-        return None
-    hit = fast.plans.get(k if fast.state is None else (k, state))
-    if hit is None:
-        return None
-    p, direct, messages = hit
-    try:
-        return (_run(p, x, fast.source, copy, fast.dst) if direct is None else direct(x)), messages
-    except UnalignedImport:  # as in _one: planned afresh (the full path says its own warnings)
-        return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad), None
-
-
-def _many(xs: list, to, copy, fallback, for_compute, on_alias, on_grad) -> list:
-    """``[_one(x, to, ...) for x in xs]``, None kept as None: a bridged call's arguments, results,
-    cotangents or gradients, converted on every call (``_hit``: one cache lookup per type of leaf)."""
-    fasts: dict = {}
-    out: list = []
-    for x in xs:
-        if x is None:
-            out.append(None)
-            continue
-        hit = _hit(fasts, x, to, copy, fallback, for_compute, on_alias, on_grad)
-        if hit is None:
-            out.append(_one(x, to, copy, fallback, for_compute, on_alias, on_grad))
-            continue
-        y, messages = hit
-        if messages is not None:
-            for message in messages:
-                _say(message)
-        out.append(y)
-    return out
-
-
 def _chained(runs: tuple) -> Callable[[Any], Any]:
     """The steps' run functions as one: the function itself where there is one step (most routes
     between frameworks: the import), nested calls for two or three (bit-view, import, bit-view:
@@ -613,14 +565,28 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
 
     def leaf(x, path):
         try:
-            hit = _hit(fasts, x, to, copy, fallback, for_compute, on_alias, on_grad)
-            if hit is None:
-                return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
-            y, messages = hit
-            if messages is not None:
-                for message in messages:
-                    pending[message] = pending.get(message, 0) + 1
-            return y
+            t = type(x)
+            got: Any = fasts.get(t)
+            if got is None:
+                fast = _FAST.get((t, to, copy, fallback, for_compute, on_alias, on_grad))
+                got = fasts[t] = (False if fast is None or fast.generation != registry._GENERATION
+                                  else (fast, None if fast.state is None else fast.state()))
+            if got is not False:
+                fast, state = got
+                k = fast.src.fast_key(x, fast.alignment)
+                if k is not None:
+                    hit = fast.plans.get(k if fast.state is None else (k, state))
+                    if hit is not None:
+                        p, direct, messages = hit
+                        try:
+                            y = _run(p, x, fast.source, copy, fast.dst) if direct is None else direct(x)
+                        except UnalignedImport:  # as in _one: planned afresh
+                            return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
+                        if messages is not None:
+                            for message in messages:
+                                pending[message] = pending.get(message, 0) + 1
+                        return y
+            return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
         except Bf16BridgeError as err:
             if on_unsupported == "keep" and _cannot_cross(x, to, fallback, for_compute):
                 kept.append(trees.where(path))

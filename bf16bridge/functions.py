@@ -31,7 +31,7 @@ import numpy as np
 
 from . import dtypes, registry, trees
 from .adapters._base import Adapter
-from .convert import Fallback, _many, _one, plan
+from .convert import Fallback, _one, plan
 from .errors import (Bf16BridgeWarning, InputWrittenError, InvalidArgumentError, UnsupportedDtypeError,
                      UnsupportedTypeError)
 
@@ -74,10 +74,11 @@ class ForeignCall:
         self.traced = False
 
     # -- the pieces every caller hook uses -----------------------------------------------
-    # convert's hot path (_many, _one) with its keywords as positions: copy, fallback, for_compute,
+    # convert's hot path (_one) with its keywords as positions: copy, fallback, for_compute,
     # on_alias, on_grad (a call converts every leaf both ways)
     def _inputs(self, leaves):
-        return _many(leaves, self.callee, True if self.copy_inputs else None, self.fallback, False, "allow", "drop")
+        copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
+        return [_one(x, to, copy, fallback, False, "allow", "drop") for x in leaves]
 
     def _flat_fn(self, *callee_leaves):
         if self.flat:
@@ -120,9 +121,8 @@ class ForeignCall:
             "tensor must not depend on the inputs' values; return it as a tensor")
 
     def _outputs(self, out_leaves, to):
-        if len(out_leaves) == 1:  # the usual result: no lookup to share
-            return [_one(out_leaves[0], to, None, self.fallback, False, "allow", "drop")]
-        return _many(out_leaves, to, None, self.fallback, False, "allow", "drop")
+        fallback = self.fallback
+        return [_one(y, to, None, fallback, False, "allow", "drop") for y in out_leaves]
 
     def forward(self, leaves, want_vjp: bool, to: str):
         callee_leaves = self._inputs(leaves)
@@ -201,9 +201,10 @@ class ForeignCall:
     def backward(self, pullback, cotangents, to: str):
         if pullback is None:
             return [None] * len(self.diff)
-        fallback = self.fallback
-        grads = pullback(_many(cotangents, self.callee, None, fallback, False, "allow", "warn"))
-        return _many(grads, to, None, fallback, False, "allow", "drop")
+        callee, fallback = self.callee, self.fallback
+        cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", "warn") for c in cotangents]
+        grads = pullback(cts)
+        return [None if g is None else _one(g, to, None, fallback, False, "allow", "drop") for g in grads]
 
     def recompute_backward(self, leaves, cotangents, to: str):
         _, pullback = self.forward(leaves, True, to)
@@ -282,10 +283,10 @@ class BridgedFunction:
         for adapter in _compilers():
             run = adapter.outside_compiler(self._call)
             if run is not None:
-                return run(*args, **kwargs)
-        return self._call(*args, **kwargs)
+                return run(args, kwargs)
+        return self._call(args, kwargs)
 
-    def _call(self, *args, **kwargs):
+    def _call(self, args: tuple, kwargs: dict):  # (the arguments as they came: not packed again)
         leaves, skeleton, flat = trees.flatten_call(args, kwargs)
         caller = _caller_of(leaves, self.fn)
         if caller is None or caller == self.callee:

@@ -130,9 +130,9 @@ def test_unaligned_input_after_aligned_ones_into_jax_is_copied_as_plan_says(src,
 @pytest.mark.frameworks("jax")
 @pytest.mark.parametrize("src", ["torch", "tensorflow"])
 def test_unaligned_leaf_among_aligned_ones_into_jax_in_a_tree_or_a_bridged_call(src):
-    """The same for leaves converted together, which look the cache up once per type of leaf
-    (convert._hit: convert_tree, a bridged call's arguments): the unaligned leaf is planned afresh
-    and copied, the aligned ones around it are served zero-copy."""
+    """The same for leaves converted together (convert_tree looks the cache up once per type of
+    leaf; a bridged call converts its arguments one by one): the unaligned leaf is planned afresh and
+    copied, the aligned ones around it are served zero-copy."""
     aligned = aligned_copy(_bf16((1000,)))
     unaligned = aligned_copy(_bf16((1000,), seed=1), offset_bytes=2)
     xa, xu = _unaligned_source(src, aligned), _unaligned_source(src, unaligned)

@@ -158,6 +158,10 @@ def _to_capsule(x):
     return _to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
 
 
+#: a DLPack capsule's import (torch's private entry point, where this torch has it)
+_capsule_import = getattr(torch._C, "_from_dlpack", torch.from_dlpack)
+
+
 def _row_major(shape) -> tuple:
     strides, n = [], 1
     for size in reversed(shape):
@@ -349,7 +353,9 @@ class TorchAdapter(Adapter):
         return _to_capsule
 
     def capsule_importer(self):
-        return torch.from_dlpack  # takes a capsule as it is
+        # what torch.from_dlpack ends in for a capsule, without first asking the capsule for a
+        # __dlpack__ it has not (a failed attribute lookup, per leaf of every bridged call)
+        return _capsule_import
 
     def copy(self, x):
         name = _FROM_TORCH.get(x.dtype)
