@@ -51,7 +51,7 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method", "memo", "caller", "_declared", "flat")
+                 "vmap_method", "memo", "caller", "_declared", "flat", "traced")
 
     def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None, flat=False):
         self.fn = fn
@@ -70,6 +70,8 @@ class ForeignCall:
         #: what a caller adapter keeps between calls of one signature (input structure, non-tensor
         #: values, leaves' shapes and dtypes, which want gradients); None when it cannot be keyed
         self.memo: dict | None = None
+        #: whether the caller is being traced (Adapter.traced, asked once a call: its hooks read this)
+        self.traced = False
 
     # -- the pieces every caller hook uses -----------------------------------------------
     # convert's hot path (_one) with its keywords as positions: copy, fallback, for_compute,
@@ -84,16 +86,21 @@ class ForeignCall:
         else:
             args, kwargs = trees.fill(self.skeleton, callee_leaves)
             out = self.fn(*args, **kwargs)
-        out_leaves, skeleton = trees.flatten(out)
+        # one tensor of the callee's (the usual result): the leaf flatten would find, and the check
+        # below passed, in one lookup of its type (registry's cache of tensor types: one not in it yet,
+        # or a tree, takes the walk)
+        one = registry._TYPE_CACHE.get(type(out)) == self.callee
+        out_leaves, skeleton = ([out], trees.SLOT) if one else trees.flatten(out)
         if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
             self._check_declared(skeleton)
         self.out_skeleton = skeleton
-        for x in out_leaves:
-            if registry.framework_of(x) != self.callee:
-                raise UnsupportedTypeError(
-                    f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
-                    f"return {self.callee} tensors (the bridge converts them for the caller)"
-                )
+        if not one:
+            for x in out_leaves:
+                if registry.framework_of(x) != self.callee:
+                    raise UnsupportedTypeError(
+                        f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
+                        f"return {self.callee} tensors (the bridge converts them for the caller)"
+                    )
         return out_leaves
 
     def _check_declared(self, skeleton) -> None:
@@ -150,7 +157,8 @@ class ForeignCall:
             # to a mutable caller as a second, writable tensor over the caller's own input, which the
             # caller's framework does not know aliases it (torch: a separate version counter, so
             # autograd's checks miss writes through it)
-            for i in sorted({*kept, *caller.aliased(outs, leaves)}):
+            # (every result kept, as tensorflow's are: no need to ask which view an input)
+            for i in kept if len(kept) == len(outs) else sorted({*kept, *caller.aliased(outs, leaves)}):
                 outs[i] = caller.copy(outs[i])
         return outs, pullback
 
@@ -275,16 +283,17 @@ class BridgedFunction:
         for adapter in _compilers():
             run = adapter.outside_compiler(self._call)
             if run is not None:
-                return run(*args, **kwargs)
-        return self._call(*args, **kwargs)
+                return run(args, kwargs)
+        return self._call(args, kwargs)
 
-    def _call(self, *args, **kwargs):
+    def _call(self, args: tuple, kwargs: dict):  # (the arguments as they came: not packed again)
         leaves, skeleton, flat = trees.flatten_call(args, kwargs)
         caller = _caller_of(leaves, self.fn)
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
         adapter = registry.get(caller)
-        diff = adapter.differentiable_leaves(leaves)
+        traced = adapter.traced(leaves)
+        diff = adapter.differentiable_leaves(leaves, traced)
         callee = registry.get(self.callee)
         if any(diff) and not callee.differentiates:
             warnings.warn(
@@ -294,12 +303,13 @@ class BridgedFunction:
             diff = [False] * len(leaves)
         call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method,
                            caller, flat)
+        call.traced = traced
         # A traced caller (jax under grad or jit, a tf graph) declares the results' shapes before
         # anything runs: they are found by one call on zeros and kept per input signature
         # (the arguments' structure, non-tensor values, each leaf's shape and dtype, and both
         # sides' run-time state: jax's x64 flag decides which results it gives and can hold).
         # An eager call runs the function now and learns its results as it goes: none of this.
-        sig = trees.key(skeleton) if adapter.traced(leaves) else None
+        sig = trees.key(skeleton) if traced else None
         if sig is not None:
             # both sides' state: the callee's decides which results it gives (jax's x64 flag), the
             # caller's which it can hold

@@ -135,6 +135,29 @@ def test_inputs_that_do_not_require_grad_get_none(callee):
     np.testing.assert_array_equal(bits(dw), bits(_callee_vjp(callee, w, x, ct)[0]))
 
 
+@pytest.mark.frameworks("torch", "jax")
+def test_a_torch_caller_under_no_grad_runs_the_callee_without_its_vjp():
+    """Under torch.no_grad() nothing records, inputs that require grad included: the callee runs
+    plainly (jax sees concrete arrays, not jax.vjp's tracers), and the result has no graph."""
+    import jax
+    import torch
+
+    seen: list = []
+
+    @bb.bridge("jax")
+    def f(a, b):
+        seen.append(isinstance(a, jax.core.Tracer))
+        return a * b
+
+    a, b = (make("torch", _data((3, 5), i)).requires_grad_() for i in (1, 2))
+    with torch.no_grad():
+        y = f(a, b)
+    assert seen == [False] and not y.requires_grad and y.grad_fn is None
+    np.testing.assert_array_equal(bits(y), bits(make("jax", _data((3, 5), 1)) * make("jax", _data((3, 5), 2))))
+    f(a, b)  # and with grad mode on, through jax.vjp
+    assert seen == [False, True]
+
+
 def test_gradients_reach_pytree_leaves_and_keywords():
     import jax.numpy as jnp
     import torch

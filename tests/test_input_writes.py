@@ -131,6 +131,19 @@ def test_copied_inputs_may_be_written(caller):
     assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) + 1).astype(BF16))))
 
 
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_call_under_inference_mode_runs_with_its_inputs_unwatched(caller):
+    """Under torch.inference_mode() the callee's inputs are inference tensors, whose version counter
+    cannot be read (it raises): the call runs all the same, those inputs unwatched (docs/functions.md)."""
+    import torch
+
+    x = make(caller, _data())
+    fn = bb.bridge("torch")(lambda a, b: a * 2 + b)
+    with torch.inference_mode():
+        got = fn(x, x)
+    assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) * 3).astype(BF16))))
+
+
 def test_reading_an_input_is_not_a_write():
     fn = bb.bridge("torch")(lambda x: (x * 2, x.view(-1), x.t().contiguous(), x.clone().add_(1)))
     fn(make("jax", _data()))

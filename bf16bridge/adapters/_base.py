@@ -423,8 +423,9 @@ class Adapter:
         """Caller side: whether this input leaf's gradient is wanted (default: never)."""
         return False
 
-    def differentiable_leaves(self, leaves: list) -> list:
-        """``differentiable`` of each leaf (an adapter may answer for all at once, cheaper)."""
+    def differentiable_leaves(self, leaves: list, traced: bool) -> list:
+        """``differentiable`` of each leaf (an adapter may answer for all at once, cheaper); ``traced``:
+        what ``traced(leaves)`` said, asked once per bridged call."""
         return [self.differentiable(x) for x in leaves]
 
     def traced(self, leaves: list) -> bool:
@@ -435,7 +436,8 @@ class Adapter:
     def call_foreign(self, call, leaves: list) -> list:
         """Caller side: run a ``functions.ForeignCall`` on this framework's input leaves so that
         this framework's autodiff reaches its backward; the output leaves, as this
-        framework's tensors. Default (no autodiff): the forward alone."""
+        framework's tensors (``call.traced``: what ``traced(leaves)`` said). Default (no autodiff):
+        the forward alone."""
         return call.forward(leaves, False, self.name)[0]
 
     def no_data(self, x) -> str | None:

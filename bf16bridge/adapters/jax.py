@@ -24,6 +24,9 @@ from ..errors import CopyRequiredError, DeviceError, InvalidArgumentError
 versions.require("jax", jax.__version__)
 
 _WIDE = {"int64", "uint64", "float64", "complex128"}
+#: a traced value's class, looked up once: read through jax.core's module __getattr__ each time, it
+#: cost about as much as the isinstance itself, several times on every bridged call
+_Tracer = jax.core.Tracer
 
 
 def _narrow_rows():
@@ -270,7 +273,7 @@ class JaxAdapter(Adapter):
         return jax.config.jax_enable_x64
 
     def describe(self, x, *, alignment: bool = True) -> Source:
-        if isinstance(x, jax.core.Tracer):
+        if isinstance(x, _Tracer):
             raise UnsupportedTypeError(
                 "a traced jax value (inside jit, grad or vmap) has no data yet; convert outside the transform"
             )
@@ -311,7 +314,7 @@ class JaxAdapter(Adapter):
         return keys, [leaf for _, leaf in paths], treedef.unflatten
 
     def fast_key(self, x, alignment):
-        if isinstance(x, jax.core.Tracer) or x.is_deleted():
+        if isinstance(x, _Tracer) or x.is_deleted():
             return None
         return (x.dtype, x.sharding, 0 in x.shape)  # jax buffers are dense and aligned
 
@@ -383,13 +386,22 @@ class JaxAdapter(Adapter):
 
     def differentiable(self, x):
         # concrete arrays have no transformation watching them; tracers of inexact dtype may
-        return isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)
+        return isinstance(x, _Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+    def differentiable_leaves(self, leaves, traced):
+        # concrete arrays (an eager call, asked on every one): no question per leaf
+        if not traced:
+            return [False] * len(leaves)
+        return [self.differentiable(x) for x in leaves]
 
     def traced(self, leaves):
-        return any(isinstance(x, jax.core.Tracer) for x in leaves)
+        for x in leaves:  # (a loop: a generator in any() costs more than the question, per call)
+            if isinstance(x, _Tracer):
+                return True
+        return False
 
     def call_foreign(self, call, leaves):
-        if not self.traced(leaves):
+        if not call.traced:
             return call.forward(leaves, False, self.name)[0]
         # Under a transformation (grad, jit, ...) the callee runs in a callback when jax runs
         # the computation; results are declared first, and the backward recomputes the forward
@@ -429,7 +441,7 @@ class JaxAdapter(Adapter):
     assembles = True
 
     def local_shards(self, x):
-        if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array):
+        if isinstance(x, _Tracer) or not isinstance(x, jax.Array):
             return None
         if len(x.sharding.device_set) == 1 and not isinstance(x.sharding, jax.sharding.NamedSharding):
             return None  # one device, no mesh (a mesh of one device is a sharding all the same)

@@ -429,10 +429,10 @@ class TensorflowAdapter(Adapter):
     def traced(self, leaves):
         return not tf.executing_eagerly()
 
-    def differentiable_leaves(self, leaves):
-        # no tape or accumulator active on this thread (one C call), or none that watches any of
-        # them: one question for all
-        if tf.executing_eagerly() and (_no_tape() or not _recording(leaves)):
+    def differentiable_leaves(self, leaves, traced):
+        # eagerly (traced: not tf.executing_eagerly(), asked once a call), no tape or accumulator
+        # active on this thread (one C call), or none that watches any of them: one question for all
+        if not traced and (_no_tape() or not _recording(leaves)):
             return [False] * len(leaves)
         return [self.differentiable(x) for x in leaves]
 
@@ -447,7 +447,7 @@ class TensorflowAdapter(Adapter):
             if type(x) is not _EAGER_TENSOR:
                 leaves = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
                 break
-        if tf.executing_eagerly():
+        if not call.traced:  # eagerly
             if not any(call.diff):
                 return call.forward(leaves, False, self.name)[0]
 

@@ -158,6 +158,10 @@ def _to_capsule(x):
     return _to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
 
 
+#: a DLPack capsule's import (torch's private entry point, where this torch has it)
+_capsule_import = getattr(torch._C, "_from_dlpack", torch.from_dlpack)
+
+
 def _row_major(shape) -> tuple:
     strides, n = [], 1
     for size in reversed(shape):
@@ -349,15 +353,22 @@ class TorchAdapter(Adapter):
         return _to_capsule
 
     def capsule_importer(self):
-        return torch.from_dlpack  # takes a capsule as it is
+        # what torch.from_dlpack ends in for a capsule, without first asking the capsule for a
+        # __dlpack__ it has not (a failed attribute lookup, per leaf of every bridged call)
+        return _capsule_import
 
     def copy(self, x):
         name = _FROM_TORCH.get(x.dtype)
         if name is not None and name in _NO_KERNELS:  # a shell dtype (torch.int4): its carrier copies
             carrier = getattr(torch, dtypes.BITS_OF[name])
             return _empty(x.shape, carrier, x.device, x.nbytes).copy_(x.view(carrier)).view(x.dtype)
+        n = x.nbytes
+        if n < _numpy.FRESH_MEMORY_FROM and not (x.is_conj() or x.is_neg()):
+            # empty_like and copy_ in one call (a bridged call copies each tensorflow result for a torch
+            # caller: this is on its hot path); clone keeps conj/neg bits lazily, so those take copy_ below
+            return x.clone(memory_format=torch.contiguous_format)
         # copy_ resolves conj/neg bits; clone() would keep them
-        return _empty(x.shape, x.dtype, x.device, x.nbytes, like=x).copy_(x)
+        return _empty(x.shape, x.dtype, x.device, n, like=x).copy_(x)
 
     def astype(self, x, dtype):
         # row-major, as the planner takes a widened tensor to be (a fresh copy): Tensor.to keeps
@@ -417,6 +428,12 @@ class TorchAdapter(Adapter):
     def differentiable(self, x):
         return x.requires_grad and torch.is_grad_enabled()
 
+    def differentiable_leaves(self, leaves, traced):
+        # asked on every bridged call: whether autograd records at all, once for all leaves
+        if not torch.is_grad_enabled():
+            return [False] * len(leaves)
+        return [x.requires_grad for x in leaves]
+
     def call_foreign(self, call, leaves):
         if _functorch_active() and any(_functorch_wrapped(x) for x in leaves):
             raise UnsupportedTypeError(
@@ -439,7 +456,10 @@ class TorchAdapter(Adapter):
 
     def written(self, watched):
         leaves, versions = watched
-        now = [None if v is None else x._version for x, v in zip(leaves, versions)]
+        try:  # (every call: the plain read first)
+            now: list = [x._version for x in leaves]
+        except RuntimeError:  # an inference tensor among them, not watched
+            now = [None if v is None else x._version for x, v in zip(leaves, versions)]
         return [] if now == versions else [i for i, (v, w) in enumerate(zip(versions, now)) if v != w]
 
     def kept(self, outs, pullback=None):
