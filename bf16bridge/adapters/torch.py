@@ -3,6 +3,7 @@ free ``view(torch.uint16)``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import operator
@@ -469,15 +470,18 @@ class TorchAdapter(Adapter):
         counts = _refcounts(outs)
         found = []
         for i, o in enumerate(outs):
-            if counts[i] > _FRESH:
-                found.append(i)
+            if counts[i] > _FRESH or (isinstance(o, torch.Tensor) and weakref.getweakrefcount(o)):
+                found.append(i)  # (a weak reference to it: a handle the callee may dereference and write)
             elif isinstance(o, torch.Tensor):
                 try:
                     storage = o.untyped_storage()
                     # memory torch did not allocate (torch.from_numpy of the callee's own array, a DLPack
-                    # import: its owner may write it; not resizable), or shared with another tensor (the
-                    # storage's use count, where this torch tells it)
-                    if not storage.resizable():
+                    # import: its owner may write it; not resizable), a storage object held elsewhere
+                    # (y.untyped_storage() or a weak reference to it: torch keeps one Python object a
+                    # storage, which its use count does not count twice), or shared with another tensor
+                    # (the storage's use count, where this torch tells it)
+                    if (not storage.resizable() or _storage_refs(storage) != _STORAGE_REFS
+                            or weakref.getweakrefcount(storage)):
                         found.append(i)
                         continue
                     shared = 0 if _use_count is None or _ALONE is None else _use_count(storage._cdata) - _ALONE
@@ -897,8 +901,28 @@ def _storage_count(t) -> int | None:
         return None
 
 
-#: what _storage_count reads for a tensor alone on its storage (the storage object asked holds one)
-_ALONE = _storage_count(torch.empty(1))
+def _storage_refs(storage) -> int:
+    """Python's reference count of a storage object, as read where a caller holds it in a variable."""
+    return sys.getrefcount(storage)
+
+
+def _calibrate() -> tuple:
+    """(_ALONE, _STORAGE_REFS) for a tensor alone on its storage: measured with no dispatch mode of
+    the user's active (one that keeps the tensors it sees would count as a holder)."""
+    with _no_modes():
+        t = torch.empty(1)
+        storage = t.untyped_storage()
+        return _storage_count(t), _storage_refs(storage)
+
+
+def _no_modes():
+    modes = getattr(getattr(torch.utils, "_python_dispatch", None), "_disable_current_modes", None)
+    return modes() if modes is not None else contextlib.nullcontext()
+
+
+#: what _storage_count reads for a tensor alone on its storage (the storage object asked holds one),
+#: and the reference count of that storage's Python object as ``kept`` reads it (held in one variable)
+_ALONE, _STORAGE_REFS = _calibrate()
 
 
 def _base_holders(o) -> tuple | None:
@@ -910,7 +934,8 @@ def _base_holders(o) -> tuple | None:
 
 def _calibrate_base() -> tuple | None:
     try:
-        got = _base_holders(torch.empty(2).view(2))  # a view of an intermediate nothing else holds
+        with _no_modes():
+            got = _base_holders(torch.empty(2).view(2))  # a view of an intermediate nothing else holds
     except (AttributeError, RuntimeError):  # a torch without Tensor._use_count
         return None
     return None if got is None else got[1:]
