@@ -995,3 +995,16 @@ def test_allclose_judges_mixed_dtypes_on_their_values_not_rounded_to_one():
     big = np.array([3.4e38], F32)
     assert parity.compare({"f32": big, "bf16": top}, policy="allclose(1.6e-2)").passed
     assert not parity.compare({"f32": big, "bf16": top}, policy="ulp(1)").passed  # inf in bf16
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "float16", *(k for k, f in bb.kernels.FORMATS.items() if not f.integer)])
+def test_ulp_of_is_each_format_s_own_spacing_at_every_value(kind):
+    # every positive finite value of the format, against the gap to the next one (e8m0, with no
+    # subnormals, has a number at its exponent field 0: its spacing there was taken as twice that)
+    bits = (1 << bb.kernels.FORMATS[kind].bits) if kind in bb.kernels.FORMATS else 1 << 16
+    dt = np.dtype(getattr(ml_dtypes, kind, None) or kind)
+    raw = np.arange(bits, dtype=np.uint16 if dt.itemsize == 2 else np.uint8)
+    with np.errstate(invalid="ignore"):  # (the NaN patterns)
+        v = np.unique(raw.view(dt).astype(np.float64))
+    v = v[np.isfinite(v) & (v > 0)]
+    np.testing.assert_array_equal(metrics.ulp_of(v[:-1], kind), np.diff(v))

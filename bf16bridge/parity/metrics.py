@@ -204,7 +204,8 @@ def _min_exponent(kind: str) -> int:
     """The exponent of ``kind``'s smallest normal number (its spacing is the subnormals')."""
     fmt = kernels.FORMATS.get(kind)
     if fmt is not None:
-        return 1 - fmt.bias
+        # a format with no mantissa bits (e8m0) has no subnormals: its exponent field 0 is a number
+        return 1 - fmt.bias if fmt.mbits else -fmt.bias
     return int(ml_dtypes.finfo(kind).minexp) if kind == "bfloat16" else int(np.finfo(kind).minexp)
 
 
