@@ -100,3 +100,14 @@ def test_import_pulls_no_framework():
     out = subprocess.run([sys.executable, "-c", "import sys, bf16bridge; print('torch' in sys.modules)"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_parity_and_its_pytest_plugin_import_and_compare_without_ml_dtypes():
+    # the plugin loads in every pytest run of an environment with bf16bridge installed (entry point
+    # pytest11): an ml_dtypes import at the top of parity made each such run fail to start
+    import bf16bridge.parity.pytest_plugin  # noqa: F401
+    from bf16bridge import parity
+
+    a = np.array([1.0, -0.0, 3.5], np.float32)
+    assert parity.compare(a, a.copy(), policy="exact").passed
+    assert not parity.compare(a, np.array([1.0, 0.0, 3.5], np.float32), policy="exact").passed

@@ -11,10 +11,9 @@ the finite ones, since a ULP distance means nothing for them.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-from .. import kernels
+from .. import dtypes, kernels
 from ..errors import UnsupportedDtypeError
 
 
@@ -206,7 +205,9 @@ def _min_exponent(kind: str) -> int:
     if fmt is not None:
         # a format with no mantissa bits (e8m0) has no subnormals: its exponent field 0 is a number
         return 1 - fmt.bias if fmt.mbits else -fmt.bias
-    return int(ml_dtypes.finfo(kind).minexp) if kind == "bfloat16" else int(np.finfo(kind).minexp)
+    # (bf16 has float32's exponent: asked of numpy, so that this module imports without ml_dtypes,
+    # as the pytest plugin that imports it must)
+    return int(np.finfo(np.float32 if kind == "bfloat16" else kind).minexp)
 
 
 def ulp_of(x: np.ndarray, kind: str) -> np.ndarray:
@@ -286,7 +287,7 @@ def _torch_arithmetic(ka: str, kb: str) -> tuple[np.dtype, type]:
     """The dtype torch.promote_types gives two results (a narrow dtype, which torch has no
     arithmetic for: float32), and the type torch computes its ops in (float32 for bf16 and float16)."""
     if ka == kb and ka in _LAYOUT:
-        dt = np.dtype(ml_dtypes.bfloat16) if ka == "bfloat16" else np.dtype(ka)
+        dt = dtypes.bfloat16 if ka == "bfloat16" else np.dtype(ka)  # (a bf16 result: ml_dtypes is here)
     else:
         dt = np.dtype(np.float64) if "float64" in (ka, kb) else np.dtype(np.float32)
     return dt, (np.float64 if dt == np.float64 else np.float32)
