@@ -460,7 +460,7 @@ def _p99_ulps_where_normal(rep, name):
     ref = runner._unpack(rep.data["reference"]).reshape(-1)
     x = metrics.to_float64(runner._unpack(rep.data["results"][name])).reshape(-1)
     normal = np.isfinite(ref) & np.isfinite(x) & (np.abs(ref) >= 2.0 ** -126)
-    return float(np.percentile(np.abs(x[normal] - ref[normal]) / metrics.bf16_ulp(ref[normal]), 99))
+    return float(np.percentile(np.abs(x[normal] - ref[normal]) / metrics.ulp_of(ref[normal], "bfloat16"), 99))
 
 
 def test_ties_inputs_put_exact_results_half_way_between_bf16_numbers():
@@ -473,7 +473,7 @@ def test_ties_inputs_put_exact_results_half_way_between_bf16_numbers():
     assert np.all(exact == np.round(exact))
     rne = bb.kernels.to_bf16(exact.astype(np.float32))  # nearest, ties to even
     gap = np.abs(exact - metrics.to_float64(rne))
-    ties = (gap > 0) & (gap == metrics.bf16_ulp(exact) / 2)
+    ties = (gap > 0) & (gap == metrics.ulp_of(exact, "bfloat16") / 2)
     assert ties.sum() > 100, "the inputs must put many results exactly half-way"
     rep = parity.run("matmul", inputs=x, policy="exact")
     for name, packed in rep.data["results"].items():  # every framework rounds every tie to even

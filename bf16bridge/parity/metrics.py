@@ -223,11 +223,6 @@ def ulp_of(x: np.ndarray, kind: str) -> np.ndarray:
     return np.ldexp(1.0, np.maximum(e, emin) - mantissa_bits(kind))
 
 
-def bf16_ulp(x: np.ndarray) -> np.ndarray:
-    """The spacing of bf16 numbers at |x| (float64), for errors against a float64 reference."""
-    return ulp_of(x, "bfloat16")
-
-
 def ensure_numpy(x):
     """Any framework's tensor as a numpy array, bits kept (through the bridge)."""
     if isinstance(x, np.ndarray):

@@ -35,12 +35,6 @@ def installed(name: str) -> bool:
         return False
 
 
-def installed_frameworks() -> list[str]:
-    from .. import registry
-
-    return [name for name in registry.names() if installed(name)]
-
-
 def pytest_addoption(parser):
     parser.getgroup("bf16bridge").addoption(
         "--bf16-frameworks", default=None, metavar="NAMES",
