@@ -727,14 +727,27 @@ _PAIR = np.dtype("<u2")
 
 def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
     name = a.dtype.name
-    if name == "uint8":
-        if a.size and int(a.max()) > 0xF:
-            raise InvalidArgumentError(f"{what} takes 4-bit values: a uint8 array must hold 0..15; this one holds "
-                                       f"{int(a.max())} (mask it with a & 0xF if only the low nibble counts)")
-    elif name not in NIBBLE_DTYPES:
+    if name != "uint8" and name not in NIBBLE_DTYPES:
         raise UnsupportedDtypeError(f"{what} takes a 4-bit dtype ({', '.join(NIBBLE_DTYPES)}) or its uint8 "
                                     f"nibbles; got dtype {a.dtype}")
-    return a.view(np.uint8)
+    bits = a.view(np.uint8)
+    top = int(bits.max()) if bits.size else 0
+    if top <= 0xF:
+        return bits
+    if name == "uint8":
+        raise InvalidArgumentError(f"{what} takes 4-bit values: a uint8 array must hold 0..15; this one holds "
+                                   f"{top} (mask it with a & 0xF if only the low nibble counts)")
+    # ml_dtypes makes only bytes 0..15, but a view of other bytes (np.uint8 data .view(float4_e2m1fn))
+    # holds more, and ml_dtypes reads the high bits (0x11 as float4 is -0.5): packing the low nibble
+    # would change the value (to +0.5), so refuse
+    at = int(np.argmax(bits.reshape(-1) > 0xF))
+    byte = int(bits.reshape(-1)[at])
+    value = np.array([byte], np.uint8).view(a.dtype).astype(np.float32)[0]
+    raise InvalidArgumentError(
+        f"{what}: this {name} array holds byte 0x{byte:02X} at flat index {at}, which ml_dtypes reads as "
+        f"{value:g} but is not one ml_dtypes makes (bytes 0x00..0x0F); packing its low nibble would change "
+        f"the value. Was it a view of other bytes? Canonicalise it, keeping ml_dtypes' values: "
+        f"a.astype(np.float32).astype(a.dtype)")
 
 
 def pack_nibbles(a, *, out=None) -> np.ndarray:

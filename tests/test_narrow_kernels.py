@@ -473,3 +473,31 @@ def test_how_torchs_own_fp8_widening_relates_to_ours(name):
     assert differ == _TORCH_WIDENED_NANS[name]
     assert np.isnan(ours[list(differ)].view(np.float32)).all()
     assert np.isnan(theirs[list(differ)].view(np.float32)).all()
+
+
+@pytest.mark.parametrize("name", kernels.NIBBLE_DTYPES)
+def test_a_4bit_array_with_bytes_ml_dtypes_never_makes_is_refused_not_packed_to_other_values(name, tmp_path):
+    """ml_dtypes keeps a 4-bit value in a byte's low nibble but reads the high bits too (0x11 as
+    float4_e2m1fn is -0.5); a view of other bytes can hold them. Packing the low nibble would
+    change the value, in pack_nibbles, on the route to torch's packed type and in bb.save: each
+    refuses, naming the byte, and the way out it names keeps ml_dtypes' values and packs."""
+    import bf16bridge as bb
+
+    every = np.arange(256, dtype=np.uint8)
+    for byte in (0x10, 0x11, 0x1F, 0x80, 0xF7, 0xFF):
+        a = np.array([3, 5, byte, 1], np.uint8).view(_dt(name))
+        with pytest.raises(bb_errors.InvalidArgumentError, match=f"byte 0x{byte:02X} at flat index 2"):
+            kernels.pack_nibbles(a)
+    a = every.view(_dt(name))
+    with pytest.raises(bb_errors.InvalidArgumentError, match="byte 0x10 at flat index 16, which ml_dtypes reads as"):
+        kernels.pack_nibbles(a)
+    if name == "float4_e2m1fn":
+        with pytest.raises(bb_errors.InvalidArgumentError, match="a.astype"):
+            bb.convert(a, to="torch")
+        with pytest.raises(bb_errors.InvalidArgumentError, match="a.astype"):
+            bb.save({"w": a}, tmp_path / "w.safetensors")
+        assert not (tmp_path / "w.safetensors").exists()
+    fixed = a.astype(np.float32).astype(a.dtype)
+    np.testing.assert_array_equal(fixed.astype(np.float32), a.astype(np.float32))
+    packed = kernels.pack_nibbles(fixed)
+    np.testing.assert_array_equal(kernels.unpack_nibbles(packed, name).astype(np.float32), a.astype(np.float32))
