@@ -725,29 +725,56 @@ NIBBLE_DTYPES = tuple(n for n, f in FORMATS.items() if f.bits == 4)
 _PAIR = np.dtype("<u2")
 
 
-def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
-    name = a.dtype.name
-    if name != "uint8" and name not in NIBBLE_DTYPES:
-        raise UnsupportedDtypeError(f"{what} takes a 4-bit dtype ({', '.join(NIBBLE_DTYPES)}) or its uint8 "
-                                    f"nibbles; got dtype {a.dtype}")
-    bits = a.view(np.uint8)
-    top = int(bits.max()) if bits.size else 0
-    if top <= 0xF:
-        return bits
-    if name == "uint8":
-        raise InvalidArgumentError(f"{what} takes 4-bit values: a uint8 array must hold 0..15; this one holds "
-                                   f"{top} (mask it with a & 0xF if only the low nibble counts)")
-    # ml_dtypes makes only bytes 0..15, but a view of other bytes (np.uint8 data .view(float4_e2m1fn))
-    # holds more, and ml_dtypes reads the high bits (0x11 as float4 is -0.5): packing the low nibble
-    # would change the value (to +0.5), so refuse
-    at = int(np.argmax(bits.reshape(-1) > 0xF))
-    byte = int(bits.reshape(-1)[at])
-    value = np.array([byte], np.uint8).view(a.dtype).astype(np.float32)[0]
+def _changed_by_padding(name: str) -> np.ndarray:
+    """For a dtype ml_dtypes keeps one sub-byte value a byte: which of the 256 bytes ml_dtypes reads
+    as another value than its low bits alone (float4_e2m1fn reads 0x11 as -0.5; its int types read
+    the low bits only). ml_dtypes makes none of them, but a view of other bytes holds them."""
+    table = _PADDING.get(name)
+    if table is None:
+        every = np.arange(256, dtype=np.uint8)
+        nd = dtypes.numpy_dtype(name)
+        low = every & np.uint8((1 << FORMATS[name].bits) - 1)
+        whole, kept = every.view(nd).astype(np.float32), low.view(nd).astype(np.float32)
+        same = (whole.view(np.uint32) == kept.view(np.uint32)) | (np.isnan(whole) & np.isnan(kept))  # -0 is not +0
+        table = _PADDING[name] = ~same
+    return table
+
+
+_PADDING: dict[str, np.ndarray] = {}
+
+
+def refuse_changed_padding(bits: np.ndarray, name: str, what: str) -> None:
+    """Raise where ``bits`` (the uint8 view of a sub-byte ``name`` array, one value a byte) hold a
+    byte whose value packing would change: packing keeps a value's low bits only (``pack_nibbles``,
+    bb.save's F4, jax's device_put of a sub-byte type)."""
+    if not bits.size or int(bits.max()) >> FORMATS[name].bits == 0:
+        return  # every byte one ml_dtypes makes: the common case, one pass
+    flat = bits.reshape(-1)
+    bad = _changed_by_padding(name)[flat]
+    if not bad.any():
+        return
+    at = int(np.argmax(bad))
+    byte = int(flat[at])
+    value = np.array([byte], np.uint8).view(dtypes.numpy_dtype(name)).astype(np.float32)[0]
     raise InvalidArgumentError(
         f"{what}: this {name} array holds byte 0x{byte:02X} at flat index {at}, which ml_dtypes reads as "
-        f"{value:g} but is not one ml_dtypes makes (bytes 0x00..0x0F); packing its low nibble would change "
-        f"the value. Was it a view of other bytes? Canonicalise it, keeping ml_dtypes' values: "
-        f"a.astype(np.float32).astype(a.dtype)")
+        f"{value:g}, but it is not a byte ml_dtypes makes (its high bits are set) and packing keeps only "
+        f"the low {FORMATS[name].bits} bits, which would change the value. Was it a view of other bytes? "
+        f"Canonicalise it, keeping ml_dtypes' values: a.astype(np.float32).astype(a.dtype)")
+
+
+def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
+    name = a.dtype.name
+    if name == "uint8":
+        if a.size and int(a.max()) > 0xF:
+            raise InvalidArgumentError(f"{what} takes 4-bit values: a uint8 array must hold 0..15; this one holds "
+                                       f"{int(a.max())} (mask it with a & 0xF if only the low nibble counts)")
+    elif name not in NIBBLE_DTYPES:
+        raise UnsupportedDtypeError(f"{what} takes a 4-bit dtype ({', '.join(NIBBLE_DTYPES)}) or its uint8 "
+                                    f"nibbles; got dtype {a.dtype}")
+    else:
+        refuse_changed_padding(a.view(np.uint8), name, what)
+    return a.view(np.uint8)
 
 
 def pack_nibbles(a, *, out=None) -> np.ndarray:
