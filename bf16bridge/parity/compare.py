@@ -292,7 +292,7 @@ def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     if pol.kind == "exact":
         return p.identical_fraction == 1.0
     if pol.kind == "allclose":  # b the expected side, as the frameworks take it
-        return bool(np.all(metrics.isclose(a, b, pol.rtol, pol.atol, pol.equal_nan, pol.arithmetic)))
+        return bool(np.all(metrics.policy_close(pol, a, b)))
     if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches) or (p.nan_both and not pol.equal_nan):
         return False
     return p.max_ulp <= pol.n  # ulp(n)
@@ -310,7 +310,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     ``condition``: the operation's condition scale per element (for a matmul,
     |A|.|B|), so that cancellation near zero does not look like a huge error.
     ``policy`` decides ``passed``: "exact", "ulp(n)", "allclose(rtol, atol)",
-    "torch"/"jax"/"tensorflow" (their bf16 defaults) or "reference(k)".
+    "torch"/"jax"/"tensorflow" (their test helpers' allclose, tolerances per dtype) or "reference(k)".
 
     A report with nothing compared never passes silently: fewer than two results
     (one and a reference judges no pair, and reference(k) has nothing to rank), or
