@@ -246,4 +246,9 @@ def test_named_policies_read_their_tolerances_per_dtype_and_take_the_larger_of_t
     f32 = np.array([1.0], np.float32)
     for pol in (torch, jax, tf):  # 1% apart: bf16 results pass, float32 ones fail (they passed before)
         assert parity.compare({"a": f32.astype(BF16), "b": (f32 * 1.01).astype(BF16)}, policy=pol).passed
-        assert not parity.compare({"a": f32, "b": f32 * np.float32(1.01)}, policy=pol).passed
+        rep = parity.compare({"a": f32, "b": f32 * np.float32(1.01)}, policy=pol)
+        assert not rep.passed
+        rtol, atol = pol.tolerances("float32", "float32")  # the report says which tolerances judged it
+        assert f"{pol.name}'s tolerances for float32: rtol={rtol:g}, atol={atol:g}" in rep.pairs[0].note
+    mixed = parity.compare({"a": f32.astype(BF16), "b": f32}, policy=torch).pairs[0].note
+    assert "torch's tolerances for bfloat16 against float32: rtol=0.016, atol=1e-05" in mixed

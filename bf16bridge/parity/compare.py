@@ -235,8 +235,13 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         worst=worst,
         smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0,
     )
+    if pol.by_dtype:  # a framework's tolerances for these two dtypes: the report says which
+        kinds = a0.dtype.name if a0.dtype == b0.dtype else f"{a0.dtype.name} against {b0.dtype.name}"
+        rtol, atol = pol.tolerances(a0.dtype.name, b0.dtype.name)
+        p = replace(p, note="; ".join(filter(None, (p.note, f"{pol.name}'s tolerances for {kinds}: rtol={rtol:g}, "
+                                                            f"atol={atol:g}"))))
     if p.nan_both and not pol.equal_nan:  # the report says why close values failed
-        p = replace(p, note="; ".join(filter(None, (note, f"{p.nan_both} element(s) NaN on both sides: "
+        p = replace(p, note="; ".join(filter(None, (p.note, f"{p.nan_both} element(s) NaN on both sides: "
                                                           f"{pol.name or 'this policy'} (equal_nan=false) "
                                                           "counts a NaN close to nothing"))))
     return replace(p, passed=_judge(pol, p, a0, b0))
