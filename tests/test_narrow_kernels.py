@@ -547,3 +547,22 @@ def test_every_byte_of_a_sub_byte_type_packs_to_the_value_ml_dtypes_reads_or_is_
         assert not any(0x1F in r or 0x0F in r for r in refused.values())  # read as -6 either way
     else:  # its ints read the low bits only: nothing refused, every byte packed as ml_dtypes reads it
         assert refused == {}
+
+
+@pytest.mark.parametrize("name", [n for n in NARROW if hasattr(ml_dtypes, n)])
+def test_every_byte_widens_to_the_value_ml_dtypes_reads_in_it(name):
+    """A sub-byte value lives in a byte's low bits, but a view of other bytes may set the rest,
+    and ml_dtypes reads them (as fp4's and fp6's sign; the integer types ignore them): to_float32
+    (both backends, the dtype and its uint8 bits) and parity's reading give ml_dtypes' value for
+    each of the 256 bytes."""
+    from bf16bridge.parity import metrics
+
+    every = np.arange(256, dtype=np.uint8)
+    theirs = every.view(_dt(name)).astype(np.float32)
+    for backend in BACKENDS:
+        for got in (kernels.to_float32(every.view(_dt(name)), backend=backend),
+                    kernels.to_float32(every, dtype=name, backend=backend)):
+            np.testing.assert_array_equal(got.view(np.uint32), theirs.view(np.uint32), err_msg=backend)
+    read = metrics.to_float64(every.view(_dt(name)))
+    same = (read == theirs) & (np.signbit(read) == np.signbit(theirs)) | (np.isnan(read) & np.isnan(theirs))
+    assert same.all(), [hex(i) for i in np.flatnonzero(~same)[:8]]

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bf16bridge import kernels, parity
+from bf16bridge import dtypes, kernels, parity
+from bf16bridge.errors import UnsupportedDtypeError
 from bf16bridge.parity import metrics, regions, render
 from conftest import BF16
 
@@ -29,7 +30,12 @@ def _dtype(name: str) -> np.dtype:
 
 
 def _held(framework: str) -> list[str]:
-    """The dtypes parity compares that the framework has a dtype for (its helper's own ground)."""
+    """The dtypes parity compares that the framework has a dtype for (its helper's own ground) and
+    this ml_dtypes holds (0.3 has no float8_e8m0fnu, which torch has)."""
+    return [k for k in _theirs(framework) if dtypes.numpy_missing(k) is None]
+
+
+def _theirs(framework: str) -> list[str]:
     if framework == "torch":
         import torch
 
@@ -49,7 +55,8 @@ def _torch(x: np.ndarray):
 
     if x.dtype.name in ("float16", "float32", "float64"):
         return torch.from_numpy(x.copy())
-    return torch.from_numpy(metrics.bits(x).copy()).view(getattr(torch, x.dtype.name))
+    # (metrics.bits makes a 0-d array 1-d)
+    return torch.from_numpy(metrics.bits(x).reshape(x.shape).copy()).view(getattr(torch, x.dtype.name))
 
 
 @functools.cache
@@ -134,10 +141,11 @@ def test_tolerances_and_arithmetic_dtypes_are_the_helpers_own_for_every_pair_of_
                 want = (common, common, rtol, atol, False)
                 if rtol or atol:  # (with none, equal values: in the narrow dtype itself or in float32)
                     assert metrics._torch_arithmetic(da, db)[0].name == str(common).removeprefix("torch."), (da, db)
-            else:
+                assert got == want, (da, db, got, want)
+            else:  # (neither passes equal_nan there: what catch records is its own default)
                 to = dict(pol.widen)
                 want = (_dtype(to.get(da, da)), _dtype(to.get(db, db)), rtol, atol, True)
-            assert got[2:] == want[2:] and got[:2] == want[:2], (da, db, got, want)
+                assert got[:4] == want[:4], (da, db, got, want)
 
 
 def _edges():
@@ -165,7 +173,6 @@ def _near_the_edge(draw, framework):
     return a, b
 
 
-@pytest.mark.frameworks("torch", "jax", "tensorflow")
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @settings(max_examples=400, deadline=None)
 @given(data=st.data())
@@ -192,7 +199,6 @@ def _neighbours(name: str) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate([as_dtype(code)] * 2), np.concatenate([as_dtype(code + 1), as_dtype(code + 2)]))
 
 
-@pytest.mark.frameworks("torch", "jax", "tensorflow")
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_policy_on_narrow_dtypes_is_its_helper_on_every_pattern(framework):
     """Each narrow dtype the framework holds (torch's fp8s: equal values only; jax's fp8, fp4, e8m0
@@ -212,6 +218,12 @@ def test_each_policy_on_narrow_dtypes_is_its_helper_on_every_pattern(framework):
             near = (v * (1 + rng.choice([-1, 1], v.size) * rng.uniform(0, 0.3, v.size))).astype(np.float32)
             pairs += [(a, near), (near, a)]
         for x, y in pairs:
+            try:
+                _says(framework, x[:1], y[:1])
+            except TypeError:  # numpy < 2 cannot promote int4 with float16: the helper raises, so do we
+                with pytest.raises(UnsupportedDtypeError, match="cannot compare .* as this policy's framework does"):
+                    metrics.policy_close(pol, x, y)
+                continue
             got = metrics.policy_close(pol, x, y)
             want = [_says(framework, x[i:i + 1], y[i:i + 1]) for i in range(x.size)]
             assert got.tolist() == want, (name, x.dtype, y.dtype, x[got != want][:4], y[got != want][:4])
@@ -252,3 +264,12 @@ def test_named_policies_read_their_tolerances_per_dtype_and_take_the_larger_of_t
         assert f"{pol.name}'s tolerances for float32: rtol={rtol:g}, atol={atol:g}" in rep.pairs[0].note
     mixed = parity.compare({"a": f32.astype(BF16), "b": f32}, policy=torch).pairs[0].note
     assert "torch's tolerances for bfloat16 against float32: rtol=0.016, atol=1e-05" in mixed
+
+
+def test_the_policies_narrow_dtypes_are_the_kernels_formats():
+    """policies.py names the narrow dtypes itself (it imports no kernels: the pytest plugin loads it
+    in environments without ml_dtypes); they must be every format the kernels know."""
+    from bf16bridge.parity import policies
+
+    assert set(policies._NARROW_FLOATS) == {n for n, f in kernels.FORMATS.items() if not f.integer}
+    assert set(policies._NARROW_INTS) == {n for n, f in kernels.FORMATS.items() if f.integer}
