@@ -581,21 +581,61 @@ BAD = {
 }
 
 
+#: the faults of one entry alone (its dtype, shape, size): bb.open checks them when the entry is first
+#: asked for (info, get, raw, array, plan); every other fault refuses the file at open
+ENTRY_FAULTS = frozenset({"unknown dtype", "dtype not a string", "negative shape", "float shape", "bool shape",
+                          "shape not a list", "shape x dtype != bytes", "odd nibbles"})
+
+
+def _read_every_key(p):
+    with bb.open(p) as f:
+        for k in f.keys():
+            f.get(k)
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_files_raise_checkpoint_error_naming_file_and_key(tmp_path, name):
     blob, match, key = BAD[name]
     p = tmp_path / "bad.safetensors"
     p.write_bytes(blob)
-    for call in (lambda: bb.load(p), lambda: bb.open(p), lambda: bb.load_for_target(p, "numpy")):
+    calls = [lambda: bb.load(p), lambda: bb.load_for_target(p, "numpy"), lambda: _read_every_key(p)]
+    if name in ENTRY_FAULTS:  # open lists the key; each read of it raises what bb.load raises
+        f = bb.open(p)
+        assert key in f.keys()
+        calls += [lambda: f.info(key), lambda: f.get(key), lambda: f.get(key, "torch"), lambda: f.raw(key),
+                  lambda: f.array(key), lambda: f.plan(key, "jax")]
+    else:
+        calls.append(lambda: bb.open(p))
+    for call in calls:
         with pytest.raises(CheckpointError, match=match) as err:
             call()
         assert str(p) in str(err.value)
         if key is not None:
             assert f"(key {key!r})" in str(err.value)
+    if name in ENTRY_FAULTS:
+        f.close()
     with pytest.raises(Exception):  # safetensors refuses each as well (or has no such check: duplicates)
         if name == "duplicate key":
             raise ValueError("safetensors keeps the last of duplicate keys; we refuse them")
         safetensors.deserialize(blob)
+
+
+def test_a_bad_entry_is_refused_each_time_it_is_read_and_its_neighbours_read_bit_for_bit(tmp_path):
+    # its dtype, shape and size are checked on first use: the file opens, the entry is refused
+    # (twice: a failed check is not remembered as a pass), the tensors around it read as written
+    a = np.arange(4, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    p = tmp_path / "one_bad.safetensors"
+    p.write_bytes(_file({"a": _t("BF16", (4,), (0, 8)), "b": _t("F32", (3,), (8, 16)), "c": _t("I16", (2,), (16, 20))},
+                        a.tobytes() + bytes(8) + np.array([7, -7], np.int16).tobytes()))
+    with bb.open(p) as f:
+        assert f.keys() == ["a", "b", "c"] and len(f) == 3 and "b" in f
+        for _ in range(2):
+            with pytest.raises(CheckpointError, match=r"its shape \[3\] of F32 needs 12 bytes; data_offsets give 8 "
+                                                      r"\(key 'b'\)"):
+                f.get("b")
+        assert f.get("a").view(np.uint16).tolist() == [0, 1, 2, 3] and f.get("c").tolist() == [7, -7]
+    with pytest.raises(CheckpointError, match="key 'b'"):
+        bb.load(p)
 
 
 def test_good_file_of_the_bad_table_loads(tmp_path):

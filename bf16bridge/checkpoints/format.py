@@ -20,7 +20,7 @@ import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import eq, itemgetter, lshift, mul, sub
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -106,24 +106,23 @@ class TensorInfo:
 
 
 class Entries(Mapping[str, TensorInfo]):
-    """The checked entries of a header, read-only: key -> TensorInfo, in the JSON's order. The JSON's
-    dicts stay inside; a key's TensorInfo (frozen) is built the first time it is asked for, since a
-    file lists hundreds of tensors and a caller often wants one."""
+    """The entries of a header, read-only: key -> TensorInfo, in the JSON's order. The JSON's dicts
+    stay inside; a key's entry is checked (``_entry``: its dtype, shape and size) and its TensorInfo
+    (frozen) built the first time it is asked for, since a file lists hundreds of tensors and a
+    caller often wants one. What ties the entries together (their offsets) was checked at open."""
 
-    __slots__ = ("_raw", "_built", "_data_start")
+    __slots__ = ("_raw", "_built", "_data_start", "_path")
 
-    def __init__(self, raw: dict, data_start: int, built: dict[str, TensorInfo] | None = None):
-        self._raw = raw  # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]}, checked
-        self._built: dict[str, TensorInfo] = {} if built is None else built
+    def __init__(self, raw: dict, data_start: int, path: str):
+        self._raw = raw  # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]}, offsets checked
+        self._built: dict[str, TensorInfo] = {}
         self._data_start = data_start
+        self._path = path
 
     def __getitem__(self, key: str) -> TensorInfo:
         t = self._built.get(key)
         if t is None:
-            e = self._raw[key]  # KeyError if none
-            code, (begin, end) = e["dtype"], e["data_offsets"]
-            t = self._built[key] = TensorInfo(key, CODES[code][0], code, tuple(e["shape"]), self._data_start + begin,
-                                              end - begin)
+            t = self._built[key] = _entry(self._path, key, self._raw[key], self._data_start)  # KeyError if none
         return t
 
     def __contains__(self, key: object) -> bool:
@@ -153,7 +152,7 @@ class Header:
     length: int  # n, the JSON's bytes
     keys: tuple[str, ...]  # in file order: by (begin, end), the JSON's order among equals
     metadata: Mapping[str, str]  # read-only
-    #: key -> its TensorInfo (every entry is checked when the header is read; each is built on first use)
+    #: key -> its TensorInfo (each entry checked and built on first use; the offsets of all at open)
     entries: Entries = field(repr=False)
 
     @property
@@ -169,7 +168,8 @@ class Header:
         return self.data_start + self.entries.nbytes
 
     def info(self, key: str) -> TensorInfo:
-        """The entry of ``key`` (KeyError if none), built once."""
+        """The entry of ``key`` (KeyError if none; CheckpointError if its dtype, shape or size is
+        wrong), checked and built once."""
         return self.entries[key]
 
 
@@ -219,7 +219,10 @@ def _loads(text: str, path: str, hook=None):
 
 def parse_header(raw: bytes, path: str, file_size: int) -> Header:
     """Check a header's JSON (``raw``: the n bytes after the prefix) against a file of ``file_size``
-    bytes. Anything a reader could trip on raises CheckpointError naming the file and the key."""
+    bytes: the JSON, its keys, the metadata and every entry's data_offsets (which must cover the
+    data); each entry's dtype, shape and size are checked when it is first asked for
+    (``Header.info``). Anything a reader could trip on raises CheckpointError naming the file and
+    the key."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -230,23 +233,20 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
         checked = _all_at_once(obj, text, PREFIX + length, file_size)
         if checked is not None:
             keys, entries, metadata = checked
-            return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length))
+            return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length, path))
     # something irregular (or a file written otherwise than safetensors and bb.save write): parsed
     # again, naming a key given twice, and checked key by key, which names the fault
     return _one_by_one(_loads(text, path, _pairs), path, length, file_size)
 
 
-#: bits a value of each code
-_BITS = {code: bits for code, (_, bits) in CODES.items()}
-
-
 def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
-    """The whole header checked in a few passes over lists (C loops: map, chain, sorted), or None
-    for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one takes of entries with
-    the three fields, and checks the same things: no key named twice; metadata an object of strings;
-    dtype codes known; shapes lists of whole numbers >= 0; offsets two whole numbers with shape x bits
-    = 8 x (end - begin); and the entries, sorted by (begin, end), covering the data from 0 to the end
-    of the file with no hole and no overlap. Returns (the keys in file order, the entries, metadata)."""
+    """The checks of the header as a whole in a few passes over lists (C loops: map, chain, sorted),
+    or None for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one
+    takes, and checks the same things: no key named twice; metadata an object of strings; every entry
+    an object whose data_offsets are two whole numbers, 0 <= begin <= end, the entries sorted by
+    (begin, end) covering the data from 0 to the end of the file with no hole and no overlap. Each
+    entry's dtype, shape and size are checked when it is first asked for (``_entry``, by Entries).
+    Returns (the keys in file order, the entries, metadata)."""
     named = METADATA_KEY in obj
     metadata = obj.pop(METADATA_KEY, None)
     if metadata is None:
@@ -255,41 +255,34 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
         return None
     n = len(obj)
     # no key named twice (json kept the last one): without a backslash, each JSON string is two
-    # quotes of the text; if the entries hold the three fields and a string code each (checked
-    # below: anything else is irregular), the text holds exactly the strings parsed unless a
-    # member was dropped, or an entry has a field more
+    # quotes of the text; if each entry holds the three fields and a string code (checked below:
+    # anything else is irregular), the text holds exactly the strings parsed unless a member was
+    # dropped, or an entry has a string more (a field, in its shape or offsets)
     if "\\" in text or text.count('"') != 2 * (named + 5 * n + 2 * len(metadata)):
         return None
     entries = obj.values()
-    try:  # a missing field (KeyError), an entry that is no object, an unhashable code (TypeError)
-        bits = list(map(_BITS.__getitem__, map(itemgetter("dtype"), entries)))  # an unknown code: KeyError
-        shapes = list(map(itemgetter("shape"), entries))
+    try:  # a missing field (KeyError), an entry that is no object (TypeError)
+        codes = list(map(itemgetter("dtype"), entries))
         offsets = list(map(itemgetter("data_offsets"), entries))
+        if not all(map(dict.__contains__, entries, repeat("shape"))):
+            return None
     except (KeyError, TypeError):
         return None
-    if not set(map(type, shapes)) | set(map(type, offsets)) <= {list} or not set(map(len, offsets)) <= {2}:
+    if not set(map(type, codes)) <= {str} or not set(map(type, offsets)) <= {list} or not set(map(len, offsets)) <= {2}:
         return None
-    dims = list(chain.from_iterable(shapes))
     flat = list(chain.from_iterable(offsets))  # begin, end, begin, end, ...
-    if not set(map(type, dims)) | set(map(type, flat)) <= {int} or min(dims, default=0) < 0:
-        return None  # type(True) is bool and 2.0 a float: neither is a size
-    if max(map(len, shapes), default=0) > max_dims() or (0 in dims and not all(map(_fits, shapes, bits))):
-        return None  # more dimensions than numpy makes, or an empty shape no array can take
-    begins, ends = flat[0::2], flat[1::2]
-    # compared as they are made, not as lists: each int is freed at once, and its memory used for the
-    # next (a list of them took fresh pages, which a process's first open pays for)
-    if not all(map(eq, map(mul, map(math.prod, shapes), bits), map(lshift, map(sub, ends, begins), repeat(3)))):
-        return None  # shape x bits != 8 x (end - begin): a part byte, a wrong size, or end < begin
+    if not set(map(type, flat)) <= {int}:
+        return None  # type(True) is bool and 2.0 a float: neither is an offset
     keys = list(obj)
     # entries that cover the data from 0 in the JSON's order are in (begin, end) order already (each
-    # begins where the one before it ended, and sizes are >= 0): sorted only if not
-    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2]):
+    # begins where the one before it ended, and none ends before it begins): sorted only if not
+    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2] or sorted(flat) != flat):
         in_order = sorted(offsets)  # by (begin, end)
         if in_order == offsets:
-            return None  # not from 0, or a begin that is not the end before it (a hole or an overlap)
+            return None  # not from 0, a begin that is not the end before it (a hole or an overlap), or end < begin
         keys = [k for _, k in sorted(zip(offsets, keys), key=itemgetter(0))]  # stable: the JSON's order among equals
         flat = list(chain.from_iterable(in_order))
-        if flat[0] != 0 or flat[2::2] != flat[1:-1:2]:
+        if flat[0] != 0 or flat[2::2] != flat[1:-1:2] or sorted(flat) != flat:
             return None
     if data_start + (flat[-1] if flat else 0) != file_size:
         return None
@@ -304,25 +297,23 @@ def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
         metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise _bad(path, "__metadata__ is not an object of strings", METADATA_KEY)
-    infos = []
-    for key, entry in obj.items():
-        infos.append(_entry(path, key, entry, PREFIX + length))
-    infos.sort(key=lambda t: (t.offset, t.offset + t.nbytes))
-    at = PREFIX + length
-    for t in infos:
-        if t.offset != at:
-            what = "overlaps the tensor before it" if t.offset < at else "leaves a hole before it"
-            if at == PREFIX + length:
+    # each entry's dtype, shape and size are checked when it is first asked for (Entries, _entry)
+    spans = sorted([(*_span(path, key, entry), key) for key, entry in obj.items()], key=itemgetter(0, 1))
+    at = 0  # from the data's start
+    for begin, end, key in spans:
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else "leaves a hole before it"
+            if at == 0:
                 what = "does not start at offset 0 (the first tensor must)"
-            raise _bad(path, f"its data_offsets {what}", t.key)
-        at = t.offset + t.nbytes
-    if at != file_size:
-        last = infos[-1].key if infos else None
-        what = "ends before the end of the file (bytes left over)" if at < file_size else \
+            raise _bad(path, f"its data_offsets {what}", key)
+        at = end
+    if PREFIX + length + at != file_size:
+        last = spans[-1][2] if spans else None
+        what = "ends before the end of the file (bytes left over)" if PREFIX + length + at < file_size else \
             f"runs past the end of the file ({file_size} bytes)"
         raise _bad(path, f"the data {what}", last)
-    return Header(path, length, tuple(t.key for t in infos), types.MappingProxyType(metadata),
-                  Entries(obj, PREFIX + length, {t.key: t for t in infos}))
+    return Header(path, length, tuple(key for _, _, key in spans), types.MappingProxyType(metadata),
+                  Entries(obj, PREFIX + length, path))
 
 
 def _int(v) -> bool:
@@ -352,10 +343,21 @@ def max_dims() -> int:
     return 64
 
 
-def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+def _span(path: str, key: str, entry) -> tuple[int, int]:
+    """An entry's data_offsets, checked: what opening checks of every entry."""
     if not isinstance(entry, dict):
         raise _bad(path, f"its entry is a JSON {type(entry).__name__}, not an object", key)
-    code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    offsets = entry.get("data_offsets")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise _bad(path, f"its data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end", key)
+    return offsets[0], offsets[1]
+
+
+def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+    """An entry checked whole (its dtype, shape and size against its offsets): on first use."""
+    begin, end = _span(path, key, entry)
+    code, shape = entry.get("dtype"), entry.get("shape")
     if not isinstance(code, str) or code not in CODES:
         raise _bad(path, f"unknown dtype {code!r} (known: {', '.join(CODES)})", key)
     if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
@@ -365,17 +367,14 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
     if not _fits(shape, CODES[code][1]):
         raise _bad(path, f"its shape {shape} of {code} is larger than any array (its non-zero dimensions span "
                          f"more than {_MAX_BYTES} bytes)", key)
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(o) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]):
-        raise _bad(path, f"its data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end", key)
     name, bits = CODES[code]
     nbits = math.prod(shape) * bits
     if nbits % 8:
         raise _bad(path, f"its shape {shape} of {code} ends inside a byte", key)
-    nbytes = offsets[1] - offsets[0]
+    nbytes = end - begin
     if nbytes != nbits // 8:
         raise _bad(path, f"its shape {shape} of {code} needs {nbits // 8} bytes; data_offsets give {nbytes}", key)
-    return TensorInfo(key, name, code, tuple(shape), data_start + offsets[0], nbytes)
+    return TensorInfo(key, name, code, tuple(shape), data_start + begin, nbytes)
 
 
 def read(f, path: str, file_size: int) -> Header:
