@@ -92,6 +92,8 @@ CASES = {
     "field twice": ('{"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 8, False),
     "offsets twice": ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4],"data_offsets":[0,8]}}', 8, False),
     "metadata key twice": ('{"__metadata__":{"k":"v","k":"w"},"a":' + _text(_t()) + "}", 8, False),
+    # the dropped member has no string past its key, the entry kept none for its shape: as many quotes
+    "key twice, no shape": ('{"b":1,"b":{"dtype":"F32","data_offsets":[0,8]}}', 8, False),
     "metadata twice": ('{"__metadata__":{"k":"v"},"__metadata__":{},"a":' + _text(_t()) + "}", 8, False),
     # the metadata: an object of strings (a list of one string has the quotes of one)
     "metadata value a list": ({"__metadata__": {"k": ["v"]}, "a": _t()}, 8, False),
@@ -115,10 +117,13 @@ CASES = {
     "float offset": ({"a": _t(offsets=(0, 8.0))}, 8, False),
     "offsets an object": ({"a": {"dtype": "F32", "shape": [0], "data_offsets": {}}}, 0, False),
     "three offsets": ({"a": _t(offsets=(0, 8, 8))}, 8, False),
+    "three offsets, after a pair": ({"a": _t(), "b": _t(offsets=(8, 16, 16))}, 16, False),  # zip would drop one
     "reversed offsets": ({"a": _t("F32", (0,), (8, 0)), "b": _t()}, 8, False),
     "negative offsets": ({"a": _t(offsets=(-8, 0)), "b": _t(offsets=(0, 8))}, 8, False),
     # an end before its begin, last, where the file ends: begins and ends alike, the walk alone passes it
     "end before begin, last": ({"a": _t(), "b": _t("F32", (0,), (8, 4))}, 4, False),
+    # a first end below 0, the next beginning there: each begins where the one before ended, ends go up
+    "end below 0, first": ({"a": _t("F32", (0,), (0, -8)), "b": _t("F32", (4,), (-8, 8))}, 8, False),
     "huge dim": ({"a": _t(shape=(2**64,))}, 8, True),
     "odd nibbles": ({"a": _t("F4", (3,), (0, 1))}, 1, True),
     # empty shapes no array can take: 0 bytes, so the size check passes them; numpy refused at get()

@@ -19,7 +19,7 @@ import os
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -240,7 +240,7 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
 
 
 def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
-    """The checks of the header as a whole in a few passes over lists (C loops: map, chain, sorted),
+    """The checks of the header as a whole in a few passes over lists (C loops: map, zip, sorted),
     or None for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one
     takes, and checks the same things: no key named twice; metadata an object of strings; every entry
     an object whose data_offsets are two whole numbers, 0 <= begin <= end, the entries sorted by
@@ -261,32 +261,40 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
     if "\\" in text or text.count('"') != 2 * (named + 5 * n + 2 * len(metadata)):
         return None
     entries = obj.values()
+    keys = list(obj)
+    if not n:
+        return ((), obj, metadata) if data_start == file_size else None
     try:  # a missing field (KeyError), an entry that is no object (TypeError)
-        codes = list(map(itemgetter("dtype"), entries))
+        if not set(map(type, map(itemgetter("dtype"), entries))) <= {str}:
+            return None
         offsets = list(map(itemgetter("data_offsets"), entries))
         if not all(map(dict.__contains__, entries, repeat("shape"))):
             return None
-    except (KeyError, TypeError):
+        # a pair each, or ValueError (JSON's other iterables, objects and strings, give strings, refused below)
+        begins, ends = zip(*offsets, strict=True)
+    except (KeyError, TypeError, ValueError):
         return None
-    if not set(map(type, codes)) <= {str} or not set(map(type, offsets)) <= {list} or not set(map(len, offsets)) <= {2}:
-        return None
-    flat = list(chain.from_iterable(offsets))  # begin, end, begin, end, ...
-    if not set(map(type, flat)) <= {int}:
+    if not set(map(type, begins + ends)) <= {int}:
         return None  # type(True) is bool and 2.0 a float: neither is an offset
-    keys = list(obj)
     # entries that cover the data from 0 in the JSON's order are in (begin, end) order already (each
     # begins where the one before it ended, and none ends before it begins): sorted only if not
-    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2] or sorted(flat) != flat):
+    if not _covers(begins, ends):
         in_order = sorted(offsets)  # by (begin, end)
         if in_order == offsets:
             return None  # not from 0, a begin that is not the end before it (a hole or an overlap), or end < begin
         keys = [k for _, k in sorted(zip(offsets, keys), key=itemgetter(0))]  # stable: the JSON's order among equals
-        flat = list(chain.from_iterable(in_order))
-        if flat[0] != 0 or flat[2::2] != flat[1:-1:2] or sorted(flat) != flat:
+        begins, ends = zip(*in_order)
+        if not _covers(begins, ends):
             return None
-    if data_start + (flat[-1] if flat else 0) != file_size:
+    if data_start + ends[-1] != file_size:
         return None
     return tuple(keys), obj, metadata
+
+
+def _covers(begins: tuple[int, ...], ends: tuple[int, ...]) -> bool:
+    """Whether spans (begin, end), in this order, cover 0 to the last end: each begins where the one
+    before it ended, and none ends before it begins (the ends never go down)."""
+    return begins[0] == 0 <= ends[0] and begins[1:] == ends[:-1] and sorted(ends) == [*ends]
 
 
 def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
