@@ -274,3 +274,34 @@ def test_a_header_holds_nothing_a_caller_could_change(fast):
         h.entries["w"] = h.entries["e"]  # type: ignore[index]
     assert h.entries["w"] == h.info("w") and h.info("w").shape == (2,) and "w" in h.entries and "x" not in h.entries
     assert list(h.entries) == ["w", "e"] and len(h.entries) == 2 and dict(h.metadata) == {"format": "pt"}
+
+
+#: the cases whose one entry is refused on its first use, and what the refusal says: one checker
+#: (_entry) serves both paths, so its answers are pinned here, not only compared
+ON_FIRST_USE = {
+    "unknown code": "unknown dtype 'F7' (known: BOOL, U8,",
+    "negative dims": "its shape [-2, -1] is not a list of whole numbers >= 0",
+    "float dim": "its shape [2.0] is not a list of whole numbers >= 0",
+    "bool dim": "its shape [True] is not a list of whole numbers >= 0",
+    "shape an object": "its shape {} is not a list of whole numbers >= 0",
+    "huge dim": f"its shape [{2**64}] of F32 is larger than any array",
+    "odd nibbles": "its shape [3] of F4 ends inside a byte",
+    "empty, huge dim": f"its shape [0, {2**64}] of F32 is larger than any array",
+    "empty, past intp in bytes": f"its shape [0, {2**63 - 1}] of F32 is larger than any array",
+    "too many dims": f"its shape has 71 dimensions; arrays here take at most {fmt.max_dims()}",
+    "wrong size": "its shape [3] of F32 needs 12 bytes; data_offsets give 8",
+}
+
+
+@pytest.mark.parametrize("name", [*ON_FIRST_USE, "empty, largest", "most dims", "scalar and empty", "packed F4"])
+def test_an_entry_is_checked_on_first_use_and_refused_naming_its_fault(name):
+    header, data, _ = CASES[name]
+    text = _text(header)
+    h = fmt.parse_header(text.encode(), PATH, _size(text, data))  # the header as a whole is sound: it opens
+    if name not in ON_FIRST_USE:
+        assert [h.info(k).key for k in h.keys] == list(h.keys)
+        return
+    for _ in range(2):  # every use, not only the first
+        with pytest.raises(CheckpointError) as err:
+            h.info("a")
+        assert str(err.value).startswith(f"{PATH}: {ON_FIRST_USE[name]}") and "(key 'a')" in str(err.value)

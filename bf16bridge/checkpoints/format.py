@@ -333,17 +333,16 @@ def _int(v) -> bool:
 _MAX_BYTES = 2 ** 63 - 1
 
 
-def _fits(shape: list, bits: int) -> bool:
-    """An empty shape whose other dimensions still give an array numpy can make ([0, 2**63 - 1] of
-    bf16 is 0 bytes, which the size check passes, and numpy refuses)."""
-    return math.prod(d for d in shape if d) * -(-bits // 8) <= _MAX_BYTES
+#: dimensions every numpy's arrays take (NPY_MAXDIMS before numpy 2): max_dims() is asked only past it
+_ANY_NUMPY_DIMS = 32
 
 
 @functools.lru_cache(maxsize=1)
 def max_dims() -> int:
-    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making one:
-    asked at a process's first open, where NumpyVersion's regular expression, compiled on first use,
-    cost a fifth of a millisecond."""
+    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making one
+    (NumpyVersion's regular expression, compiled on first use, cost a fifth of a millisecond), and
+    asked only of a shape of more than 32, since making a 64-dimensional array is a process's first
+    costs it too."""
     try:
         np.empty((1,) * 64, np.uint8)
     except ValueError:
@@ -370,13 +369,16 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
         raise _bad(path, f"unknown dtype {code!r} (known: {', '.join(CODES)})", key)
     if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
         raise _bad(path, f"its shape {shape!r} is not a list of whole numbers >= 0", key)
-    if len(shape) > max_dims():
+    if len(shape) > _ANY_NUMPY_DIMS and len(shape) > max_dims():
         raise _bad(path, f"its shape has {len(shape)} dimensions; arrays here take at most {max_dims()}", key)
-    if not _fits(shape, CODES[code][1]):
+    name, bits = CODES[code]
+    count = math.prod(shape)
+    # an empty shape whose other dimensions still give no array numpy can make ([0, 2**63 - 1] of bf16
+    # is 0 bytes, which the size check passes, and numpy refuses)
+    if (count or math.prod(d for d in shape if d)) * -(-bits // 8) > _MAX_BYTES:
         raise _bad(path, f"its shape {shape} of {code} is larger than any array (its non-zero dimensions span "
                          f"more than {_MAX_BYTES} bytes)", key)
-    name, bits = CODES[code]
-    nbits = math.prod(shape) * bits
+    nbits = count * bits
     if nbits % 8:
         raise _bad(path, f"its shape {shape} of {code} ends inside a byte", key)
     nbytes = end - begin
