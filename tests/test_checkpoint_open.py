@@ -305,3 +305,24 @@ def test_an_entry_is_checked_on_first_use_and_refused_naming_its_fault(name):
         with pytest.raises(CheckpointError) as err:
             h.info("a")
         assert str(err.value).startswith(f"{PATH}: {ON_FIRST_USE[name]}") and "(key 'a')" in str(err.value)
+
+
+class _Dribble:
+    """A binary file that gives at most 5 bytes a read, as an unbuffered read may."""
+
+    def __init__(self, blob: bytes):
+        self.blob, self.at = blob, 0
+
+    def read(self, n: int) -> bytes:
+        out = self.blob[self.at:self.at + min(n, 5)]
+        self.at += len(out)
+        return out
+
+
+def test_a_header_read_in_short_pieces_is_read_whole():
+    text = _text({"__metadata__": {"k": "v"}, "a": _t(), "b": _t("BF16", (3,), (8, 14))})
+    blob = len(text).to_bytes(8, "little") + text.encode() + bytes(14)
+    h = fmt.read(_Dribble(blob), PATH, len(blob))
+    assert h.keys == ("a", "b") and dict(h.metadata) == {"k": "v"} and h.info("b").offset == 8 + len(text) + 8
+    with pytest.raises(CheckpointError, match="the header ends early"):  # the file ends first: said so
+        fmt.read(_Dribble(blob[:20]), PATH, len(blob))

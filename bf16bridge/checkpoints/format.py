@@ -387,10 +387,21 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
     return TensorInfo(key, name, code, tuple(shape), data_start + begin, nbytes)
 
 
+def _read(f, n: int) -> bytes:
+    """``n`` bytes from ``f``, fewer only where the file ends (an unbuffered read may return fewer)."""
+    out = f.read(n)
+    while 0 < len(out) < n:
+        more = f.read(n - len(out))
+        if not more:
+            break
+        out += more
+    return out
+
+
 def read(f, path: str, file_size: int) -> Header:
     """Read and check the header of an open binary file of ``file_size`` bytes (reads n + 8 bytes)."""
-    n = header_length(f.read(PREFIX), path, file_size)
-    raw = f.read(n)
+    n = header_length(_read(f, PREFIX), path, file_size)
+    raw = _read(f, n)
     if len(raw) != n:
         raise _bad(path, f"the header ends early ({len(raw)} of {n} bytes read)")
     return parse_header(raw, path, file_size)

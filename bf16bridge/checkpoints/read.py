@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import io
 import mmap
 import os
 import stat
@@ -52,7 +53,7 @@ class Checkpoint:
                                       "file); bb.open maps a safetensors file: save or copy it to a file first")
             if nonblocking:
                 os.set_blocking(fd, True)
-            f = os.fdopen(fd, "rb")
+            f = io.FileIO(fd, "r")  # unbuffered: the header is read once, in two reads (no buffer to fill)
         except BaseException:
             os.close(fd)
             raise
