@@ -240,7 +240,7 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
 
 
 def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
-    """The checks of the header as a whole in a few passes over lists (C loops: map, zip, sorted),
+    """The checks of the header as a whole in a few passes over lists (C loops: map, sorted),
     or None for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one
     takes, and checks the same things: no key named twice; metadata an object of strings; every entry
     an object whose data_offsets are two whole numbers, 0 <= begin <= end, the entries sorted by
@@ -268,11 +268,12 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
         if not set(map(type, map(itemgetter("dtype"), entries))) <= {str}:
             return None
         offsets = list(map(itemgetter("data_offsets"), entries))
-        if not all(map(dict.__contains__, entries, repeat("shape"))):
+        if not all(map(dict.__contains__, entries, repeat("shape"))) or not set(map(len, offsets)) <= {2}:
             return None
-        # a pair each, or ValueError (JSON's other iterables, objects and strings, give strings, refused below)
-        begins, ends = zip(*offsets, strict=True)
-    except (KeyError, TypeError, ValueError):
+        # two items each (an object's are its keys: KeyError; a string's are strings, refused below)
+        begins = list(map(itemgetter(0), offsets))
+        ends = list(map(itemgetter(1), offsets))
+    except (KeyError, TypeError):
         return None
     if not set(map(type, begins + ends)) <= {int}:
         return None  # type(True) is bool and 2.0 a float: neither is an offset
@@ -283,7 +284,8 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
         if in_order == offsets:
             return None  # not from 0, a begin that is not the end before it (a hole or an overlap), or end < begin
         keys = [k for _, k in sorted(zip(offsets, keys), key=itemgetter(0))]  # stable: the JSON's order among equals
-        begins, ends = zip(*in_order)
+        begins = list(map(itemgetter(0), in_order))
+        ends = list(map(itemgetter(1), in_order))
         if not _covers(begins, ends):
             return None
     if data_start + ends[-1] != file_size:
@@ -291,10 +293,10 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
     return tuple(keys), obj, metadata
 
 
-def _covers(begins: tuple[int, ...], ends: tuple[int, ...]) -> bool:
+def _covers(begins: list[int], ends: list[int]) -> bool:
     """Whether spans (begin, end), in this order, cover 0 to the last end: each begins where the one
     before it ended, and none ends before it begins (the ends never go down)."""
-    return begins[0] == 0 <= ends[0] and begins[1:] == ends[:-1] and sorted(ends) == [*ends]
+    return begins[0] == 0 <= ends[0] and begins[1:] == ends[:-1] and sorted(ends) == ends
 
 
 def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
