@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -618,6 +619,34 @@ def test_bad_files_raise_checkpoint_error_naming_file_and_key(tmp_path, name):
         if name == "duplicate key":
             raise ValueError("safetensors keeps the last of duplicate keys; we refuse them")
         safetensors.deserialize(blob)
+
+
+@pytest.mark.parametrize("target", FRAMEWORKS)
+@pytest.mark.parametrize("everything", [False, True], ids=["large", "every size"])
+def test_tensors_read_from_the_file_have_its_bits_in_aligned_memory_of_their_own(tmp_path, monkeypatch, target,
+                                                                                   everything):
+    # copy=True reads every tensor into an array of its own: from POPULATE_FROM bytes on, memory mapped
+    # for it with its pages made at once (and unmapped with the result); "every size" reads all so
+    from bf16bridge.checkpoints import read as rd
+
+    if everything:
+        monkeypatch.setattr(rd, "POPULATE_FROM", 0)
+    big = _values("BF16", (rd.POPULATE_FROM + 4096) // 2 + 3, seed=1)  # past the size, not a whole page
+    tensors = {"big": big.reshape(-1, 1), "small": _values("F32", 5, seed=2), "i16": _values("I16", 3, seed=3)}
+    p = tmp_path / "st.safetensors"
+    _st_write(p, tensors)  # safetensors' layout: every tensor 8 bytes past a 64-byte boundary at best
+    out = bb.load(p, to=target, copy=True)
+    for k, a in tensors.items():
+        assert bits(out[k]).tobytes() == a.tobytes(), k
+        assert ptr(out[k]) % 64 == 0, k
+    with bb.open(p) as f:  # the memory each read into: maps only where the platform populates them
+        for k, a in tensors.items():
+            got = owner = f.get(k, copy=True)
+            while isinstance(owner, np.ndarray) and owner.base is not None:
+                owner = owner.base
+            mapped = isinstance(owner, memoryview) and isinstance(owner.obj, mmap.mmap)  # np.frombuffer's
+            assert mapped == (bool(rd._POPULATE) and (everything or a.nbytes >= rd.POPULATE_FROM)), k
+            assert got.flags.writeable and got.view(np.uint8).tobytes() == a.tobytes()
 
 
 def test_a_bad_entry_is_refused_each_time_it_is_read_and_its_neighbours_read_bit_for_bit(tmp_path):
