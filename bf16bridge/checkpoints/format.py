@@ -94,6 +94,14 @@ class TensorInfo:
     offset: int  # where its bytes begin in the file (absolute)
     nbytes: int
 
+    @classmethod
+    def _make(cls, key: str, dtype: str, code: str, shape: tuple[int, ...], offset: int, nbytes: int) -> TensorInfo:
+        """The same as ``TensorInfo(...)``, for the checks of every entry of a load: a frozen dataclass's
+        ``__init__`` sets each field through ``object.__setattr__``, three times as long as this."""
+        t = object.__new__(cls)
+        t.__dict__.update(key=key, dtype=dtype, code=code, shape=shape, offset=offset, nbytes=nbytes)
+        return t
+
     @property
     def aligned(self) -> bool:
         """Whether its bytes begin on a 64-byte boundary of the file (and so of a memory map)."""
@@ -337,6 +345,8 @@ _MAX_BYTES = 2 ** 63 - 1
 
 #: dimensions every numpy's arrays take (NPY_MAXDIMS before numpy 2): max_dims() is asked only past it
 _ANY_NUMPY_DIMS = 32
+_INT = frozenset({int})
+_ONE = (1,)
 
 
 @functools.lru_cache(maxsize=1)
@@ -364,7 +374,20 @@ def _span(path: str, key: str, entry) -> tuple[int, int]:
 
 
 def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
-    """An entry checked whole (its dtype, shape and size against its offsets): on first use."""
+    """An entry checked whole (its dtype, shape and size against its offsets): on first use. A load
+    asks this of every entry, so a sound one is taken in a few tests; anything else is checked
+    again step by step below, which names the fault."""
+    if type(entry) is dict:  # (each test as cheap as it comes: a keyword to min() or a set display cost more)
+        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (type(code) is str and code in CODES and type(shape) is list and type(offsets) is list
+                and len(offsets) == 2 and set(map(type, shape)) <= _INT and len(shape) <= _ANY_NUMPY_DIMS
+                and min(shape or _ONE) > 0):  # no empty tensor: the steps below check how it fits
+            begin, end = offsets
+            if type(begin) is int and type(end) is int and 0 <= begin <= end:
+                name, bits = CODES[code]
+                count = math.prod(shape)
+                if count * bits == 8 * (end - begin) and count * -(-bits // 8) <= _MAX_BYTES:
+                    return TensorInfo._make(key, name, code, tuple(shape), data_start + begin, end - begin)
     begin, end = _span(path, key, entry)
     code, shape = entry.get("dtype"), entry.get("shape")
     if not isinstance(code, str) or code not in CODES:
@@ -386,7 +409,7 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
     nbytes = end - begin
     if nbytes != nbits // 8:
         raise _bad(path, f"its shape {shape} of {code} needs {nbits // 8} bytes; data_offsets give {nbytes}", key)
-    return TensorInfo(key, name, code, tuple(shape), data_start + begin, nbytes)
+    return TensorInfo._make(key, name, code, tuple(shape), data_start + begin, nbytes)
 
 
 def _read(f, n: int) -> bytes:
