@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -581,21 +582,89 @@ BAD = {
 }
 
 
+#: the faults of one entry alone (its dtype, shape, size): bb.open checks them when the entry is first
+#: asked for (info, get, raw, array, plan); every other fault refuses the file at open
+ENTRY_FAULTS = frozenset({"unknown dtype", "dtype not a string", "negative shape", "float shape", "bool shape",
+                          "shape not a list", "shape x dtype != bytes", "odd nibbles"})
+
+
+def _read_every_key(p):
+    with bb.open(p) as f:
+        for k in f.keys():
+            f.get(k)
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_files_raise_checkpoint_error_naming_file_and_key(tmp_path, name):
     blob, match, key = BAD[name]
     p = tmp_path / "bad.safetensors"
     p.write_bytes(blob)
-    for call in (lambda: bb.load(p), lambda: bb.open(p), lambda: bb.load_for_target(p, "numpy")):
+    calls = [lambda: bb.load(p), lambda: bb.load_for_target(p, "numpy"), lambda: _read_every_key(p)]
+    if name in ENTRY_FAULTS:  # open lists the key; each read of it raises what bb.load raises
+        f = bb.open(p)
+        assert key in f.keys()
+        calls += [lambda: f.info(key), lambda: f.get(key), lambda: f.get(key, "torch"), lambda: f.raw(key),
+                  lambda: f.array(key), lambda: f.plan(key, "jax")]
+    else:
+        calls.append(lambda: bb.open(p))
+    for call in calls:
         with pytest.raises(CheckpointError, match=match) as err:
             call()
         assert str(p) in str(err.value)
         if key is not None:
             assert f"(key {key!r})" in str(err.value)
+    if name in ENTRY_FAULTS:
+        f.close()
     with pytest.raises(Exception):  # safetensors refuses each as well (or has no such check: duplicates)
         if name == "duplicate key":
             raise ValueError("safetensors keeps the last of duplicate keys; we refuse them")
         safetensors.deserialize(blob)
+
+
+@pytest.mark.parametrize("target", FRAMEWORKS)
+@pytest.mark.parametrize("everything", [False, True], ids=["large", "every size"])
+def test_tensors_read_from_the_file_have_its_bits_in_aligned_memory_of_their_own(tmp_path, monkeypatch, target,
+                                                                                   everything):
+    # copy=True reads every tensor into an array of its own: from POPULATE_FROM bytes on, memory mapped
+    # for it with its pages made at once (and unmapped with the result); "every size" reads all so
+    from bf16bridge.checkpoints import read as rd
+
+    if everything:
+        monkeypatch.setattr(rd, "POPULATE_FROM", 0)
+    big = _values("BF16", (rd.POPULATE_FROM + 4096) // 2 + 3, seed=1)  # past the size, not a whole page
+    tensors = {"big": big.reshape(-1, 1), "small": _values("F32", 5, seed=2), "i16": _values("I16", 3, seed=3)}
+    p = tmp_path / "st.safetensors"
+    _st_write(p, tensors)  # safetensors' layout: every tensor 8 bytes past a 64-byte boundary at best
+    out = bb.load(p, to=target, copy=True)
+    for k, a in tensors.items():
+        assert bits(out[k]).tobytes() == a.tobytes(), k
+        assert ptr(out[k]) % 64 == 0, k
+    with bb.open(p) as f:  # the memory each read into: maps only where the platform populates them
+        for k, a in tensors.items():
+            got = owner = f.get(k, copy=True)
+            while isinstance(owner, np.ndarray) and owner.base is not None:
+                owner = owner.base
+            mapped = isinstance(owner, memoryview) and isinstance(owner.obj, mmap.mmap)  # np.frombuffer's
+            assert mapped == (bool(rd._POPULATE) and (everything or a.nbytes >= rd.POPULATE_FROM)), k
+            assert got.flags.writeable and got.view(np.uint8).tobytes() == a.tobytes()
+
+
+def test_a_bad_entry_is_refused_each_time_it_is_read_and_its_neighbours_read_bit_for_bit(tmp_path):
+    # its dtype, shape and size are checked on first use: the file opens, the entry is refused
+    # (twice: a failed check is not remembered as a pass), the tensors around it read as written
+    a = np.arange(4, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    p = tmp_path / "one_bad.safetensors"
+    p.write_bytes(_file({"a": _t("BF16", (4,), (0, 8)), "b": _t("F32", (3,), (8, 16)), "c": _t("I16", (2,), (16, 20))},
+                        a.tobytes() + bytes(8) + np.array([7, -7], np.int16).tobytes()))
+    with bb.open(p) as f:
+        assert f.keys() == ["a", "b", "c"] and len(f) == 3 and "b" in f
+        for _ in range(2):
+            with pytest.raises(CheckpointError, match=r"its shape \[3\] of F32 needs 12 bytes; data_offsets give 8 "
+                                                      r"\(key 'b'\)"):
+                f.get("b")
+        assert f.get("a").view(np.uint16).tolist() == [0, 1, 2, 3] and f.get("c").tolist() == [7, -7]
+    with pytest.raises(CheckpointError, match="key 'b'"):
+        bb.load(p)
 
 
 def test_good_file_of_the_bad_table_loads(tmp_path):

@@ -19,8 +19,8 @@ import os
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, repeat
-from operator import eq, itemgetter, lshift, mul, sub
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -94,6 +94,14 @@ class TensorInfo:
     offset: int  # where its bytes begin in the file (absolute)
     nbytes: int
 
+    @classmethod
+    def _make(cls, key: str, dtype: str, code: str, shape: tuple[int, ...], offset: int, nbytes: int) -> TensorInfo:
+        """The same as ``TensorInfo(...)``, for the checks of every entry of a load: a frozen dataclass's
+        ``__init__`` sets each field through ``object.__setattr__``, three times as long as this."""
+        t = object.__new__(cls)
+        t.__dict__.update(key=key, dtype=dtype, code=code, shape=shape, offset=offset, nbytes=nbytes)
+        return t
+
     @property
     def aligned(self) -> bool:
         """Whether its bytes begin on a 64-byte boundary of the file (and so of a memory map)."""
@@ -106,24 +114,23 @@ class TensorInfo:
 
 
 class Entries(Mapping[str, TensorInfo]):
-    """The checked entries of a header, read-only: key -> TensorInfo, in the JSON's order. The JSON's
-    dicts stay inside; a key's TensorInfo (frozen) is built the first time it is asked for, since a
-    file lists hundreds of tensors and a caller often wants one."""
+    """The entries of a header, read-only: key -> TensorInfo, in the JSON's order. The JSON's dicts
+    stay inside; a key's entry is checked (``_entry``: its dtype, shape and size) and its TensorInfo
+    (frozen) built the first time it is asked for, since a file lists hundreds of tensors and a
+    caller often wants one. What ties the entries together (their offsets) was checked at open."""
 
-    __slots__ = ("_raw", "_built", "_data_start")
+    __slots__ = ("_raw", "_built", "_data_start", "_path")
 
-    def __init__(self, raw: dict, data_start: int, built: dict[str, TensorInfo] | None = None):
-        self._raw = raw  # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]}, checked
-        self._built: dict[str, TensorInfo] = {} if built is None else built
+    def __init__(self, raw: dict, data_start: int, path: str):
+        self._raw = raw  # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]}, offsets checked
+        self._built: dict[str, TensorInfo] = {}
         self._data_start = data_start
+        self._path = path
 
     def __getitem__(self, key: str) -> TensorInfo:
         t = self._built.get(key)
         if t is None:
-            e = self._raw[key]  # KeyError if none
-            code, (begin, end) = e["dtype"], e["data_offsets"]
-            t = self._built[key] = TensorInfo(key, CODES[code][0], code, tuple(e["shape"]), self._data_start + begin,
-                                              end - begin)
+            t = self._built[key] = _entry(self._path, key, self._raw[key], self._data_start)  # KeyError if none
         return t
 
     def __contains__(self, key: object) -> bool:
@@ -153,7 +160,7 @@ class Header:
     length: int  # n, the JSON's bytes
     keys: tuple[str, ...]  # in file order: by (begin, end), the JSON's order among equals
     metadata: Mapping[str, str]  # read-only
-    #: key -> its TensorInfo (every entry is checked when the header is read; each is built on first use)
+    #: key -> its TensorInfo (each entry checked and built on first use; the offsets of all at open)
     entries: Entries = field(repr=False)
 
     @property
@@ -169,7 +176,8 @@ class Header:
         return self.data_start + self.entries.nbytes
 
     def info(self, key: str) -> TensorInfo:
-        """The entry of ``key`` (KeyError if none), built once."""
+        """The entry of ``key`` (KeyError if none; CheckpointError if its dtype, shape or size is
+        wrong), checked and built once."""
         return self.entries[key]
 
 
@@ -219,7 +227,10 @@ def _loads(text: str, path: str, hook=None):
 
 def parse_header(raw: bytes, path: str, file_size: int) -> Header:
     """Check a header's JSON (``raw``: the n bytes after the prefix) against a file of ``file_size``
-    bytes. Anything a reader could trip on raises CheckpointError naming the file and the key."""
+    bytes: the JSON, its keys, the metadata and every entry's data_offsets (which must cover the
+    data); each entry's dtype, shape and size are checked when it is first asked for
+    (``Header.info``). Anything a reader could trip on raises CheckpointError naming the file and
+    the key."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -230,23 +241,20 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
         checked = _all_at_once(obj, text, PREFIX + length, file_size)
         if checked is not None:
             keys, entries, metadata = checked
-            return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length))
+            return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length, path))
     # something irregular (or a file written otherwise than safetensors and bb.save write): parsed
     # again, naming a key given twice, and checked key by key, which names the fault
     return _one_by_one(_loads(text, path, _pairs), path, length, file_size)
 
 
-#: bits a value of each code
-_BITS = {code: bits for code, (_, bits) in CODES.items()}
-
-
 def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
-    """The whole header checked in a few passes over lists (C loops: map, chain, sorted), or None
-    for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one takes of entries with
-    the three fields, and checks the same things: no key named twice; metadata an object of strings;
-    dtype codes known; shapes lists of whole numbers >= 0; offsets two whole numbers with shape x bits
-    = 8 x (end - begin); and the entries, sorted by (begin, end), covering the data from 0 to the end
-    of the file with no hole and no overlap. Returns (the keys in file order, the entries, metadata)."""
+    """The checks of the header as a whole in a few passes over lists (C loops: map, sorted),
+    or None for anything irregular, which _one_by_one then names. Takes exactly what _one_by_one
+    takes, and checks the same things: no key named twice; metadata an object of strings; every entry
+    an object whose data_offsets are two whole numbers, 0 <= begin <= end, the entries sorted by
+    (begin, end) covering the data from 0 to the end of the file with no hole and no overlap. Each
+    entry's dtype, shape and size are checked when it is first asked for (``_entry``, by Entries).
+    Returns (the keys in file order, the entries, metadata)."""
     named = METADATA_KEY in obj
     metadata = obj.pop(METADATA_KEY, None)
     if metadata is None:
@@ -255,45 +263,48 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
         return None
     n = len(obj)
     # no key named twice (json kept the last one): without a backslash, each JSON string is two
-    # quotes of the text; if the entries hold the three fields and a string code each (checked
-    # below: anything else is irregular), the text holds exactly the strings parsed unless a
-    # member was dropped, or an entry has a field more
+    # quotes of the text; if each entry holds the three fields and a string code (checked below:
+    # anything else is irregular), the text holds exactly the strings parsed unless a member was
+    # dropped, or an entry has a string more (a field, in its shape or offsets)
     if "\\" in text or text.count('"') != 2 * (named + 5 * n + 2 * len(metadata)):
         return None
     entries = obj.values()
-    try:  # a missing field (KeyError), an entry that is no object, an unhashable code (TypeError)
-        bits = list(map(_BITS.__getitem__, map(itemgetter("dtype"), entries)))  # an unknown code: KeyError
-        shapes = list(map(itemgetter("shape"), entries))
+    keys = list(obj)
+    if not n:
+        return ((), obj, metadata) if data_start == file_size else None
+    try:  # a missing field (KeyError), an entry that is no object (TypeError)
+        if not set(map(type, map(itemgetter("dtype"), entries))) <= {str}:
+            return None
         offsets = list(map(itemgetter("data_offsets"), entries))
+        if not all(map(dict.__contains__, entries, repeat("shape"))) or not set(map(len, offsets)) <= {2}:
+            return None
+        # two items each (an object's are its keys: KeyError; a string's are strings, refused below)
+        begins = list(map(itemgetter(0), offsets))
+        ends = list(map(itemgetter(1), offsets))
     except (KeyError, TypeError):
         return None
-    if not set(map(type, shapes)) | set(map(type, offsets)) <= {list} or not set(map(len, offsets)) <= {2}:
-        return None
-    dims = list(chain.from_iterable(shapes))
-    flat = list(chain.from_iterable(offsets))  # begin, end, begin, end, ...
-    if not set(map(type, dims)) | set(map(type, flat)) <= {int} or min(dims, default=0) < 0:
-        return None  # type(True) is bool and 2.0 a float: neither is a size
-    if max(map(len, shapes), default=0) > max_dims() or (0 in dims and not all(map(_fits, shapes, bits))):
-        return None  # more dimensions than numpy makes, or an empty shape no array can take
-    begins, ends = flat[0::2], flat[1::2]
-    # compared as they are made, not as lists: each int is freed at once, and its memory used for the
-    # next (a list of them took fresh pages, which a process's first open pays for)
-    if not all(map(eq, map(mul, map(math.prod, shapes), bits), map(lshift, map(sub, ends, begins), repeat(3)))):
-        return None  # shape x bits != 8 x (end - begin): a part byte, a wrong size, or end < begin
-    keys = list(obj)
+    if not set(map(type, begins + ends)) <= {int}:
+        return None  # type(True) is bool and 2.0 a float: neither is an offset
     # entries that cover the data from 0 in the JSON's order are in (begin, end) order already (each
-    # begins where the one before it ended, and sizes are >= 0): sorted only if not
-    if flat and (flat[0] != 0 or flat[2::2] != flat[1:-1:2]):
+    # begins where the one before it ended, and none ends before it begins): sorted only if not
+    if not _covers(begins, ends):
         in_order = sorted(offsets)  # by (begin, end)
         if in_order == offsets:
-            return None  # not from 0, or a begin that is not the end before it (a hole or an overlap)
+            return None  # not from 0, a begin that is not the end before it (a hole or an overlap), or end < begin
         keys = [k for _, k in sorted(zip(offsets, keys), key=itemgetter(0))]  # stable: the JSON's order among equals
-        flat = list(chain.from_iterable(in_order))
-        if flat[0] != 0 or flat[2::2] != flat[1:-1:2]:
+        begins = list(map(itemgetter(0), in_order))
+        ends = list(map(itemgetter(1), in_order))
+        if not _covers(begins, ends):
             return None
-    if data_start + (flat[-1] if flat else 0) != file_size:
+    if data_start + ends[-1] != file_size:
         return None
     return tuple(keys), obj, metadata
+
+
+def _covers(begins: list[int], ends: list[int]) -> bool:
+    """Whether spans (begin, end), in this order, cover 0 to the last end: each begins where the one
+    before it ended, and none ends before it begins (the ends never go down)."""
+    return begins[0] == 0 <= ends[0] and begins[1:] == ends[:-1] and sorted(ends) == ends
 
 
 def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
@@ -304,25 +315,23 @@ def _one_by_one(obj, path: str, length: int, file_size: int) -> Header:
         metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise _bad(path, "__metadata__ is not an object of strings", METADATA_KEY)
-    infos = []
-    for key, entry in obj.items():
-        infos.append(_entry(path, key, entry, PREFIX + length))
-    infos.sort(key=lambda t: (t.offset, t.offset + t.nbytes))
-    at = PREFIX + length
-    for t in infos:
-        if t.offset != at:
-            what = "overlaps the tensor before it" if t.offset < at else "leaves a hole before it"
-            if at == PREFIX + length:
+    # each entry's dtype, shape and size are checked when it is first asked for (Entries, _entry)
+    spans = sorted([(*_span(path, key, entry), key) for key, entry in obj.items()], key=itemgetter(0, 1))
+    at = 0  # from the data's start
+    for begin, end, key in spans:
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else "leaves a hole before it"
+            if at == 0:
                 what = "does not start at offset 0 (the first tensor must)"
-            raise _bad(path, f"its data_offsets {what}", t.key)
-        at = t.offset + t.nbytes
-    if at != file_size:
-        last = infos[-1].key if infos else None
-        what = "ends before the end of the file (bytes left over)" if at < file_size else \
+            raise _bad(path, f"its data_offsets {what}", key)
+        at = end
+    if PREFIX + length + at != file_size:
+        last = spans[-1][2] if spans else None
+        what = "ends before the end of the file (bytes left over)" if PREFIX + length + at < file_size else \
             f"runs past the end of the file ({file_size} bytes)"
         raise _bad(path, f"the data {what}", last)
-    return Header(path, length, tuple(t.key for t in infos), types.MappingProxyType(metadata),
-                  Entries(obj, PREFIX + length, {t.key: t for t in infos}))
+    return Header(path, length, tuple(key for _, _, key in spans), types.MappingProxyType(metadata),
+                  Entries(obj, PREFIX + length, path))
 
 
 def _int(v) -> bool:
@@ -334,17 +343,18 @@ def _int(v) -> bool:
 _MAX_BYTES = 2 ** 63 - 1
 
 
-def _fits(shape: list, bits: int) -> bool:
-    """An empty shape whose other dimensions still give an array numpy can make ([0, 2**63 - 1] of
-    bf16 is 0 bytes, which the size check passes, and numpy refuses)."""
-    return math.prod(d for d in shape if d) * -(-bits // 8) <= _MAX_BYTES
+#: dimensions every numpy's arrays take (NPY_MAXDIMS before numpy 2): max_dims() is asked only past it
+_ANY_NUMPY_DIMS = 32
+_INT = frozenset({int})
+_ONE = (1,)
 
 
 @functools.lru_cache(maxsize=1)
 def max_dims() -> int:
-    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making one:
-    asked at a process's first open, where NumpyVersion's regular expression, compiled on first use,
-    cost a fifth of a millisecond."""
+    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making one
+    (NumpyVersion's regular expression, compiled on first use, cost a fifth of a millisecond), and
+    asked only of a shape of more than 32, since making a 64-dimensional array is a process's first
+    costs it too."""
     try:
         np.empty((1,) * 64, np.uint8)
     except ValueError:
@@ -352,36 +362,71 @@ def max_dims() -> int:
     return 64
 
 
-def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+def _span(path: str, key: str, entry) -> tuple[int, int]:
+    """An entry's data_offsets, checked: what opening checks of every entry."""
     if not isinstance(entry, dict):
         raise _bad(path, f"its entry is a JSON {type(entry).__name__}, not an object", key)
-    code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    offsets = entry.get("data_offsets")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise _bad(path, f"its data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end", key)
+    return offsets[0], offsets[1]
+
+
+def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+    """An entry checked whole (its dtype, shape and size against its offsets): on first use. A load
+    asks this of every entry, so a sound one is taken in a few tests; anything else is checked
+    again step by step below, which names the fault."""
+    if type(entry) is dict:  # (each test as cheap as it comes: a keyword to min() or a set display cost more)
+        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (type(code) is str and code in CODES and type(shape) is list and type(offsets) is list
+                and len(offsets) == 2 and set(map(type, shape)) <= _INT and len(shape) <= _ANY_NUMPY_DIMS
+                and min(shape or _ONE) > 0):  # no empty tensor: the steps below check how it fits
+            begin, end = offsets
+            if type(begin) is int and type(end) is int and 0 <= begin <= end:
+                name, bits = CODES[code]
+                count = math.prod(shape)
+                if count * bits == 8 * (end - begin) and count * -(-bits // 8) <= _MAX_BYTES:
+                    return TensorInfo._make(key, name, code, tuple(shape), data_start + begin, end - begin)
+    begin, end = _span(path, key, entry)
+    code, shape = entry.get("dtype"), entry.get("shape")
     if not isinstance(code, str) or code not in CODES:
         raise _bad(path, f"unknown dtype {code!r} (known: {', '.join(CODES)})", key)
     if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
         raise _bad(path, f"its shape {shape!r} is not a list of whole numbers >= 0", key)
-    if len(shape) > max_dims():
+    if len(shape) > _ANY_NUMPY_DIMS and len(shape) > max_dims():
         raise _bad(path, f"its shape has {len(shape)} dimensions; arrays here take at most {max_dims()}", key)
-    if not _fits(shape, CODES[code][1]):
+    name, bits = CODES[code]
+    count = math.prod(shape)
+    # an empty shape whose other dimensions still give no array numpy can make ([0, 2**63 - 1] of bf16
+    # is 0 bytes, which the size check passes, and numpy refuses)
+    if (count or math.prod(d for d in shape if d)) * -(-bits // 8) > _MAX_BYTES:
         raise _bad(path, f"its shape {shape} of {code} is larger than any array (its non-zero dimensions span "
                          f"more than {_MAX_BYTES} bytes)", key)
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(o) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]):
-        raise _bad(path, f"its data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end", key)
-    name, bits = CODES[code]
-    nbits = math.prod(shape) * bits
+    nbits = count * bits
     if nbits % 8:
         raise _bad(path, f"its shape {shape} of {code} ends inside a byte", key)
-    nbytes = offsets[1] - offsets[0]
+    nbytes = end - begin
     if nbytes != nbits // 8:
         raise _bad(path, f"its shape {shape} of {code} needs {nbits // 8} bytes; data_offsets give {nbytes}", key)
-    return TensorInfo(key, name, code, tuple(shape), data_start + offsets[0], nbytes)
+    return TensorInfo._make(key, name, code, tuple(shape), data_start + begin, nbytes)
+
+
+def _read(f, n: int) -> bytes:
+    """``n`` bytes from ``f``, fewer only where the file ends (an unbuffered read may return fewer)."""
+    out = f.read(n)
+    while 0 < len(out) < n:
+        more = f.read(n - len(out))
+        if not more:
+            break
+        out += more
+    return out
 
 
 def read(f, path: str, file_size: int) -> Header:
     """Read and check the header of an open binary file of ``file_size`` bytes (reads n + 8 bytes)."""
-    n = header_length(f.read(PREFIX), path, file_size)
-    raw = f.read(n)
+    n = header_length(_read(f, PREFIX), path, file_size)
+    raw = _read(f, n)
     if len(raw) != n:
         raise _bad(path, f"the header ends early ({len(raw)} of {n} bytes read)")
     return parse_header(raw, path, file_size)
