@@ -649,6 +649,28 @@ def test_tensors_read_from_the_file_have_its_bits_in_aligned_memory_of_their_own
             assert got.flags.writeable and got.view(np.uint8).tobytes() == a.tobytes()
 
 
+def test_a_refused_populated_map_falls_back_to_numpy_memory(tmp_path, monkeypatch):
+    # a memory limit refuses mmap with a bare OSError (no file, key or size): the read goes to numpy's
+    # memory instead, whose own MemoryError names the size where memory is really short
+    from bf16bridge.checkpoints import read as rd
+
+    real = rd.mmap.mmap
+
+    def refused(fileno, *args, **kwargs):  # anonymous maps only: the file's own map is made as ever
+        if fileno == -1:
+            raise OSError(12, "Cannot allocate memory")
+        return real(fileno, *args, **kwargs)
+
+    monkeypatch.setattr(rd, "POPULATE_FROM", 0)
+    monkeypatch.setattr(rd.mmap, "mmap", refused)
+    a = _values("BF16", 1000, seed=4)
+    p = tmp_path / "st.safetensors"
+    _st_write(p, {"a": a})
+    with bb.open(p) as f:
+        got = f.get("a", copy=True)
+    assert got.view(np.uint8).tobytes() == a.tobytes() and ptr(got) % 64 == 0
+
+
 def test_a_bad_entry_is_refused_each_time_it_is_read_and_its_neighbours_read_bit_for_bit(tmp_path):
     # its dtype, shape and size are checked on first use: the file opens, the entry is refused
     # (twice: a failed check is not remembered as a pass), the tensors around it read as written
@@ -665,6 +687,31 @@ def test_a_bad_entry_is_refused_each_time_it_is_read_and_its_neighbours_read_bit
         assert f.get("a").view(np.uint16).tolist() == [0, 1, 2, 3] and f.get("c").tolist() == [7, -7]
     with pytest.raises(CheckpointError, match="key 'b'"):
         bb.load(p)
+
+
+@pytest.mark.parametrize("loader", ["load", "load copy=True", "load_for_target float32", "check"])
+def test_a_bad_last_entry_refuses_the_file_before_any_tensor_is_read(tmp_path, monkeypatch, loader):
+    """bb.open leaves an entry's own checks to its first use; the loaders (and check()) run them all
+    first, so a bad entry at the end is refused before the tensors before it are read, copied or cast
+    (a file of gigabytes refused in microseconds, not after minutes and twice its memory)."""
+    from bf16bridge.checkpoints import read
+
+    a = np.arange(4, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    p = tmp_path / "bad_last.safetensors"
+    p.write_bytes(_file({"a": _t("BF16", (4,), (0, 8)), "b": _t("F32", (3,), (8, 16))}, a.tobytes() + bytes(8)))
+    touched = []
+    for name in ("_raw", "_read", "_view"):
+        real = getattr(read.Checkpoint, name)
+        monkeypatch.setattr(read.Checkpoint, name, lambda self, *args, _real=real, _name=name:
+                            touched.append(_name) or _real(self, *args))
+    calls = {"load": lambda: bb.load(p), "load copy=True": lambda: bb.load(p, copy=True),
+             "load_for_target float32": lambda: bb.load_for_target(p, "numpy", dtype="float32"),
+             "check": lambda: bb.open(p).check()}
+    with pytest.raises(CheckpointError, match=r"needs 12 bytes; data_offsets give 8 \(key 'b'\)"):
+        calls[loader]()
+    assert touched == []
+    with bb.open(p) as f:  # the good entry still reads, once asked for alone
+        assert f.get("a").view(np.uint16).tolist() == [0, 1, 2, 3] and touched
 
 
 def test_good_file_of_the_bad_table_loads(tmp_path):

@@ -32,10 +32,8 @@ from .keys import nest
 #: or tensorflow, copy=True) goes into memory mapped for it with MAP_POPULATE, which makes every page in
 #: one call, rather than into numpy's memory, whose pages fault in one by one as the read fills them,
 #: and which numpy asks to be huge pages: on this machine (transparent huge pages on "madvise", and
-#: defrag too) such a fault can stall compacting memory. Reading the benchmark's 1 GiB file tensor by
-#: tensor took 0.55 to 1.74 s into numpy's memory and 0.60 to 0.86 s into populated maps (five runs
-#: each, alternating, on a busy machine); the full load into jax swung as widely (0.5 to 1.4 s) before.
-#: Below this size glibc reuses memory already touched.
+#: defrag too) such a fault can stall compacting memory, and the full load into jax swung widely from
+#: run to run (the checkpoints benchmark measures it). Below this size glibc reuses memory already touched.
 POPULATE_FROM = 1 << 20
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 
@@ -114,6 +112,13 @@ class Checkpoint:
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+    def check(self) -> None:
+        """Every entry's own checks (dtype, shape, size) now, which ``bb.open`` leaves to each entry's
+        first use: CheckpointError naming the first bad key. ``bb.load`` and ``load_for_target`` call it
+        before reading any data; call it to validate a whole file (a download) without loading it."""
+        for key in self._keys:
+            self.info(key)
 
     def info(self, key: str) -> fmt.TensorInfo:
         """Key, dtype, shape, nbytes, file offset and alignment of one tensor (reads no data)."""
@@ -213,7 +218,10 @@ class Checkpoint:
         n = math.prod(t.shape) * dtype.itemsize
         if n < POPULATE_FROM or not _POPULATE:
             return aligned_empty(t.shape, dtype)
-        pages = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+        try:
+            pages = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+        except OSError:  # memory refused (a limit): numpy's memory, whose MemoryError names the size
+            return aligned_empty(t.shape, dtype)
         return np.frombuffer(pages, dtype).reshape(t.shape)  # the array holds the map; unmapped with it
 
     def _read(self, t: fmt.TensorInfo, buf: np.ndarray) -> np.ndarray:
@@ -373,5 +381,6 @@ def load(path: str | os.PathLike, to: str = "numpy", *, nested: bool = False, co
         raise InvalidArgumentError(f"nested must be True or False; got {nested!r}")
     registry.resolve(to)  # an unknown target is said once, not blamed on the first key
     with Checkpoint(path) as f:
+        f.check()  # a bad entry refuses the file before any tensor is read (not after the ones before it)
         out = {key: f.get(key, to, copy=copy, fallback=fallback) for key in f.keys()}
     return nest(out, os.fspath(path)) if nested else out

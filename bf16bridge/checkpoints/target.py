@@ -211,6 +211,7 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
     out: dict = {}
     reports: list[KeyReport] = []
     with Checkpoint(path) as f:
+        f.check()  # a bad entry refuses the file before any tensor is read or cast
         for key in f.keys():
             info = f.info(key)
             dtype_out, reason = _choose(info, target, dtype, for_compute, device)
