@@ -24,6 +24,7 @@ from collections import OrderedDict, defaultdict, namedtuple
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -64,6 +65,17 @@ def needs_newer_ml_dtypes(dtype: str) -> str:
     ml_dtypes version that has it, and the way out."""
     row = bb_dtypes.ROWS[bb_dtypes.PACKED.get(dtype, dtype)]
     return rf"ml_dtypes [^ ]+ has no {row.name} \(ml_dtypes >= {re.escape(str(row.ml_dtypes))} does\): upgrade ml_dtypes"
+
+
+def lacks(dtype: str) -> bool:
+    """True where this ml_dtypes has no ``dtype`` (a packed row: no row of its values); then our
+    error, naming the ml_dtypes that has it, is asserted for making a numpy dtype of it, and a test
+    that needs a numpy array of it has nothing else to run."""
+    if numpy_holds(dtype):
+        return False
+    with pytest.raises(bb.UnsupportedDtypeError, match=needs_newer_ml_dtypes(dtype)):
+        bb_dtypes.numpy_dtype(bb_dtypes.PACKED.get(dtype, dtype))
+    return True
 
 
 def dtype_names(choices=DTYPES):

@@ -19,7 +19,7 @@ import pytest
 import bf16bridge as bb
 from bf16bridge import dtypes, registry
 from conftest import EXCLUDED, FRAMEWORKS, bits, dtype_name, fw, make, ptr, type_framework
-from strategies import NUMPY_LACKS, needs_newer_ml_dtypes, numpy_holds
+from strategies import NUMPY_LACKS, lacks, needs_newer_ml_dtypes, numpy_holds
 
 #: the rows beyond numpy's own dtypes and bf16 (tests/test_bits.py has bf16's 65,536 patterns)
 NARROW = [d for d in dtypes.NARROW_DTYPES if d not in dtypes.PACKED]
@@ -34,19 +34,8 @@ def _patterns(dtype: str) -> np.ndarray:
     return dtypes.all_patterns(dtype).view(dtypes.numpy_dtype(dtype))
 
 
-def _lacks(dtype: str) -> bool:
-    """True where this ml_dtypes has no ``dtype`` (a packed row: no row of its values): then our
-    error, naming the ml_dtypes that has it, is asserted for making a numpy array of it, and the
-    caller's test, which needs one, has nothing else to run."""
-    if numpy_holds(dtype):
-        return False
-    with pytest.raises(bb.UnsupportedDtypeError, match=needs_newer_ml_dtypes(dtype)):
-        dtypes.numpy_dtype(dtypes.PACKED.get(dtype, dtype))
-    return True
-
-
 def _fp4(codes: np.ndarray) -> np.ndarray:
-    """fp4 codes (one a byte) as numpy's float4_e2m1fn; callers ask _lacks first."""
+    """fp4 codes (one a byte) as numpy's float4_e2m1fn; callers ask lacks first."""
     return codes.view(dtypes.numpy_dtype("float4_e2m1fn"))
 
 
@@ -331,7 +320,7 @@ def test_padding_bits_that_are_set_are_kept_but_where_a_route_packs(dtype, targe
 
 
 def test_padding_bits_that_are_set_are_cleared_by_a_checkpoints_f4(tmp_path):
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         return
     a = _patterns("float4_e2m1fn")
     raw = a.view(np.uint8) | np.uint8(0xF0)
@@ -353,7 +342,7 @@ def test_copy_true_copies_and_keeps_the_bits(dtype, source, target):
 
 @pytest.mark.parametrize("dtype", ["int4", "uint2", "float4_e2m1fn"])
 def test_jax_sub_byte_types_copy_because_xla_packs_them(dtype):
-    if _lacks(dtype):
+    if lacks(dtype):
         return
     a = _patterns(dtype)
     for x, target in ((make("numpy", a), "jax"), (make("jax", a), "numpy")):
@@ -372,7 +361,7 @@ ZERO_COPY = [("float8_e4m3fn", "numpy", "torch"), ("float8_e4m3fn", "torch", "nu
 
 @pytest.mark.parametrize("dtype,source,target", ZERO_COPY)
 def test_zero_copy_routes(dtype, source, target):
-    if _lacks(dtype):
+    if lacks(dtype):
         return
     x = make(source, _patterns(dtype))
     p = bb.plan(x, target, copy=False)
@@ -384,7 +373,7 @@ def test_zero_copy_routes(dtype, source, target):
 @pytest.mark.parametrize("dtype,source", [("float8_e4m3fn", "numpy"), ("int4", "torch"), ("float4_e2m1fn", "jax")])
 def test_tensorflow_copies_say_why(dtype, source):
     """tf 2.21 stores these but has no bitcast or DLPack for them: one copy, with its reason."""
-    if _lacks(dtype):
+    if lacks(dtype):
         return
     p = bb.plan(make(source, _patterns(dtype)), "tensorflow")
     assert p.copies
@@ -507,7 +496,7 @@ def _packed_torch(shape):
 @pytest.mark.parametrize("shape", [(256,), (4, 64), (2, 3, 1)])
 def test_torch_packed_fp4_unpacks_as_torch_reads_it(target, shape):
     t = _packed_torch(shape)
-    if _lacks("float4_e2m1fn"):  # no row to unpack to: our error, and its way out (the raw bytes)
+    if lacks("float4_e2m1fn"):  # no row to unpack to: our error, and its way out (the raw bytes)
         with pytest.raises(bb.UnsupportedDtypeError, match=needs_newer_ml_dtypes("float4_e2m1fn_x2")):
             bb.plan(t, target)
         assert bits(bb.convert(t, target, fallback="bits")).tobytes() == bits(t).tobytes()
@@ -529,7 +518,7 @@ def test_torch_packed_fp4_unpacks_as_torch_reads_it(target, shape):
 def test_fp4_packs_for_torch_and_back(source):
     torch = fw("torch")
     codes = np.arange(64, dtype=np.uint8).reshape(2, 32) % 16  # every fp4 code, in both nibbles
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         return
     x = make(source, _fp4(codes))
     p = bb.plan(x, "torch")
@@ -566,7 +555,7 @@ def test_packed_fp4_values():
     """Each byte of torch's float4_e2m1fn_x2 becomes two values, low nibble first."""
     torch = fw("torch")
     t = torch.from_numpy(np.array([0x21, 0xF7, 0x8C], np.uint8)).view(torch.float4_e2m1fn_x2)
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         with pytest.raises(bb.UnsupportedDtypeError, match=needs_newer_ml_dtypes("float4_e2m1fn_x2")):
             bb.convert(t, "numpy")
         return
@@ -579,7 +568,7 @@ def test_packed_fp4_values():
 @pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("shape", [(3,), (2, 5), ()])
 def test_an_odd_last_dimension_is_refused_for_packing(shape):
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         return
     x = make("numpy", _fp4(np.zeros(shape, np.uint8)))
     with pytest.raises(bb.UnsupportedDtypeError) as err:
@@ -596,7 +585,7 @@ def test_a_0d_packed_tensor_is_refused_for_unpacking_and_its_way_out_works(targe
     """A 0-d float4_e2m1fn_x2 holds two values and has no last dimension to lay them along: plan
     and convert refuse it with our error naming reshape to (1,), and the reshaped one arrives as (2,)."""
     t = _packed_torch((1,)).reshape(())
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         with pytest.raises(bb.UnsupportedDtypeError, match=needs_newer_ml_dtypes("float4_e2m1fn_x2")):
             bb.plan(t.reshape(1), target)
         assert bits(bb.convert(t, target, fallback="bits")).tobytes() == bits(t).tobytes()
@@ -614,7 +603,7 @@ def test_a_0d_packed_tensor_is_refused_for_unpacking_and_its_way_out_works(targe
 
 @pytest.mark.frameworks("torch")
 def test_a_0d_value_is_refused_for_packing_with_the_way_out():
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         return
     x = make("numpy", _fp4(np.zeros((), np.uint8)))
     with pytest.raises(bb.UnsupportedDtypeError, match=r"reshape it to \(1,\) first, then pad"):
@@ -623,7 +612,7 @@ def test_a_0d_value_is_refused_for_packing_with_the_way_out():
 
 @pytest.mark.frameworks("torch")
 def test_packing_is_refused_with_copy_false():
-    if _lacks("float4_e2m1fn"):
+    if lacks("float4_e2m1fn"):
         return
     x = make("numpy", _fp4(np.zeros(4, np.uint8)))
     with pytest.raises(bb.CopyRequiredError):
