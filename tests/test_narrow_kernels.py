@@ -388,6 +388,7 @@ def _all_pairs(name):
     return np.stack([np.repeat(p, 16), np.tile(p, 16)], axis=1).reshape(16, 32).view(_dt(name))
 
 
+@pytest.mark.frameworks("torch")
 def test_fp4_packing_is_torchs():
     torch, ns, unpack = _torch_helpers()
     # every pair of fp4 values, read by the format (ml_dtypes' reading: test_the_formats_decode_as_ml_dtypes_does)
@@ -409,6 +410,7 @@ def test_fp4_packing_is_torchs():
         ns["_bfloat16_to_float4_e2m1fn_x2"](x).view(torch.uint8).numpy())
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("name", ["int4", "uint4"])
 def test_int4_packing_is_torchs_pack_uint4(name):
     torch, ns, _ = _torch_helpers()
@@ -470,6 +472,7 @@ def test_the_docs_table_is_what_the_kernels_do():
     assert not missing, "docs/kernels.md's table differs; the rows now:\n" + "\n".join(missing)
 
 
+@pytest.mark.frameworks("torch")
 def test_how_torchs_own_fp8_casts_relate_to_ours():
     """docs/kernels.md, "torch differs": torch's CPU .to(float8_e4m3fn) saturates (our
     saturate=True); e5m2 is ours but for the NaN pattern; the fnuz types are ours."""
@@ -504,6 +507,7 @@ _TORCH_WIDENED_NANS = {
 }
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("name", sorted(_TORCH_WIDENED_NANS))
 def test_how_torchs_own_fp8_widening_relates_to_ours(name):
     if _no_reference(name):
