@@ -174,7 +174,8 @@ def numpy_missing(name: str) -> str | None:
     if d.family == "standard":
         return None
     if d.packing > 1:
-        inner = numpy_missing(d.unpacked)  # an ml_dtypes without the row of its values holds neither
+        # an ml_dtypes without the row of its values holds neither
+        inner = numpy_missing(d.unpacked) if d.unpacked else None
         return (f"numpy has no packed {name} dtype ({d.packing} values a byte); "
                 + (f"it holds {d.unpacked}, one value a byte: the route unpacks" if inner is None
                    else f"nor {d.unpacked}, one value a byte: {inner}"))
