@@ -486,8 +486,8 @@ def _round_table(fmt: Format, saturate: bool) -> np.ndarray:
 
 
 def _widen_table(fmt: Format) -> np.ndarray:
-    """float32 bits for every byte: the low ``bits`` bits decoded (bytes with higher bits set,
-    which no conversion writes, read as their low bits); NaN as the quiet NaN with the pattern's
+    """float32 bits for every byte: the pattern ml_dtypes reads in it decoded (``byte_codes``: bytes
+    with higher bits set, which no conversion writes, read as ml_dtypes reads them); NaN as the quiet NaN with the pattern's
     sign (fnuz's NaN is the -0 pattern: 0xFFC00000), as ml_dtypes gives."""
     key = ("widen", fmt.name)
     table = _TABLES.get(key)
@@ -498,8 +498,20 @@ def _widen_table(fmt: Format) -> np.ndarray:
         code = np.arange(val.size)
         neg = (code >> (fmt.bits - 1)) & 1 if fmt.signed else np.zeros_like(code)
         b = np.where(np.isnan(val), np.where(neg == 1, 0xFFC00000, 0x7FC00000), b).astype(np.uint32)
-        table = _TABLES[key] = b[np.arange(256) & fmt.mask]
+        table = _TABLES[key] = b[byte_codes(fmt)]
     return table
+
+
+def byte_codes(fmt: Format) -> np.ndarray:
+    """For each of the 256 bytes, the ``fmt`` pattern ml_dtypes reads in it (a byte holds one value
+    of a sub-byte format in its low bits; ml_dtypes writes no other bits, but a view of other bytes
+    holds them): an integer format's low bits; a signed float's magnitude bits, negative where any
+    bit from the sign bit up is set (ml_dtypes reads float4_e2m1fn 0x11 as -0.5, 0x10 as -0.0)."""
+    byte = np.arange(256)
+    if fmt.integer or not fmt.signed:
+        return byte & fmt.mask
+    sign = 1 << (fmt.bits - 1)
+    return np.where(byte >= sign, sign, 0) | (byte & (sign - 1))
 
 
 #: elements a table kernel handles at a time: its temporaries (np.take's intp indices among them)
@@ -727,6 +739,40 @@ NIBBLE_DTYPES = tuple(n for n, f in FORMATS.items() if f.bits == 4)
 _PAIR = np.dtype("<u2")
 
 
+def _changed_by_padding(name: str) -> np.ndarray:
+    """Which of the 256 bytes hold another ``name`` value than their low bits alone: what packing
+    (which keeps the low bits) would change. None for the integer formats; float4_e2m1fn's bytes
+    from 0x10 up (``byte_codes``)."""
+    fmt = FORMATS[name]
+    codes = byte_codes(fmt)
+    return codes != codes[np.arange(256) & fmt.mask]
+
+
+_PADDING: dict[str, np.ndarray] = {}
+
+
+def refuse_changed_padding(bits: np.ndarray, name: str, what: str) -> None:
+    """Raise where ``bits`` (the uint8 view of a sub-byte ``name`` array, one value a byte) hold a
+    byte whose value packing would change: packing keeps a value's low bits only (``pack_nibbles``,
+    bb.save's F4, jax's device_put of a sub-byte type)."""
+    changed = _PADDING.get(name)
+    if changed is None:
+        changed = _PADDING[name] = _changed_by_padding(name)
+    if not changed.any() or not bits.size or int(bits.max()) <= FORMATS[name].mask:
+        return  # a format packing never changes, or every byte one ml_dtypes makes: one pass at most
+    flat = bits.reshape(-1)
+    if not changed[flat[flat > FORMATS[name].mask]].any():  # only the bytes with high bits are looked up
+        return
+    at = int(np.argmax(changed[flat]))
+    byte = int(flat[at])
+    value = np.array([byte], np.uint8).view(dtypes.numpy_dtype(name)).astype(np.float32)[0]
+    raise InvalidArgumentError(
+        f"{what}: this {name} array holds byte 0x{byte:02X} at flat index {at}, which ml_dtypes reads as "
+        f"{value:g}, but it is not a byte ml_dtypes makes (its high bits are set) and packing keeps only "
+        f"the low {FORMATS[name].bits} bits, which would change the value. Was it a view of other bytes? "
+        f"Canonicalise it, keeping ml_dtypes' values: a.astype(np.float32).astype(a.dtype)")
+
+
 def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
     name = a.dtype.name
     if name == "uint8":
@@ -736,6 +782,8 @@ def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
     elif name not in NIBBLE_DTYPES:
         raise UnsupportedDtypeError(f"{what} takes a 4-bit dtype ({', '.join(NIBBLE_DTYPES)}) or its uint8 "
                                     f"nibbles; got dtype {a.dtype}")
+    else:
+        refuse_changed_padding(a.view(np.uint8), name, what)
     return a.view(np.uint8)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from . import dtypes, registry
+from . import dtypes, kernels, registry
 from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
 from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
@@ -374,11 +374,11 @@ def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:
             if p is ref or _same_memory(ref[2], p[2]):
                 continue
             if ref_bits is None:
-                ref_bits, mask = _bits(ref)
+                ref_bits, codes = _bits(ref)
             other = _bits(p)[0]
             if _same_view(ref_bits, other):  # host memory both views alias (jax replicas put from one buffer)
                 continue
-            at = _first_difference(ref_bits, other, mask)
+            at = _first_difference(ref_bits, other, codes)
             if at is not None:
                 differ.append((p, at[:len(ref[0])]))  # an element, not a byte of it
         if differ:
@@ -410,11 +410,12 @@ def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
-def _bits(piece: tuple) -> tuple[np.ndarray, int | None]:
+def _bits(piece: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     """A tensor's elements through numpy (zero-copy from host memory; torch's packed fp4 one value
     a byte) as unsigned integers of their width (bytes on a last axis of their own for a wider
-    element), for comparing bits; and the mask of the bits that hold a value where some do not
-    (a one-a-byte 4-bit type: jax clears the high bits, numpy need not), else None."""
+    element), for comparing bits; and, for a type held one value a byte in fewer bits, the pattern
+    each byte holds as ml_dtypes reads it (kernels.byte_codes: jax clears the high bits, numpy need
+    not, and ml_dtypes reads them as the sign in fp4 and fp6), else None."""
     from .convert import convert  # convert imports this module's neighbours; late, as the adapters do
 
     try:
@@ -428,17 +429,18 @@ def _bits(piece: tuple) -> tuple[np.ndarray, int | None]:
     u = a.view(f"u{n}") if n in (1, 2, 4, 8) else np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (n,))
     name = dtypes.name_of_numpy(a.dtype)
     row = dtypes.ROWS.get(name) if name is not None else None
-    if row is not None and row.packing == 1 and row.bits < 8 * row.itemsize:
-        return u, (1 << row.bits) - 1
+    if name is not None and row is not None and row.packing == 1 and row.bits < 8 * row.itemsize:
+        return u, kernels.byte_codes(kernels.FORMATS[name]).astype(np.uint8)
     return u, None
 
 
-def _first_difference(a: np.ndarray, b: np.ndarray, mask: int | None = None) -> tuple[int, ...] | None:
-    """The first element (row-major) where two arrays of bits of one shape differ (in the bits of
-    ``mask``, where given); None where none does. Compared a block of rows at a time (no reshape,
-    which would copy a strided view): a temporary of a few MiB, not one bool for every element."""
+def _first_difference(a: np.ndarray, b: np.ndarray, codes: np.ndarray | None = None) -> tuple[int, ...] | None:
+    """The first element (row-major) where two arrays of bits of one shape differ (the patterns
+    ``codes`` reads in each byte, where given); None where none does. Compared a block of rows at a
+    time (no reshape, which would copy a strided view): a temporary of a few MiB, not one bool for
+    every element."""
     def unequal(x, y):
-        return x != y if mask is None else ((x ^ y) & np.array(mask, x.dtype)) != 0
+        return x != y if codes is None else codes[x] != codes[y]
 
     if a.ndim == 0:
         return () if unequal(a, b) else None

@@ -335,8 +335,10 @@ def _dtype_docs(caps) -> str:
         "them; ml_dtypes never writes them) are kept on every route but those that pack: through jax for the rows "
         "XLA packs (4 bits and fewer), into torch's float4_e2m1fn_x2, and into a checkpoint's F4 (two values a "
         "byte); those keep only the value bits and give the padding back zero. ml_dtypes ignores padding bits "
-        "in the integer rows, but reads a set one as the sign in the fp4 row: there a packing route changes "
-        "the value numpy reads (tests/test_dtypes.py checks this).",
+        "in the integer rows, so their values are kept; it reads a set one as the sign in the fp4 row, so "
+        "there a packing route would change the value numpy reads, and refuses instead (InvalidArgumentError "
+        "naming the byte; `a.astype(np.float32).astype(a.dtype)` keeps the values and packs; "
+        "tests/test_dtypes.py and tests/test_narrow_kernels.py check this).",
         route_table(rows, "markdown"),
     ]
     return "\n\n".join(p.strip() for p in parts)

@@ -18,6 +18,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge import dtypes, registry
+from bf16bridge.errors import InvalidArgumentError
 from conftest import EXCLUDED, FRAMEWORKS, bits, dtype_name, fw, make, ptr, type_framework
 from strategies import NUMPY_LACKS, lacks, needs_newer_ml_dtypes, numpy_holds
 
@@ -315,17 +316,24 @@ def test_padding_bits_that_are_set_are_kept_but_where_a_route_packs(dtype, targe
     packed = any(step.kind == "pack" or "packed" in step.reason for step in bb.plan(dirty, target).steps)
     held_packed = dtype not in HELD[target]  # (torch: the _x2 row)
     assert packed == ((target == "jax" and dtypes.ROWS[dtype].bits <= 4) or held_packed), dtype
+    if packed and not same_values:  # clearing them would change the value numpy reads: refused
+        with pytest.raises(InvalidArgumentError, match="byte 0x[0-9A-F]{2} at flat index 0, which ml_dtypes reads as"):
+            bb.convert(dirty, target, on_alias="allow")
+        return
     back = np.asarray(bb.to_numpy(bb.convert(dirty, target, on_alias="allow"), on_alias="allow"))
     np.testing.assert_array_equal(back.view(np.uint8), a.view(np.uint8) if packed else raw)
 
 
-def test_padding_bits_that_are_set_are_cleared_by_a_checkpoints_f4(tmp_path):
+def test_padding_bits_that_are_set_are_refused_by_a_checkpoints_f4_and_cleared_once_canonical(tmp_path):
     if lacks("float4_e2m1fn"):
         return
     a = _patterns("float4_e2m1fn")
-    raw = a.view(np.uint8) | np.uint8(0xF0)
-    bb.save({"a": raw.view(a.dtype)}, tmp_path / "f4.safetensors")  # F4 packs two values a byte
-    np.testing.assert_array_equal(bb.load(tmp_path / "f4.safetensors")["a"].view(np.uint8), a.view(np.uint8))
+    raw = (a.view(np.uint8) | np.uint8(0xF0)).view(a.dtype)
+    with pytest.raises(InvalidArgumentError, match="byte 0xF0 at flat index 0"):  # F4 packs two values a byte
+        bb.save({"a": raw}, tmp_path / "f4.safetensors")
+    bb.save({"a": raw.astype(np.float32).astype(a.dtype)}, tmp_path / "f4.safetensors")
+    back = bb.load(tmp_path / "f4.safetensors")["a"]
+    np.testing.assert_array_equal(back.astype(np.float32).view(np.uint32), raw.astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.parametrize("dtype,source,target", PAIR_CASES)

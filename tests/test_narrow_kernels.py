@@ -524,3 +524,96 @@ def test_how_torchs_own_fp8_widening_relates_to_ours(name):
     assert differ == _TORCH_WIDENED_NANS[name]
     assert np.isnan(ours[list(differ)].view(np.float32)).all()
     assert np.isnan(theirs[list(differ)].view(np.float32)).all()
+
+
+
+#: the sub-byte types something packs: pack_nibbles the 4-bit ones, jax its 2- and 4-bit ones (float6
+#: is packed by none: jax and torch cannot hold it, and bb.save refuses it)
+_SUB_BYTE = [n for n in NARROW if kernels.FORMATS[n].bits in (2, 4) and hasattr(ml_dtypes, n)]
+
+
+def _bits32(a):
+    return np.asarray(a).astype(np.float32).view(np.uint32)
+
+
+def _packings(name):
+    """Every way a sub-byte array one value a byte gets packed: pack_nibbles (4-bit types), the
+    route to torch's float4_e2m1fn_x2 and bb.save's F4 (fp4), and jax, which packs its sub-byte
+    types itself (device_put in convert, and in from_shards); each returns the values read back."""
+    import jax
+
+    import bf16bridge as bb
+
+    out = {}
+    if kernels.FORMATS[name].bits == 4:
+        out["pack_nibbles"] = lambda a: kernels.unpack_nibbles(kernels.pack_nibbles(a), name)
+    if name == "float4_e2m1fn":
+        out["convert to torch"] = lambda a: bb.convert(bb.convert(a, to="torch"), to="numpy")
+
+        def saved(a, n=[0]):
+            n[0] += 1
+            path = os.path.join(_SAVES, f"{n[0]}.safetensors")
+            bb.save({"w": a}, path)
+            return bb.load(path, to="numpy")["w"]
+        out["bb.save"] = saved
+    try:
+        bb.plan(np.zeros(4, _dt(name)), to="jax")
+    except bb_errors.UnsupportedDtypeError:
+        assert out, f"nothing packs {name} here: drop it from _SUB_BYTE"
+        return out
+    out["convert to jax"] = lambda a: np.asarray(bb.convert(a, to="jax"))
+    one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    out["from_shards to jax"] = lambda a: np.asarray(bb.from_shards(
+        [bb.shards.Shard((slice(0, a.size),), "cpu", a)], "jax", sharding=one, shape=a.shape))
+    return out
+
+
+_SAVES = ""
+
+
+@pytest.mark.parametrize("name", _SUB_BYTE)
+def test_every_byte_of_a_sub_byte_type_packs_to_the_value_ml_dtypes_reads_or_is_refused(name, tmp_path):
+    """ml_dtypes keeps a sub-byte value in a byte's low bits, but float4_e2m1fn reads the high bits
+    too (0x11 is -0.5), and a view of other bytes can hold them. Packing keeps the low bits: every
+    one of the 256 bytes either keeps its value through each packing or is refused, naming the byte
+    and a way out that keeps ml_dtypes' values (which then packs)."""
+    global _SAVES
+    _SAVES = str(tmp_path)
+    every = np.arange(256, dtype=np.uint8).view(_dt(name))
+    refused = {}
+    for how, run in _packings(name).items():
+        for byte in range(256):
+            a = np.array([0, 0, byte, 0], np.uint8).view(_dt(name))
+            try:
+                back = run(a)
+            except bb_errors.InvalidArgumentError as err:
+                assert f"byte 0x{byte:02X} at flat index 2" in str(err) and "a.astype(np.float32)" in str(err)
+                refused.setdefault(how, set()).add(byte)
+                continue
+            np.testing.assert_array_equal(_bits32(back), _bits32(a), err_msg=f"{how}, byte 0x{byte:02X}")
+        fixed = every.astype(np.float32).astype(every.dtype)
+        np.testing.assert_array_equal(_bits32(run(fixed)), _bits32(every), err_msg=how)
+    if name == "float4_e2m1fn":  # ml_dtypes reads its high bits: they are refused in every packing
+        assert all(refused.get(how, set()) >= {0x10, 0x11, 0x80, 0xF7} for how in _packings(name)), refused
+        assert not any(0x1F in r or 0x0F in r for r in refused.values())  # read as -6 either way
+    else:  # its ints read the low bits only: nothing refused, every byte packed as ml_dtypes reads it
+        assert refused == {}
+
+
+@pytest.mark.parametrize("name", [n for n in NARROW if hasattr(ml_dtypes, n)])
+def test_every_byte_widens_to_the_value_ml_dtypes_reads_in_it(name):
+    """A sub-byte value lives in a byte's low bits, but a view of other bytes may set the rest,
+    and ml_dtypes reads them (as fp4's and fp6's sign; the integer types ignore them): to_float32
+    (both backends, the dtype and its uint8 bits) and parity's reading give ml_dtypes' value for
+    each of the 256 bytes."""
+    from bf16bridge.parity import metrics
+
+    every = np.arange(256, dtype=np.uint8)
+    theirs = every.view(_dt(name)).astype(np.float32)
+    for backend in BACKENDS:
+        for got in (kernels.to_float32(every.view(_dt(name)), backend=backend),
+                    kernels.to_float32(every, dtype=name, backend=backend)):
+            np.testing.assert_array_equal(got.view(np.uint32), theirs.view(np.uint32), err_msg=backend)
+    read = metrics.to_float64(every.view(_dt(name)))
+    same = (read == theirs) & (np.signbit(read) == np.signbit(theirs)) | (np.isnan(read) & np.isnan(theirs))
+    assert same.all(), [hex(i) for i in np.flatnonzero(~same)[:8]]

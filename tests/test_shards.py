@@ -241,8 +241,10 @@ def test_replicas_of_a_strided_view_and_a_scalar_are_compared():
 
 @pytest.mark.parametrize("dtype", ["float4_e2m1fn", "int4"])
 def test_replicas_of_padded_types_compare_their_value_bits(dtype):
-    """A one-a-byte 4-bit type's high bits hold no value (jax clears them): replicas that differ
-    only there agree; a value bit that differs is said."""
+    """A one-a-byte 4-bit type's replicas are compared in the values ml_dtypes reads (jax clears the
+    high bits, numpy need not): int4's high bits hold no value, so replicas that differ only there
+    agree; fp4's are read as the sign (0xF0 is -0.0), so there they differ where the values do;
+    a value bit that differs is said."""
     import ml_dtypes
 
     low = np.arange(16, dtype=np.uint8).reshape(4, 4)
@@ -251,7 +253,16 @@ def test_replicas_of_padded_types_compare_their_value_bits(dtype):
     a = low.view(t)
     padded = (low | 0xF0).view(t)
     ok = [Shard(index, "cpu:0", make("jax", a)), Shard(index, "cpu:1", padded, replica=1)]
-    bb.from_shards(ok, "jax", sharding=_one_device_sharding())
+    values = [x.astype(np.float32).view(np.uint32) for x in (a, padded)]
+    if np.array_equal(*values):  # int4
+        bb.from_shards(ok, "jax", sharding=_one_device_sharding())
+    else:  # fp4: 0x00 and 0xF0 are +0.0 and -0.0
+        first = tuple(int(i) for i in np.argwhere(values[0] != values[1])[0])
+        assert first == (0, 0)
+        with pytest.raises(InvalidArgumentError, match=r"differs first at element \(0, 0\)"):
+            bb.from_shards(ok, "jax", sharding=_one_device_sharding())
+        ok = [ok[0], Shard(index, "cpu:1", (low | np.where(low >= 8, 0xF0, 0)).astype(np.uint8).view(t), replica=1)]
+        bb.from_shards(ok, "jax", sharding=_one_device_sharding())  # high bits that keep the values agree
     flipped = low.copy()
     flipped[3, 2] ^= 1
     bad = [ok[0], Shard(index, "cpu:1", flipped.view(t), replica=1)]

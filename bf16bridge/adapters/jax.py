@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes, versions
+from .. import dtypes, kernels, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
 from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport, cast_matches
@@ -124,6 +124,13 @@ def _casts(src: str, dst: str) -> bool:
 
 def _packs_copy(layout, aligned):
     return "jax stores sub-byte types packed: its hand-off with numpy converts (a copy)"
+
+
+def _put_packed(a):
+    """``jax.device_put`` of a sub-byte array (one value a byte in numpy): jax packs it keeping each
+    byte's low bits, so a byte ml_dtypes reads otherwise (a view of other bytes) is refused first."""
+    kernels.refuse_changed_padding(a.view(np.uint8), a.dtype.name, f"jax.device_put of {a.dtype.name} (jax packs it)")
+    return jax.device_put(a)
 
 
 def _device_put_copies(layout, aligned):
@@ -262,7 +269,7 @@ class JaxAdapter(Adapter):
                     dtypes=_SHARED - _ASARRAY_COPIES, verify=True),
         ]
         if _PUT_COPIES or _ASARRAY_COPIES:
-            out += [Handoff("numpy", "jax", "jax.device_put (packs)", jax.device_put, _packs_copy,
+            out += [Handoff("numpy", "jax", "jax.device_put (packs)", _put_packed, _packs_copy,
                             dtypes=_PUT_COPIES),
                     # numpy.array: its own writable copy (numpy.asarray's would be read-only)
                     Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
@@ -496,6 +503,11 @@ class JaxAdapter(Adapter):
         # host buffers go onto their cpu devices in one call (one per shard costs twice as much)
         host = [i for i, (_, _, a) in enumerate(arrays) if isinstance(a, np.ndarray)]
         if host:
+            for i in host:
+                a = arrays[i][2]
+                if a.dtype.name in _PUT_COPIES:
+                    kernels.refuse_changed_padding(a.view(np.uint8), a.dtype.name,
+                                                   f"the shard {_show(arrays[i][1])} ({a.dtype.name}: jax packs it)")
             put = jax.device_put([arrays[i][2] for i in host], [arrays[i][0] for i in host])
             for i, y in zip(host, put):
                 dev, index, a = arrays[i]

@@ -236,7 +236,10 @@ class NumpyAdapter(Adapter):
         from ..kernels import pack_nibbles
 
         out = aligned_empty((*x.shape[:-1], x.shape[-1] // 2) if x.ndim else (), dtypes.BITS_OF[dtype])
-        return pack_nibbles(x, out=out)
+        try:
+            return pack_nibbles(x, out=out)
+        except InvalidArgumentError as err:  # a byte packing would change: say which step refused it
+            raise InvalidArgumentError(f"packing {x.dtype.name} as {dtype} (the target holds it packed), {err}") from err
 
     def unpack(self, x, dtype):
         from ..kernels import unpack_nibbles

@@ -152,7 +152,10 @@ def _numpy(key: str, x, entry: fmt.Entry) -> np.ndarray:
             f"key {key!r}: the tensor changed while it was saved ({entry.code} {list(entry.shape)} planned, "
             f"{a.dtype.name} {list(a.shape)} read); save it again once nothing else writes to it")
     if entry.code in fmt.NIBBLES:  # two values a byte, element 2i in the low nibble (torch's x2 order)
-        return kernels.pack_nibbles(a.reshape(-1))
+        try:
+            return kernels.pack_nibbles(a.reshape(-1))
+        except Bf16BridgeError as err:  # a byte packing would change (a view of other bytes)
+            raise type(err)(f"key {key!r}: {err}") from err
     return a
 
 

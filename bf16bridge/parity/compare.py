@@ -235,8 +235,13 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
         worst=worst,
         smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0,
     )
+    if pol.by_dtype:  # a framework's tolerances for these two dtypes: the report says which
+        kinds = a0.dtype.name if a0.dtype == b0.dtype else f"{a0.dtype.name} against {b0.dtype.name}"
+        rtol, atol = pol.tolerances(a0.dtype.name, b0.dtype.name)
+        p = replace(p, note="; ".join(filter(None, (p.note, f"{pol.name}'s tolerances for {kinds}: rtol={rtol:g}, "
+                                                            f"atol={atol:g}"))))
     if p.nan_both and not pol.equal_nan:  # the report says why close values failed
-        p = replace(p, note="; ".join(filter(None, (note, f"{p.nan_both} element(s) NaN on both sides: "
+        p = replace(p, note="; ".join(filter(None, (p.note, f"{p.nan_both} element(s) NaN on both sides: "
                                                           f"{pol.name or 'this policy'} (equal_nan=false) "
                                                           "counts a NaN close to nothing"))))
     return replace(p, passed=_judge(pol, p, a0, b0))
@@ -292,7 +297,7 @@ def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     if pol.kind == "exact":
         return p.identical_fraction == 1.0
     if pol.kind == "allclose":  # b the expected side, as the frameworks take it
-        return bool(np.all(metrics.isclose(a, b, pol.rtol, pol.atol, pol.equal_nan, pol.arithmetic)))
+        return bool(np.all(metrics.policy_close(pol, a, b)))
     if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches) or (p.nan_both and not pol.equal_nan):
         return False
     return p.max_ulp <= pol.n  # ulp(n)
@@ -310,7 +315,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     ``condition``: the operation's condition scale per element (for a matmul,
     |A|.|B|), so that cancellation near zero does not look like a huge error.
     ``policy`` decides ``passed``: "exact", "ulp(n)", "allclose(rtol, atol)",
-    "torch"/"jax"/"tensorflow" (their bf16 defaults) or "reference(k)".
+    "torch"/"jax"/"tensorflow" (their test helpers' allclose, tolerances per dtype) or "reference(k)".
 
     A report with nothing compared never passes silently: fewer than two results
     (one and a reference judges no pair, and reference(k) has nothing to rank), or

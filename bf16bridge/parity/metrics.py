@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import dtypes, kernels
 from ..errors import UnsupportedDtypeError
+from .policies import Policy
 
 
 #: ULP histogram bins: 0, 1, 2, 3, 4-7, 8-15, ... 64-127, >=128
@@ -28,6 +29,9 @@ _LAYOUT = {
     "float32": (np.uint32, 0x80000000, 0x7F800000, 0x007FFFFF),
     "float64": (np.uint64, 0x8000000000000000, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
 }
+
+#: every dtype parity compares, by name: the standard floats, then the narrow dtypes
+KINDS = tuple(dict.fromkeys([*_LAYOUT, *kernels.NARROW]))
 
 
 def kind_of(a: np.ndarray) -> str:
@@ -57,12 +61,12 @@ _NARROW_TABLES: dict = {}
 
 
 def _narrow_tables(kind: str) -> dict:
-    """Per byte of a narrow dtype (its low ``bits`` bits): its place in value order and its
-    class masks, from the format's own decoding (kernels.decoded)."""
+    """Per byte of a narrow dtype (the pattern ml_dtypes reads in it: kernels.byte_codes): its place
+    in value order and its class masks, from the format's own decoding (kernels.decoded)."""
     t = _NARROW_TABLES.get(kind)
     if t is None:
         fmt = kernels.FORMATS[kind]
-        code = np.arange(256) & fmt.mask
+        code = kernels.byte_codes(fmt)
         val = kernels.decoded(fmt)[code]
         if fmt.integer:
             order = val.astype(np.int64)
@@ -289,14 +293,29 @@ def _torch_arithmetic(ka: str, kb: str) -> tuple[np.dtype, type]:
 
 
 def isclose(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: bool,
-            arithmetic: str = "float64") -> np.ndarray:
+            arithmetic: str = "float64", widen: tuple = ()) -> np.ndarray:
     """Per element: ``|a - b| <= atol + rtol * |b|`` (b the expected side), or equal (infinities of
     one sign), or NaN on both sides with ``equal_nan``: numpy's and torch's isclose.
 
     ``arithmetic``: "float64", on the values as they are, exactly widened; "promoted", as
     torch.isclose computes after torch.testing promotes the two dtypes: in the promoted dtype,
     each step (rtol * b, its sum with atol, a - b) rounded to it, in float32 for bf16 and float16
-    (checked against torch itself: tests/test_parity.py)."""
+    (checked against torch itself: tests/test_parity.py); "numpy", numpy.isclose itself, after
+    ``widen`` ((dtype, to), ...) converts those dtypes, as jax's and tensorflow's test helpers do
+    before numpy.testing.assert_allclose (which passes what numpy.isclose passes, NaN and infinity
+    in the same places included): numpy's promotion and rounding, rtol and atol as Python floats."""
+    if arithmetic == "numpy":
+        to = dict(widen)
+        wa, wb = (v.astype(to[v.dtype.name]) if v.dtype.name in to else v for v in (a, b))
+        with np.errstate(all="ignore"):
+            try:
+                return np.isclose(wa, wb, rtol=float(rtol), atol=float(atol), equal_nan=equal_nan)
+            except TypeError as err:  # an older numpy cannot promote int4 with a float (DTypePromotionError)
+                raise UnsupportedDtypeError(
+                    f"numpy {np.__version__} cannot compare {wa.dtype} with {wb.dtype} as this policy's "
+                    f"framework does (numpy.isclose raised {type(err).__name__}: {err}); its own test helper "
+                    "fails the same way here: compare with policy='ulp(N)' or 'allclose(...)', or widen the "
+                    "integer side to int8") from err
     ka, kb = kind_of(a), kind_of(b)
     if arithmetic == "promoted":
         dt, op = _torch_arithmetic(ka, kb)
@@ -317,3 +336,10 @@ def isclose(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: b
         allowed = rnd(atol_held + np.abs(rnd(op(rtol) * y)))
         actual = np.abs(rnd(x - y))
         return close | (np.isfinite(actual) & (actual <= allowed))
+
+
+def policy_close(pol: Policy, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per element: whether ``a`` is close to ``b`` (the expected side) under the allclose policy
+    ``pol``, with the tolerances it takes for their two dtypes (a framework's, per dtype)."""
+    rtol, atol = pol.tolerances(kind_of(a), kind_of(b))
+    return isclose(a, b, rtol, atol, pol.equal_nan, pol.arithmetic, pol.widen)

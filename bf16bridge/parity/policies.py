@@ -1,7 +1,7 @@
 """Policies decide whether a comparison passed.
 
 ``exact()``, ``ulp(n)``, ``allclose(rtol, atol)`` and ``reference(k)``, plus
-the frameworks' own bf16 defaults as ready allclose tables. A policy is also
+the frameworks' own test helpers' allclose, tolerances per dtype included. A policy is also
 written as text: "exact", "ulp(2)", "allclose(1e-2, 1e-5)", "torch", "jax",
 "tensorflow", "reference(2)".
 """
@@ -34,13 +34,31 @@ class Policy:
     #: allclose: "float64", the values as they are, exactly widened (a float32 result against a bf16
     #: one is judged on its own value, not rounded to bf16); "promoted", as torch.isclose computes
     #: after torch.testing.assert_close(check_dtype=False) promotes the two dtypes: in that dtype,
-    #: each step rounded to it (see metrics.isclose)
+    #: each step rounded to it; "numpy", numpy.isclose itself on the values after ``widen`` (what
+    #: jax's and tensorflow's helpers hand numpy.testing.assert_allclose; see metrics.isclose)
     arithmetic: str = "float64"
+    #: a named framework policy's tolerances per result dtype, ((dtype, rtol, atol), ...), with
+    #: ("*", rtol, atol) for every other dtype; a pair of results takes the larger rtol and the
+    #: larger atol of its two dtypes, as each of the three frameworks does (see tolerances());
+    #: empty: rtol and atol for every dtype. (A named policy's rtol and atol are its bf16 row.)
+    by_dtype: tuple = ()
+    #: arithmetic "numpy": the dtypes converted before numpy.isclose, ((dtype, to), ...)
+    widen: tuple = ()
+    #: by_dtype: the rtol a pair whose larger rtol is 0 gets (jax passes no 0 on: numpy's 1e-7)
+    rtol_when_0: float = 0.0
+
+    def tolerances(self, a: str, b: str) -> tuple[float, float]:
+        """(rtol, atol) for results of the dtypes named ``a`` and ``b``."""
+        if not self.by_dtype:
+            return self.rtol, self.atol
+        table = {d: (r, t) for d, r, t in self.by_dtype}
+        (ra, ta), (rb, tb) = table.get(a, table["*"]), table.get(b, table["*"])
+        return max(ra, rb) or self.rtol_when_0, max(ta, tb)
 
     def __str__(self) -> str:
         nan = "" if self.equal_nan else ", equal_nan=false"
         if self.name:
-            return f"{self.name} (allclose rtol={self.rtol:g}, atol={self.atol:g}{nan})"
+            return f"{self.name} (allclose with its test helper's tolerances per dtype{nan})"
         if self.kind == "exact":
             return "exact"
         if self.kind == "ulp":
@@ -87,14 +105,52 @@ def reference(k: float = 2.0) -> Policy:
     return Policy("reference", n=k)
 
 
-#: the frameworks' own bf16 test defaults: torch.testing.assert_close (equal_nan=False: NaN is close
-#: to nothing; computed as torch.isclose does, in the dtype after check_dtype=False's promotion);
-#: jax's check_close and tensorflow's assertAllCloseAccordingToType, both through
-#: numpy.testing.assert_allclose with equal_nan=True (NaN in the same places agrees)
+_NARROW_FLOATS = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+                  "float8_e4m3", "float8_e3m4", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
+_NARROW_INTS = ("int4", "uint4", "int2", "uint2")
+
+#: torch.testing.assert_close's _DTYPE_PRECISIONS (torch/testing/_comparison.py); any other dtype
+#: (the fp8s, the narrow ints) (0, 0): equal values. get_tolerances reads both inputs' dtypes before
+#: check_dtype=False promotes them and takes the larger rtol and atol (bf16 against float32: bf16's).
+_TORCH = (("bfloat16", 1.6e-2, 1e-5), ("float16", 1e-3, 1e-5), ("float32", 1.3e-6, 1e-5), ("float64", 1e-7, 1e-7),
+          ("*", 0.0, 0.0))
+
+#: jax's _default_tolerance (jax/_src/public_test_util.py), read by JaxTestCase.assertAllClose as
+#: both rtol and atol, the larger of the two dtypes'. float64: 1e-15 as with jax_enable_x64 (without
+#: it jax reads float64 as float32, 1e-6, but then no jax result is float64). A 0 (two ints) is not
+#: passed on (``if rtol:``), so numpy.testing.assert_allclose's defaults, rtol 1e-7 and atol 0, apply.
+#: fp6, which jax has no dtype for (its table raises KeyError): 1e-1, its rule for the fp8 formats.
+_JAX = (("bfloat16", 1e-2, 1e-2), ("float16", 1e-3, 1e-3), ("float32", 1e-6, 1e-6), ("float64", 1e-15, 1e-15),
+        *((n, 1.0, 1.0) for n in ("float8_e8m0fnu", "float4_e2m1fn")),
+        *((n, 1e-1, 1e-1) for n in _NARROW_FLOATS if n not in ("float8_e8m0fnu", "float4_e2m1fn")),
+        ("*", 0.0, 0.0))
+#: jax's _assert_numpy_allclose: its custom floats (bf16, the fp8s, fp4; fp6 here too) to float32,
+#: int2/int4 to int8 (uint2/uint4 to uint8), then numpy.testing.assert_allclose
+_JAX_WIDEN = (("bfloat16", "float32"), *((n, "float32") for n in _NARROW_FLOATS),
+              *((n, "uint8" if n.startswith("u") else "int8") for n in _NARROW_INTS))
+
+#: tensorflow's TensorFlowTestCase.assertAllCloseAccordingToType defaults
+#: (tensorflow/python/framework/test_util.py): 1e-6 for every dtype (float32's float_rtol/float_atol
+#: too, float64 and the fp8s unnamed), raised to 1e-3 where either side is float16 and to 1e-2 where
+#: either is bf16: the larger of the two dtypes'.
+_TENSORFLOW = (("bfloat16", 1e-2, 1e-2), ("float16", 1e-3, 1e-3), ("*", 1e-6, 1e-6))
+#: its _assertArrayLikeAllClose: bf16 and five fp8s to float32, then numpy.allclose and
+#: numpy.testing.assert_allclose(equal_nan=True); its fp4 and int4/int2 stay as they are (numpy
+#: computes in fp4, and int4 with a float in float16). The dtypes tensorflow has none of (fp6, e8m0,
+#: e3m4, e4m3) go to float32 too, as its other fp8s, not into arithmetic of their own
+_TENSORFLOW_WIDEN = (("bfloat16", "float32"), *((n, "float32") for n in _NARROW_FLOATS if n != "float4_e2m1fn"))
+
+#: the frameworks' own test helpers: torch.testing.assert_close(check_dtype=False) (equal_nan=False:
+#: NaN is close to nothing; computed as torch.isclose does, in the dtype the two promote to); jax's
+#: JaxTestCase.assertAllClose(check_dtypes=False) and tensorflow's assertAllCloseAccordingToType, both
+#: numpy.isclose on the values their helper widens, with equal_nan=True (NaN in the same places agrees)
 FRAMEWORK_DEFAULTS = {
-    "torch": Policy("allclose", rtol=1.6e-2, atol=1e-5, name="torch", equal_nan=False, arithmetic="promoted"),
-    "jax": Policy("allclose", rtol=1e-2, atol=1e-2, name="jax"),
-    "tensorflow": Policy("allclose", rtol=1e-2, atol=1e-2, name="tensorflow"),
+    "torch": Policy("allclose", rtol=1.6e-2, atol=1e-5, name="torch", equal_nan=False, arithmetic="promoted",
+                    by_dtype=_TORCH),
+    "jax": Policy("allclose", rtol=1e-2, atol=1e-2, name="jax", arithmetic="numpy", by_dtype=_JAX,
+                  widen=_JAX_WIDEN, rtol_when_0=1e-7),
+    "tensorflow": Policy("allclose", rtol=1e-2, atol=1e-2, name="tensorflow", arithmetic="numpy",
+                         by_dtype=_TENSORFLOW, widen=_TENSORFLOW_WIDEN),
 }
 
 

@@ -67,7 +67,7 @@ def exceeds(pol: Policy, x: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, n
     if pol.kind == "exact":
         bad = both & (bx != bh)  # -0 against +0 included
     elif pol.kind == "allclose":
-        bad = both & ~metrics.isclose(x, held, pol.rtol, pol.atol, pol.equal_nan, pol.arithmetic).reshape(-1)
+        bad = both & ~metrics.policy_close(pol, x, held).reshape(-1)
     else:  # ulp(n); reference(k) judges k ULPs per element
         bad = both & (d > np.floor(pol.n))
         if pol.signed_zeros:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import html as _html
 
 from ..tables import table
-from .metrics import BIN_LABELS
+from .metrics import BIN_LABELS, KINDS
+from .policies import FRAMEWORK_DEFAULTS
 
 
 def _g(x) -> str:
@@ -273,3 +274,16 @@ def summary(reports) -> str:
     rows = [[r.op or "-", "yes" if r.passed else "no", _pairs_claim(r), _reference_claim(r), r.outlier or "none",
              _regions_claim(r)] for r in reports]
     return "\n".join([f"{passed} of {len(reports)} cases pass {', '.join(policies)}.", ""] + _md_table(head, rows))
+
+
+def framework_policies(fmt="markdown") -> str:
+    """The named framework policies' tolerances, a row per dtype parity compares: rtol / atol (a
+    pair of dtypes takes the larger of each), and the dtype a result is computed in where its
+    helper converts it first. From FRAMEWORK_DEFAULTS (docs/parity.md holds this table, tested)."""
+    def cell(pol, kind):
+        rtol, atol = pol.tolerances(kind, kind)
+        to = dict(pol.widen).get(kind)
+        return f"{rtol:g} / {atol:g}" + (f" (as {to})" if to else "")
+
+    return table(["dtype", *(f"{n} rtol / atol" for n in FRAMEWORK_DEFAULTS)],
+                 [[k, *(cell(p, k) for p in FRAMEWORK_DEFAULTS.values())] for k in KINDS], fmt)
