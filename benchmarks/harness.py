@@ -24,6 +24,21 @@ from bf16bridge.workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 from .raw import extra_workarounds, raw_routes
 
 
+def held_by_numpy(names, log=print) -> tuple[list[str], list[dict]]:
+    """The dtypes of ``names`` numpy (this ml_dtypes) holds, and the others each with the table's
+    reason (ml_dtypes 0.3.1 has no fp4, fp6, e8m0...): a part leaves those out, says so in its log,
+    and keeps them in its JSON ("left_out") for its section of the page."""
+    from bf16bridge import dtypes
+
+    kept, left = [], []
+    for name in names:
+        why = dtypes.numpy_missing(dtypes.PACKED.get(name, name))
+        (left.append({"dtype": name, "why": why}) if why else kept.append(name))
+    for r in left:
+        log(f"  left out {r['dtype']}: {r['why']}")
+    return kept, left
+
+
 def pairs() -> list[tuple[str, str]]:
     """Every ordered pair of the registered frameworks."""
     names = registry.names()

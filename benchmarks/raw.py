@@ -18,6 +18,29 @@ def _mods():
     return np, ml_dtypes, torch, jax, jnp, tf
 
 
+class _Capsule:
+    """A DLPack capsule as an object with ``__dlpack__``, what np.from_dlpack and jnp.from_dlpack take."""
+
+    def __init__(self, capsule, device):
+        self._capsule, self._device = capsule, device
+
+    def __dlpack__(self, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+def tf_dlpack(x):
+    """A tensorflow tensor as what a DLPack importer takes: itself, or where it has no ``__dlpack__``
+    (tensorflow 2.16, the oldest declared) its own exporter's capsule, wrapped."""
+    if hasattr(x, "__dlpack__"):
+        return x
+    import tensorflow as tf
+
+    return _Capsule(tf.experimental.dlpack.to_dlpack(x), (1, 0))  # kDLCPU, device 0
+
+
 def raw_routes() -> dict:
     np, ml, torch, jax, jnp, tf = _mods()
     bf16 = ml.bfloat16
@@ -32,9 +55,9 @@ def raw_routes() -> dict:
         ("jax", "torch"): lambda j: torch.from_dlpack(j),
         ("jax", "numpy"): lambda j: np.asarray(j),
         ("jax", "tensorflow"): lambda j: tf_import(j.__dlpack__()),
-        ("tensorflow", "torch"): lambda x: torch.from_dlpack(x),
-        ("tensorflow", "numpy"): lambda x: np.from_dlpack(tf.bitcast(x, tf.uint16)).view(bf16),
-        ("tensorflow", "jax"): lambda x: jnp.from_dlpack(x),
+        ("tensorflow", "torch"): lambda x: torch.from_dlpack(tf_dlpack(x)),
+        ("tensorflow", "numpy"): lambda x: np.from_dlpack(tf_dlpack(tf.bitcast(x, tf.uint16))).view(bf16),
+        ("tensorflow", "jax"): lambda x: jnp.from_dlpack(tf_dlpack(x)),
     }
 
 

@@ -434,6 +434,13 @@ def part_targets(parts: dict) -> list[tuple[str, bool, str]]:
     return out
 
 
+def _left_out(part: dict) -> list[str]:
+    """A part's dtypes left out in the run (this ml_dtypes lacks them), each with why."""
+    if not part.get("left_out"):
+        return []
+    return ["", "Left out in this run: " + "; ".join(f"{r['dtype']} ({r['why']})" for r in part["left_out"]) + "."]
+
+
 def _dtypes_markdown(dt: dict) -> list[str]:
     lines = ["", "## Narrow dtypes beside bf16 (fp8, fp4)", "",
              f"Written by `python -m benchmarks{' --quick' if dt['mode'] == 'quick' else ''} --only dtypes` on "
@@ -442,7 +449,7 @@ def _dtypes_markdown(dt: dict) -> list[str]:
              "the same bytes for the same pair, and the usual workaround (widen to float32 in the source, move "
              "the float32, narrow in the target; for torch's packed fp4, the hand unpacking of the nibbles). "
              "Ratios are the other's median over the bridge's: above 1, the bridge is faster. Copies: from "
-             "`bb.plan`. Same bits: the workaround's result against the input, bit for bit."]
+             "`bb.plan`. Same bits: the workaround's result against the input, bit for bit.", *_left_out(dt)]
     for label in dt["sizes"]:
         rows = [r for r in dt["rows"] if r["size"] == label]
         cells = []
@@ -640,7 +647,7 @@ def _kernels_markdown(kr: dict) -> list[str]:
              f"calls. Threads: ours by default {th['kernels default']}, ml_dtypes' astype {th['ml_dtypes astype']}, "
              f"torch {th['torch .to()']} (its thread pool spins against ours on this small machine). Every result "
              "timed is compared with ml_dtypes' astype bit for bit, in the run; torch's differences are "
-             "documented in [kernels.md](kernels.md#every-narrow-dtype-to_dtype-to_float32)."]
+             "documented in [kernels.md](kernels.md#every-narrow-dtype-to_dtype-to_float32).", *_left_out(kr)]
     for label in sorted(kr["sizes"], key=lambda k: SIZES[k]):
         cells = []
         for r in kr["rows"]:

@@ -174,8 +174,11 @@ def numpy_missing(name: str) -> str | None:
     if d.family == "standard":
         return None
     if d.packing > 1:
-        return (f"numpy has no packed {name} dtype ({d.packing} values a byte); it holds {d.unpacked}, "
-                "one value a byte: the route unpacks")
+        # an ml_dtypes without the row of its values holds neither
+        inner = numpy_missing(d.unpacked) if d.unpacked else None
+        return (f"numpy has no packed {name} dtype ({d.packing} values a byte); "
+                + (f"it holds {d.unpacked}, one value a byte: the route unpacks" if inner is None
+                   else f"nor {d.unpacked}, one value a byte: {inner}"))
     if _ml_dtypes is None:
         return f"ml_dtypes is unusable ({ML_DTYPES_ERROR}): install a working ml_dtypes"
     if not hasattr(_ml_dtypes, name):

@@ -584,6 +584,8 @@ def _round_astype(nd: np.dtype, fmt: Format, saturate: bool):
                 np.copyto(src, 0, where=np.isnan(src))
         with np.errstate(invalid="ignore", over="ignore"):
             np.copyto(dst.view(nd), src, casting="unsafe")
+        if fmt.bits < 8:  # ml_dtypes 0.3.1's int4/uint4 cast leaves the padding bits unset (any value)
+            np.bitwise_and(dst, np.uint8(fmt.mask), out=dst)
     return kernel
 
 
@@ -624,8 +626,8 @@ def _narrow_backend(backend: str, name: str, nd: np.dtype | None, widen: bool = 
     if backend == "auto":  # the faster, as measured (docs/kernels.md); both give the same bits
         return "ml_dtypes" if widen and nd is not None and FORMATS[name].integer else "numpy"
     if backend == "ml_dtypes" and nd is None:
-        raise UnsupportedDtypeError(f"backend 'ml_dtypes' has no {name} here (ml_dtypes "
-                                    f"{getattr(dtypes._ml_dtypes, '__version__', 'missing')}); use backend='numpy'")
+        raise UnsupportedDtypeError(f"backend 'ml_dtypes' has no {name} here: {dtypes.numpy_missing(name)}; "
+                                    "or use backend='numpy'")
     if backend not in BUILTIN:
         raise InvalidArgumentError(f"backend for {name} must be one of auto, {', '.join(BUILTIN)}; got {backend!r}")
     return backend

@@ -290,25 +290,32 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
         raise DeviceError(f"no route takes this {source} device tensor to {target} without a host copy; "
                           "pass copy=True to allow one")
     held = adapters[target].cannot_hold(dtype)
+    # only the fallbacks that reach the target from here (torch's int2 has no widening kernel, and an
+    # ml_dtypes without int2 leaves no other side to widen it on)
+    works = frozenset(fb for fb in ("auto", "float32", "bits")
+                      if any(_search(start, adapters, target, goal, copy, raw)
+                             for goal, _, raw in _fixed_attempts(dtype, target, fb)[1:]))
     raise UnsupportedDtypeError(
         f"{target} cannot hold {dtype} from {source} bit for bit here"
         + (f" ({held})" if held else "") + "; "
-        + _way_out(dtype, target, frozenset().union(*(goal for goal, _, _ in attempts))))
+        + _way_out(dtype, target, frozenset().union(*(goal for goal, _, _ in attempts)), works))
 
 
-def _way_out(dtype: str, target: str, tried: frozenset = frozenset()) -> str:
-    """The fallbacks the table offers for ``dtype`` and not ``tried`` already, as an error message ends."""
+def _way_out(dtype: str, target: str, tried: frozenset = frozenset(),
+             works: frozenset = frozenset(("auto", "float32", "bits"))) -> str:
+    """The fallbacks the table offers for ``dtype`` and not ``tried`` already, of those that ``works``
+    (reach the target), as an error message ends."""
     if dtype in dtypes.NARROW:
         return f"or pass fallback='auto' (narrows to {dtypes.NARROW[dtype]} when every value fits, checked)"
     ways = []
     wide = _widenings(dtype)
-    if wide and dtypes.ROWS[dtype].family == "narrow" and not tried & set(wide):
+    if wide and dtypes.ROWS[dtype].family == "narrow" and not tried & set(wide) and "auto" in works:
         ways.append(f"fallback='auto' (the narrowest of {', '.join(wide)} that {target} holds: exact)")
-    if "float32" in wide and "float32" not in tried:
+    if "float32" in wide and "float32" not in tried and "float32" in works:
         ways.append("fallback='float32' (exact widening)")
-    if dtype in dtypes.BITS_OF:
+    if dtype in dtypes.BITS_OF and "bits" in works:
         ways.append(f"fallback='bits' (raw {dtypes.BITS_OF[dtype]})")
-    return "pass " + " or ".join(ways) if ways else "no fallback exists for this dtype"
+    return "pass " + " or ".join(ways) if ways else "no fallback exists for this dtype here"
 
 
 def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device: str) -> tuple:

@@ -105,10 +105,16 @@ def route_rows(dtype: str) -> list[dict]:
     ``dtype`` (every bit pattern), and whether bb.convert() kept every bit; a pair with no route says
     why ("refused"), and one whose source cannot hold the dtype says so."""
     from . import registry
+    from .errors import UnsupportedDtypeError
 
-    base = _base(dtype)
     names = registry.names()
-    sources = {s: _source(base, dtype, s) for s in names}
+    try:
+        base = _base(dtype)
+    except UnsupportedDtypeError as err:  # this ml_dtypes lacks the row: no source is made, and each row says why
+        sources = {s: (None, f"no {dtype} tensor in {s} is made here (each is made from numpy's): {_why(err)}")
+                   for s in names}
+    else:
+        sources = {s: _source(base, dtype, s) for s in names}
     rows = []
     for s in names:
         x, missing = sources[s]
@@ -213,7 +219,8 @@ def packing_rows() -> list[dict]:
         carrier = row.carrier or "uint8"
         pair = aligned_empty((2,), np.uint8)
         pair[...] = (1, 2)
-        base = pair.view(dtypes.numpy_dtype(unpacked))
+        missing = dtypes.numpy_missing(unpacked)  # (this ml_dtypes lacks it: each holder's entry says so)
+        base = pair.view(dtypes.numpy_dtype(unpacked)) if missing is None else None
         for name in registry.names():
             try:
                 a = registry.get(name)
@@ -223,9 +230,9 @@ def packing_rows() -> list[dict]:
                 continue
             entry = {"dtype": packed, "unpacked": unpacked, "framework": name, "packing": row.packing}
             try:
-                x, missing = _source(base, packed, name)
+                x, why = _source(base, packed, name) if base is not None else (None, f"numpy: {missing}")
                 if x is None:
-                    raise ValueError(missing)
+                    raise ValueError(why)
                 byte = int(convert(a.bitview(x, carrier), registry.HUB, copy=True).reshape(-1)[0])
                 entry["byte"] = f"0x{byte:02x}"
                 entry["order"] = {0x21: "first value in the low nibble (bits 0-3), second in the high nibble",
@@ -255,11 +262,13 @@ def fallback_rows() -> list[list[str]]:
     """What fallback='auto' gives each target that has no route for a dtype without one, asked of
     bb.plan() with a tensor of the dtype from the first framework that holds it (a route that packs
     or unpacks is no fallback: the matrix shows it)."""
-    from . import registry
+    from . import dtypes, registry
     from .convert import plan
 
     out = []
     for dtype in matrix_dtypes():
+        if dtypes.numpy_missing(dtypes.PACKED.get(dtype, dtype)):  # no tensor of it is made here (the matrix says why)
+            continue
         base = _base(dtype)
         src = next(((s, x) for s in registry.names() for x, _ in [_source(base, dtype, s)] if x is not None), None)
         if src is None:

@@ -2,6 +2,7 @@
 and what the adapters declare about costs agrees with what the last full run measured."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bf16bridge import registry
+from strategies import needs_newer_ml_dtypes, numpy_holds
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ROOT / "benchmarks" / "results" / "full.json"
@@ -53,7 +55,7 @@ def _check_parts(doc: str, parts: dict) -> None:
                  "## Narrow kernels against ml_dtypes' astype and torch's .to()",
                  "## Casting: cast_tree and cast_module against the loops written by hand"):
         assert head in doc, head
-    _check_kernels(parts["kernels"])
+    _check_kernels(parts["kernels"], doc)
     _check_casting(parts["casting"])
     n = len(registry.names())
     rows = parts["dtypes"]["rows"]
@@ -64,8 +66,13 @@ def _check_parts(doc: str, parts: dict) -> None:
     assert all(r["bridge"]["best"] > 0 < r["bf16"]["best"] for r in rows)
     assert all(r["workaround"].get("same_bits") for r in fp8), "a widen-move-narrow workaround changed bits"
     fp4 = [r for r in rows if r["dtype"] == "float4_e2m1fn_x2"]
-    assert sorted((r["target"], r["size"]) for r in fp4) == [
-        ("jax", "1 KiB"), ("jax", "32 MiB"), ("numpy", "1 KiB"), ("numpy", "32 MiB")]
+    left = {r["dtype"]: r["why"] for r in parts["dtypes"]["left_out"]}
+    if numpy_holds("float4_e2m1fn_x2"):
+        assert sorted((r["target"], r["size"]) for r in fp4) == [
+            ("jax", "1 KiB"), ("jax", "32 MiB"), ("numpy", "1 KiB"), ("numpy", "32 MiB")] and not left
+    else:  # left out, and the page says why: the ml_dtypes that has the row its values unpack to
+        assert fp4 == [] and re.search(needs_newer_ml_dtypes("float4_e2m1fn_x2"), left["float4_e2m1fn_x2"])
+        assert "Left out in this run: float4_e2m1fn_x2 (" in doc
     assert all(r["copies"] and r["workaround"]["same_bits"] for r in fp4), "fp4 unpacking differs from the hand one"
     ck = parts["checkpoints"]["results"]
     assert all("error" not in ck[f"bb.load {fw}"] for fw in ("numpy", "torch", "jax", "tensorflow"))
@@ -74,9 +81,10 @@ def _check_parts(doc: str, parts: dict) -> None:
     assert sh["mode"] == "quick" and sh["shards"] == 8 and all(v > 0 for v in sh["ratios"].values())
 
 
-def _check_kernels(kr: dict) -> None:
-    """Every narrow float (and bf16) both ways at both quick sizes, ours (default and one thread)
-    against astype with ml_dtypes' bits, torch's .to() beside it exactly where torch holds the dtype."""
+def _check_kernels(kr: dict, doc: str) -> None:
+    """Every narrow float (and bf16) this ml_dtypes holds both ways at both quick sizes, ours (default
+    and one thread) against astype with ml_dtypes' bits, torch's .to() beside it exactly where torch
+    holds the dtype; the others left out, each named on the page with the ml_dtypes that has it."""
     import torch
 
     from benchmarks import kernels
@@ -86,8 +94,12 @@ def _check_kernels(kr: dict) -> None:
     floats = [n for n, f in FORMATS.items() if not f.integer]
     assert len(floats) == 11 and kernels.DTYPES == ("bfloat16", *floats)
     rows = kr["rows"]
+    held = [d for d in kernels.DTYPES if numpy_holds(d)]
     assert sorted((r["dtype"], r["direction"], r["size"]) for r in rows) == sorted(
-        (d, w, z) for d in kernels.DTYPES for w in ("float32 -> dtype", "dtype -> float32") for z in kr["sizes"])
+        (d, w, z) for d in held for w in ("float32 -> dtype", "dtype -> float32") for z in kr["sizes"])
+    assert [r["dtype"] for r in kr["left_out"]] == [d for d in kernels.DTYPES if d not in held]
+    for r in kr["left_out"]:
+        assert re.search(needs_newer_ml_dtypes(r["dtype"]), r["why"]) and f"{r['dtype']} (" in doc, r
     for r in rows:
         ours = "to_dtype" if r["direction"] == "float32 -> dtype" else "to_float32"
         assert {ours, ours + ", threads=1", "ml_dtypes astype"} <= set(r["times"])
@@ -96,8 +108,9 @@ def _check_kernels(kr: dict) -> None:
         assert all(t["best"] > 0 for t in r["times"].values())
     differs = {(r["dtype"], r["direction"]) for r in rows if not r["times"].get("torch .to()", {"same_bits": 1})["same_bits"]}
     assert ("float8_e4m3fn", "float32 -> dtype") in differs, "torch's saturating fp8 went unseen (kernels.md)"
-    assert sorted((r["kernel"], r["size"]) for r in kr["nibbles"]) == [
+    assert sorted((r["kernel"], r["size"]) for r in kr["nibbles"]) == ([
         ("pack_nibbles", "1 KiB"), ("pack_nibbles", "1 MiB"), ("unpack_nibbles", "1 KiB"), ("unpack_nibbles", "1 MiB")]
+        if numpy_holds("float4_e2m1fn") else [])  # (float4_e2m1fn values: left out with it)
     assert all(all(t["same_bits"] for t in r["times"].values()) for r in kr["nibbles"])
 
 

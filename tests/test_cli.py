@@ -10,7 +10,7 @@ import pytest
 
 from bf16bridge import cli
 
-BANNERS = ("absl::InitializeLog", "oneDNN custom operations")  # tensorflow 2.21's, at import
+BANNERS = ("absl::InitializeLog", "oneDNN custom operations")  # tensorflow 2.21's, at import (2.16: the second)
 
 
 def _run(*args, env=None) -> subprocess.CompletedProcess:
@@ -263,7 +263,8 @@ def test_framework_log_banners_are_quieted_unless_the_user_set_a_level(env, bann
     out = _run("probe", "--frameworks", "tensorflow", "--json", env=_env(**env))
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout)["frameworks"]["tensorflow"]["probed"]
-    assert all((b in out.stderr) == banners for b in BANNERS), out.stderr
+    # (tensorflow 2.16, the oldest declared, prints the oneDNN line only)
+    assert any(b in out.stderr for b in BANNERS) == banners, out.stderr
 
 
 @pytest.mark.parametrize("env, level", [

@@ -44,13 +44,16 @@ import bf16bridge as bb
 from bf16bridge import dtypes as bbd
 from bf16bridge import registry
 from conftest import FRAMEWORKS, fw, ptr, type_framework
-from strategies import ALIGN, Outcome, aligned_raw, attempt, bridge_warnings, readonly_memory, writable
+from strategies import (ALIGN, Outcome, aligned_raw, attempt, bridge_warnings, lacks, numpy_holds, readonly_memory,
+                        writable)
 
 #: the module (``bf16bridge.convert`` is the function of that name)
 bb_convert = sys.modules["bf16bridge.convert"]
 
-#: every row of the table; the narrow ones drawn most
-ROWS = bbd.NAMES
+#: every row of the table numpy holds here; the narrow ones drawn most (inputs are made, and results
+#: read, through numpy's dtype of the row: an ml_dtypes without a row, 0.3.1's fp6/fp4/int2/e8m0...,
+#: leaves it out, and test_dtypes.py asserts our error naming the ml_dtypes that has it)
+ROWS = tuple(d for d in bbd.NAMES if numpy_holds(d))
 NARROW = bbd.NARROW_DTYPES
 
 
@@ -467,7 +470,7 @@ def judge(x, x_vals, p, out, to, kw, warned=None):
 @st.composite
 def specs(draw, frameworks=FRAMEWORKS, rows=None, kinds=True):
     framework = draw(st.sampled_from(frameworks))
-    pool = [d for d in (rows or ROWS) if held(framework, d) or framework == "numpy"]
+    pool = [d for d in (rows or ROWS) if (held(framework, d) or framework == "numpy") and d in ROWS]
     pool = [d for d in pool if held(framework, d)]
     if framework == "jax":
         pool = [d for d in pool if d not in ("int64", "uint64", "float64", "complex128")]
@@ -626,6 +629,10 @@ REGRESSIONS = [
     # a 0-d packed fp4 (two values in one byte) took a widening that unpacks: a raw IndexError
     (Spec("torch", "float4_e2m1fn_x2", (), offset=2, seed=11), "numpy", {"fallback": "float32"}),
     (Spec("torch", "float4_e2m1fn_x2", (), seed=12), "jax", {"fallback": "auto"}),
+    # jax 0.4.30 (the oldest declared) widened a 0-d fp8 (tensorflow 2.16 holds no fnuz) into a buffer
+    # 32 bytes past a 64-byte boundary, which tensorflow then imported zero-copy: its first kernel on
+    # it aborts the process
+    (Spec("jax", "float8_e4m3fnuz", (), seed=0), "tensorflow", {"fallback": "float32"}),
     # jax's bit-cast copies, and copy=False took it all the same
     (Spec("jax", "float8_e4m3b11fnuz", (4,), seed=13), "torch", {"copy": False, "fallback": "bits"}),
     (Spec("jax", "float8_e3m4", (2, 2), seed=14), "torch", {"copy": False, "fallback": "bits"}),
@@ -634,14 +641,21 @@ REGRESSIONS = [
 
 @pytest.mark.parametrize("spec,to,kw", REGRESSIONS, ids=lambda v: getattr(v, "dtype", None) or str(v))
 def test_what_the_fuzzing_found(spec, to, kw):
+    if lacks(spec.dtype):
+        return
+    if not held(spec.framework, spec.dtype):  # (tensorflow 2.16 has no fnuz fp8): said, by name
+        assert spec.dtype in ADAPTERS[spec.framework].cannot_hold(spec.dtype)
+        return
     check(spec.build(), to, **kw)
 
 
 def test_tensorflow_storage_only_rows_to_jax_plan_their_copies():
     # Tensor.numpy's copy is numpy's own allocation, 64-byte aligned only by chance: plan() showed
     # jax.device_put after it as zero-copy where jax then copied (sizes vary the chance)
+    # (tensorflow 2.16, the oldest declared, has no e4m3b11fnuz: e4m3fn is storage-only there too)
+    dtype = next(d for d in ("float8_e4m3b11fnuz", "float8_e4m3fn") if held("tensorflow", d))
     for n in range(1, 41):
-        check(Spec("tensorflow", "float8_e4m3b11fnuz", (n,), seed=n).build(), "jax")
+        check(Spec("tensorflow", dtype, (n,), seed=n).build(), "jax")
 
 
 # -- the remembered warnings, against warnings.warn itself ---------------------------------------

@@ -72,15 +72,9 @@ NAMES: Mapping[str, str] = types.MappingProxyType({name: code for code, (name, _
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype that holds a file dtype (ml_dtypes for bf16 and the fp8 family)."""
-    if name in dtypes.ALL:
-        return dtypes.numpy_dtype(name)
-    found = getattr(dtypes._ml_dtypes, name, None)
-    if found is None:
-        raise UnsupportedDtypeError(
-            f"{name} is not held by this ml_dtypes ({getattr(dtypes._ml_dtypes, '__version__', 'missing')}); "
-            "upgrade ml_dtypes (0.5 or newer has the fp8, fp6 and fp4 types)")
-    return np.dtype(found)
+    """The numpy dtype that holds a file dtype (ml_dtypes for bf16 and the fp8 family); the table's
+    error, naming the ml_dtypes that has it, where this one does not."""
+    return dtypes.numpy_dtype(name)
 
 
 @dataclass(frozen=True)
