@@ -18,7 +18,7 @@ import bf16bridge as bb
 from bf16bridge.errors import Bf16BridgeWarning
 
 from .harness import SIZES, machine, pairs, sample
-from .raw import raw_routes, tf_dlpack
+from .raw import from_tf, raw_routes
 
 BUDGET_S, QUICK_BUDGET_S = 1.5, 0.03  # seconds a comparison runs, all contenders together
 MIN_ROUNDS, QUICK_MIN_ROUNDS = 20, 3
@@ -173,13 +173,13 @@ class _Raw:
             ("torch", "jax"): lambda t: jnp.from_dlpack(t.detach()),
             ("jax", "torch"): torch.from_dlpack,
             ("torch", "tensorflow"): lambda t: imp(t.detach().__dlpack__()),
-            ("tensorflow", "torch"): lambda x: torch.from_dlpack(tf_dlpack(x)),
+            ("tensorflow", "torch"): from_tf(torch.from_dlpack),
             ("jax", "tensorflow"): lambda j: imp(j.__dlpack__()),
-            ("tensorflow", "jax"): lambda x: jnp.from_dlpack(tf_dlpack(x)),
+            ("tensorflow", "jax"): from_tf(jnp.from_dlpack),
             ("numpy", "torch"): lambda a: torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16),
             ("torch", "numpy"): lambda t: np.from_dlpack(t.detach().view(torch.uint16)).view(bf16),
             ("numpy", "tensorflow"): np_to_tf,
-            ("tensorflow", "numpy"): lambda x: np.from_dlpack(tf_dlpack(tf.bitcast(x, tf.uint16))).view(bf16),
+            ("tensorflow", "numpy"): lambda x, _in=from_tf(np.from_dlpack): _in(tf.bitcast(x, tf.uint16)).view(bf16),
         }
 
 

@@ -31,14 +31,22 @@ class _Capsule:
         return self._device
 
 
-def tf_dlpack(x):
-    """A tensorflow tensor as what a DLPack importer takes: itself, or where it has no ``__dlpack__``
-    (tensorflow 2.16, the oldest declared) its own exporter's capsule, wrapped."""
-    if hasattr(x, "__dlpack__"):
-        return x
+def _wrapped(x):
     import tensorflow as tf
 
     return _Capsule(tf.experimental.dlpack.to_dlpack(x), (1, 0))  # kDLCPU, device 0
+
+
+def from_tf(importer):
+    """``importer`` (a DLPack importer: torch.from_dlpack, np.from_dlpack, jnp.from_dlpack) taking a
+    tensorflow tensor: itself where tensorflow's tensors have ``__dlpack__``, else (tensorflow 2.16,
+    the oldest declared) through its own exporter's capsule, wrapped. Chosen once, when the contenders
+    are built, so nothing is asked inside a timed call."""
+    import tensorflow as tf
+
+    if hasattr(type(tf.constant(0)), "__dlpack__"):
+        return importer
+    return lambda x: importer(_wrapped(x))
 
 
 def raw_routes() -> dict:
@@ -55,9 +63,9 @@ def raw_routes() -> dict:
         ("jax", "torch"): lambda j: torch.from_dlpack(j),
         ("jax", "numpy"): lambda j: np.asarray(j),
         ("jax", "tensorflow"): lambda j: tf_import(j.__dlpack__()),
-        ("tensorflow", "torch"): lambda x: torch.from_dlpack(tf_dlpack(x)),
-        ("tensorflow", "numpy"): lambda x: np.from_dlpack(tf_dlpack(tf.bitcast(x, tf.uint16))).view(bf16),
-        ("tensorflow", "jax"): lambda x: jnp.from_dlpack(tf_dlpack(x)),
+        ("tensorflow", "torch"): from_tf(torch.from_dlpack),
+        ("tensorflow", "numpy"): lambda x, _in=from_tf(np.from_dlpack): _in(tf.bitcast(x, tf.uint16)).view(bf16),
+        ("tensorflow", "jax"): from_tf(jnp.from_dlpack),
     }
 
 

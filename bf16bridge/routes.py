@@ -291,9 +291,10 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
                           "pass copy=True to allow one")
     held = adapters[target].cannot_hold(dtype)
     # only the fallbacks that reach the target from here (torch's int2 has no widening kernel, and an
-    # ml_dtypes without int2 leaves no other side to widen it on)
+    # ml_dtypes without int2 leaves no other side to widen it on); asked as copy=None would: a fallback
+    # that copies is still offered under copy=False, whose own error then names copy=None
     works = frozenset(fb for fb in ("auto", "float32", "bits")
-                      if any(_search(start, adapters, target, goal, copy, raw)
+                      if any(_search(start, adapters, target, goal, None if copy is False else copy, raw)
                              for goal, _, raw in _fixed_attempts(dtype, target, fb)[1:]))
     raise UnsupportedDtypeError(
         f"{target} cannot hold {dtype} from {source} bit for bit here"

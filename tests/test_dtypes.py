@@ -421,6 +421,24 @@ def test_fallback_error_names_the_dtype_the_target_and_the_way_out(dtype, source
 
 
 @pytest.mark.parametrize("dtype,source,target", FALLBACK_CASES)
+def test_every_fallback_the_error_offers_works_and_copy_false_offers_the_same(dtype, source, target):
+    """The refusal offers only fallbacks that reach the target, and each does (with copy=None, the
+    default); under copy=False the same ones are offered (each copies: its own error then names
+    copy=None), never "no fallback exists" (a copy=False refusal once dropped every fallback that copies)."""
+    import re
+
+    x = make(source, _patterns(dtype))
+    offered = {}
+    for copy in (None, False):
+        with pytest.raises(bb.UnsupportedDtypeError) as err:
+            bb.convert(x, target, copy=copy)
+        offered[copy] = re.findall(r"fallback='(\w+)'", str(err.value))
+    assert offered[None] and offered[False] == offered[None], offered
+    for fallback in offered[None]:
+        bb.convert(x, target, fallback=fallback, on_alias="allow")
+
+
+@pytest.mark.parametrize("dtype,source,target", FALLBACK_CASES)
 def test_fallback_auto_widens_to_the_narrowest_exact_dtype_the_target_holds(dtype, source, target):
     a = _patterns(dtype)
     x = make(source, a)

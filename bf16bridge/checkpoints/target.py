@@ -214,7 +214,10 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
         f.check()  # a bad entry refuses the file before any tensor is read or cast
         for key in f.keys():
             info = f.info(key)
-            dtype_out, reason = _choose(info, target, dtype, for_compute, device)
+            try:
+                dtype_out, reason = _choose(info, target, dtype, for_compute, device)
+            except Bf16BridgeError as err:  # (a dtype this ml_dtypes lacks: numpy cannot hold F4)
+                raise type(err)(f"{f.path}: key {key!r}: {err}") from err
             if dtype_out == info.dtype:
                 value = f.get(key, target, fallback=fallback)
                 copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
