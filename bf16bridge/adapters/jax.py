@@ -6,6 +6,7 @@ from numpy through ``jax.device_put``."""
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 
 import jax
@@ -176,6 +177,23 @@ def _import_aligned(obj):
 _REFUSES_UNALIGNED = _refuses_unaligned()
 
 
+def _allocates_aligned() -> bool:
+    """Whether the buffers this jax allocates (results, copies) start on an ALIGN boundary, tried
+    once on a few sizes: jax 0.10 aligns them to 64 bytes; jax 0.4.30 on CPU to 16 (16, 32 or 48
+    past a boundary), which tensorflow's kernels abort on when such a buffer is imported zero-copy."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        for n in (1, 3, 24, 100, 4099):
+            x = jnp.arange(n, dtype=jnp.uint8) + 1  # a computed result (a constant may be cached)
+            for y in (x, jnp.array(x, copy=True)):
+                y.block_until_ready()  # a pointer asked of a pending result has hung a process here
+                if y.unsafe_buffer_pointer() % ALIGN:
+                    return False
+    return True
+
+
+_ALIGNED = _allocates_aligned()
+
+
 def _key(entry):
     """A jax key-path entry as the plain key an error message shows."""
     for attr in ("name", "key", "idx"):  # GetAttrKey, DictKey / FlattenedIndexKey, SequenceKey
@@ -236,6 +254,7 @@ class JaxAdapter(Adapter):
     label_bitview = "lax.bitcast_convert_type({dtype})"
     label_import = "jax.numpy.from_dlpack"
     label_copy = "jax.numpy.array(copy=True)"
+    copies_aligned = _ALIGNED
 
     dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
     dlpack_import = frozenset(dtypes.ALL) | _DLPACK_IN
@@ -256,14 +275,14 @@ class JaxAdapter(Adapter):
     def handoffs(self):
         out = [
             Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, dtypes=_SHARED,
-                    verify=True),
+                    verify=True, copies_aligned=_ALIGNED),
             # zero-copy as a rule, but numpy decides (a jax array over foreign strides is copied)
             Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None,
                     dtypes=_SHARED - _ASARRAY_COPIES, verify=True),
         ]
         if _PUT_COPIES or _ASARRAY_COPIES:
             out += [Handoff("numpy", "jax", "jax.device_put (packs)", jax.device_put, _packs_copy,
-                            dtypes=_PUT_COPIES),
+                            dtypes=_PUT_COPIES, copies_aligned=_ALIGNED),
                     # numpy.array: its own writable copy (numpy.asarray's would be read-only)
                     Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
                             dtypes=_PUT_COPIES | _ASARRAY_COPIES, copies_aligned=False)]
@@ -299,9 +318,9 @@ class JaxAdapter(Adapter):
         (dev,) = devices
         return Source(
             value=x, dtype=name, shape=tuple(x.shape), nbytes=x.nbytes,
-            # jax buffers are dense, row-major and 64-byte aligned (XLA allocates them so, and
-            # imports anything else by copying)
-            layout=CONTIGUOUS, aligned=True, readonly=False,
+            # jax buffers are dense and row-major, and 64-byte aligned where this jax allocates them so
+            # (_ALIGNED; it imports anything else by copying); else the pointer says, where it matters
+            layout=CONTIGUOUS, aligned=_ALIGNED or not alignment or self.data_ptr(x) % ALIGN == 0, readonly=False,
             device="cpu" if dev.platform == "cpu" else f"{dev.platform}:{dev.id}",
         )
 
@@ -316,7 +335,9 @@ class JaxAdapter(Adapter):
     def fast_key(self, x, alignment):
         if isinstance(x, _Tracer) or x.is_deleted():
             return None
-        return (x.dtype, x.sharding, 0 in x.shape)  # jax buffers are dense and aligned
+        if _ALIGNED or not alignment:
+            return (x.dtype, x.sharding, 0 in x.shape)  # jax buffers are dense (and aligned: _ALIGNED)
+        return (x.dtype, x.sharding, 0 in x.shape, self.data_ptr(x) % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
         x.block_until_ready()  # a pointer asked of a pending result has hung a process here
@@ -371,7 +392,17 @@ class JaxAdapter(Adapter):
                     "routes into jax run it, and convert's hot path reads no input's alignment for them"
                     if _REFUSES_UNALIGNED else
                     "jax.numpy.from_dlpack(copy=False) took a buffer not 64-byte aligned: convert's hot "
-                    "path reads each input's alignment for routes into jax"))}
+                    "path reads each input's alignment for routes into jax")),
+                "pure_callback vmap_method": (_VMAP_METHOD, (
+                    "jax.pure_callback takes vmap_method: a bridged function under vmap needs one"
+                    if _VMAP_METHOD else
+                    f"jax {jax.__version__}'s pure_callback has no vmap_method: under vmap a bridged function "
+                    "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
+                "aligned buffers": (_ALIGNED, (
+                    "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer"
+                    if _ALIGNED else
+                    "jax allocates buffers not 64-byte aligned: a jax array's pointer is read where a route "
+                    "depends on it (tensorflow takes only aligned ones)"))}
 
     computes = True
 
@@ -555,8 +586,22 @@ def _foreign_fn(call, leaves, shape_dtype):
     return f
 
 
+#: whether jax.pure_callback takes vmap_method; jax 0.4.30's has none (its ``vectorized=False``
+#: default runs the callback once per batch element, as vmap_method="sequential"; any other
+#: keyword it hands to the callback, which failed as "not a valid JAX type")
+_VMAP_METHOD = "vmap_method" in inspect.signature(jax.pure_callback).parameters
+
+
 def _callback(vmap_method, fn, avals, *args):
-    kw = {} if vmap_method is None else {"vmap_method": vmap_method}
+    if _VMAP_METHOD:
+        kw = {} if vmap_method is None else {"vmap_method": vmap_method}
+    elif vmap_method in (None, "sequential"):
+        kw = {}  # this jax's one batching rule: once per batch element
+    else:
+        raise UnsupportedTypeError(
+            f"vmap_method={vmap_method!r}: jax {jax.__version__}'s pure_callback has no vmap_method; its one "
+            "batching rule runs the function once per batch element: pass vmap_method='sequential', or "
+            "upgrade jax (pip install -U jax) for the others")
     try:
         return jax.pure_callback(fn, avals, *args, **kw)
     except NotImplementedError as err:
