@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,44 @@ _SHARED = frozenset(dtypes.ALL) | (_HELD - _PUT_COPIES)
 def _casts(src: str, dst: str) -> bool:
     """Whether astype keeps every src value in dst (XLA on CPU may flush subnormals), tried once."""
     return cast_matches(src, dst, lambda a: np.asarray(jax.device_put(a).astype(dtypes.numpy_dtype(dst))))
+
+
+def _rounding_probe(src: str) -> np.ndarray:
+    """Values of float row ``src`` where two casts from it differ if they round differently: every
+    pattern of a 16-bit or narrower type; for float32 and float64, every exponent (subnormals
+    included) under mantissas at, just below and just above a tie at each bit (a tie plus the
+    smallest tail shows a double rounding)."""
+    dt = dtypes.numpy_dtype(src)
+    if dt.itemsize <= 2:
+        return dtypes.all_patterns(src).view(dt)
+    mant = 23 if dt.itemsize == 4 else 52
+    u = np.dtype(f"u{dt.itemsize}")
+    tails = sorted({m for k in range(mant) for m in (1 << k, (1 << k) - 1, (1 << k) + 1, 3 << k)
+                    if m < 1 << mant})
+    heads = np.arange(1 << (dt.itemsize * 8 - mant), dtype=u) << u.type(mant)  # sign and exponent
+    return (heads[:, None] | np.array(tails, u)[None, :]).ravel().view(dt)
+
+
+@functools.lru_cache(maxsize=None)
+def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
+    """Whether jax's astype from float row ``src`` to ``dst`` gives ml_dtypes' bits (a NaN: a NaN),
+    tried once on _rounding_probe(src) on the CPU. jax 0.4.30's flushes float32 subnormals to zero
+    on the way to bf16 and rounds float32 to the fp8 types twice; jax 0.10's agrees."""
+    a = _rounding_probe(src)
+    to = dtypes.numpy_dtype(dst)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
+        want = a.astype(to)
+        got = np.asarray(jax.device_put(a, jax.devices("cpu")[0]).astype(to))
+        nan = np.isnan(want.astype(np.float32))
+        return bool(np.isnan(got[nan].astype(np.float32)).all()
+                    and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))
+
+
+def _floats(name: str | None) -> bool:
+    """A floating row numpy holds here, one value a byte or more (ml_dtypes' cast is the reference)."""
+    row = dtypes.ROWS.get(name or "")
+    return row is not None and row.kind == "float" and row.packing == 1 and dtypes.numpy_missing(name) is None
 
 
 def _packs_copy(layout, aligned):
@@ -362,6 +401,14 @@ class JaxAdapter(Adapter):
         return jnp.array(x, copy=True)
 
     def astype(self, x, dtype):
+        src = dtypes.name_of_numpy(x.dtype)
+        if src != dtype and _floats(src) and _floats(dtype) and not _rounds_as_ml_dtypes(src, dtype):
+            # this jax rounds to other bits than ml_dtypes here (jax 0.4.30: float32 subnormals
+            # flushed on the way to bf16, float32 rounded twice on the way to fp8): ml_dtypes'
+            # cast in numpy, put back where x was (a copy through the host)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return jax.device_put(np.asarray(x).astype(dtypes.numpy_dtype(dtype)), x.sharding)
         return x.astype(dtypes.numpy_dtype(dtype))
 
     def to_host(self, x):
