@@ -150,7 +150,7 @@ def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
         want = a.astype(to)
-        got = np.asarray(jax.device_put(a, jax.devices("cpu")[0]).astype(to))
+        got = np.asarray(jax.device_put(a, jax.local_devices(backend="cpu")[0]).astype(to))
         nan = np.isnan(want.astype(np.float32))
         return bool(np.isnan(got[nan].astype(np.float32)).all()
                     and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))
@@ -220,7 +220,7 @@ def _allocates_aligned() -> bool:
     """Whether the buffers this jax allocates (results, copies) start on an ALIGN boundary, tried
     once on a few sizes: jax 0.10 aligns them to 64 bytes; jax 0.4.30 on CPU to 16 (16, 32 or 48
     past a boundary), which tensorflow's kernels abort on when such a buffer is imported zero-copy."""
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         for n in (1, 3, 24, 100, 4099):
             x = jnp.arange(n, dtype=jnp.uint8) + 1  # a computed result (a constant may be cached)
             for y in (x, jnp.array(x, copy=True)):
