@@ -45,6 +45,15 @@ from .harness import MiB, machine, measure, memcpy_floor, peak_extra_bytes, samp
 SIZE = {"full": 256 * MiB, "quick": 1 * MiB}
 
 
+def _mesh(shape, axes):
+    """jax.make_mesh where this jax has it; jax 0.4.30 has not: a Mesh over its devices."""
+    import jax
+
+    if hasattr(jax, "make_mesh"):
+        return jax.make_mesh(shape, axes)
+    return jax.sharding.Mesh(np.array(jax.devices(), dtype=object).reshape(shape), axes)
+
+
 def _ratio(a: dict, b: dict) -> float:
     return a["median"] / b["median"]
 
@@ -61,7 +70,7 @@ def run(quick: bool, log=print) -> dict:
     nbytes = SIZE[mode]
     cols = 16384 if not quick else 512
     host = sample(nbytes).reshape(-1, cols)
-    mesh = jax.make_mesh((DEVICES,), ("x",))
+    mesh = _mesh((DEVICES,), ("x",))
     x = jax.device_put(host, NamedSharding(mesh, PartitionSpec("x", None)))
     x.block_until_ready()
     log(f"{mode}: a {host.shape} bf16 array ({nbytes / MiB:.0f} MiB) over {DEVICES} devices, P('x', None)")
@@ -103,7 +112,7 @@ def run(quick: bool, log=print) -> dict:
     # each replica a buffer of its own (device_put of one aligned host array would alias it, and
     # replicas over one buffer are not read). What comparing the replicas costs (it reads both of
     # each pair), against the same calls told not to compare (compare_replicas=False)
-    rsharding = NamedSharding(jax.make_mesh((DEVICES // 2, 2), ("x", "y")), PartitionSpec("x", None))
+    rsharding = NamedSharding(_mesh((DEVICES // 2, 2), ("x", "y")), PartitionSpec("x", None))
     places = rsharding.addressable_devices_indices_map(host.shape)
     xr = jax.make_array_from_single_device_arrays(
         host.shape, rsharding, [jax.device_put(np.array(host[idx]), dev) for dev, idx in places.items()])
