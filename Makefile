@@ -49,7 +49,7 @@ $(LEGACY_STAMP): pyproject.toml
 $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 	$(PY) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
-	$(OLDEST)/bin/python -m pip install --quiet -c constraints-oldest.txt -e '.[torch,jax,tensorflow-cpu,test]'
+	$(OLDEST)/bin/python -m pip install --quiet -c constraints-oldest.txt -e '.[torch,jax,tensorflow-cpu,test,trees]'
 	touch $(OLDEST_STAMP)
 
 $(NUMPY25_STAMP): pyproject.toml constraints-numpy25.txt
