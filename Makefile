@@ -8,10 +8,18 @@ STAMP := $(VENV)/.installed
 LEGACY := .venv-legacy
 LEGACY_STAMP := $(LEGACY)/.installed
 # a third: the oldest versions pyproject.toml declares (constraints-oldest.txt), all four
-# frameworks, running the bit, awkward-input and probe tests
+# frameworks and the tree libraries, running the whole suite but the files named here, each not yet
+# made to pass at those versions (their features missing there must be our error, tested so):
+# - test_dtypes, test_dtype_docs, test_narrow_kernels, test_fuzz_routes, test_cli, test_parity:
+#   they make ml_dtypes types 0.3.1 lacks (float4_e2m1fn, float8_e8m0fnu, float8_e4m3, int2, ...)
+# - test_checkpoints, test_checkpoint_first, test_checkpoint_fuzz: the same, in checkpoint files
+# - test_benchmarks_smoke: the harness's dtype and checkpoint parts, the same
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
-OLDEST_TESTS := tests/test_bits.py tests/test_inputs.py tests/test_probe.py
+OLDEST_SKIP := tests/test_dtypes.py tests/test_dtype_docs.py tests/test_narrow_kernels.py tests/test_fuzz_routes.py \
+	tests/test_cli.py tests/test_parity.py tests/test_checkpoints.py tests/test_checkpoint_first.py \
+	tests/test_checkpoint_fuzz.py tests/test_benchmarks_smoke.py
+OLDEST_TESTS := $(filter-out $(OLDEST_SKIP),$(sort $(wildcard tests/test_*.py)))
 # a fourth: NumPy 2.5 (its DLPack dtype registry, for real) and jax 0.11.2, the device machine's
 # versions (constraints-numpy25.txt), on Python 3.12 (numpy 2.5 needs it), numpy and jax only
 NUMPY25 := .venv-numpy25

@@ -174,7 +174,8 @@ def numpy_missing(name: str) -> str | None:
     if d.family == "standard":
         return None
     if d.packing > 1:
-        unpacked = numpy_missing(d.unpacked)  # (ml_dtypes 0.3.1 has no float4_e2m1fn either)
+        # (ml_dtypes 0.3.1 has no float4_e2m1fn either)
+        unpacked = numpy_missing(d.unpacked) if d.unpacked is not None else None
         if unpacked is not None:
             return f"numpy has no packed {name} dtype ({d.packing} values a byte), nor {d.unpacked}: {unpacked}"
         return (f"numpy has no packed {name} dtype ({d.packing} values a byte); it holds {d.unpacked}, "

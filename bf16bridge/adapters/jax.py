@@ -158,8 +158,8 @@ def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
 
 def _floats(name: str | None) -> bool:
     """A floating row numpy holds here, one value a byte or more (ml_dtypes' cast is the reference)."""
-    row = dtypes.ROWS.get(name or "")
-    return row is not None and row.kind == "float" and row.packing == 1 and dtypes.numpy_missing(name) is None
+    row = dtypes.ROWS.get(name) if name is not None else None
+    return row is not None and row.kind == "float" and row.packing == 1 and dtypes.numpy_missing(row.name) is None
 
 
 def _packs_copy(layout, aligned):
