@@ -45,6 +45,15 @@ from .harness import MiB, machine, measure, memcpy_floor, peak_extra_bytes, samp
 SIZE = {"full": 256 * MiB, "quick": 1 * MiB}
 
 
+def _mesh(shape, axes):
+    """jax.make_mesh where this jax has it; jax 0.4.30 has not: a Mesh over its devices."""
+    import jax
+
+    if hasattr(jax, "make_mesh"):
+        return jax.make_mesh(shape, axes)
+    return jax.sharding.Mesh(np.array(jax.devices(), dtype=object).reshape(shape), axes)
+
+
 def _ratio(a: dict, b: dict) -> float:
     return a["median"] / b["median"]
 

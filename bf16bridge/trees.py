@@ -369,6 +369,14 @@ def _container(fn, node, path, walk: _Walk):
     if t is dict:
         return {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
     if isinstance(node, Mapping):
+        if not isinstance(node, dict):
+            # a mapping a tree library registers (flax's nnx.State, FrozenDict) rebuilt its own way: flax
+            # 0.10's State hands its nested levels out as new States (state["lin"]), from which
+            # State(items) built a State of States that its own state["lin"] then refused (ValueError)
+            found = children(node)
+            if found is not None:
+                keys, values, rebuild = found
+                return rebuild([_walk(fn, v, path + (k,), walk) for k, v in zip(keys, values)])
         items = {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
         if isinstance(node, dict):
             out = _copy.copy(node)  # keeps the type, a defaultdict's factory, attributes

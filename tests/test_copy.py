@@ -189,3 +189,40 @@ def test_a_large_torch_copy_faults_no_more_pages_than_np_copy(layout):
     y = bb.convert(x, "torch", copy=True)
     assert y.is_contiguous() and y.dtype == torch.bfloat16 and y.shape == x.shape and ptr(y) % 64 == 0
     np.testing.assert_array_equal(bits(y), np.ascontiguousarray(a.T if layout == "transposed" else a))
+
+
+_JAX_TO_TF = r"""
+import sys
+import numpy as np, jax, jax.numpy as jnp, tensorflow as tf
+import bf16bridge as bb
+sys.path.insert(0, sys.argv[1])
+from conftest import bits, ptr
+
+for n in (1, 2, 3, 6, 8, 16, 100, 1000, 5000):
+    # jax's own results and copies (jax 0.4.30 allocates them 16, 32 or 48 bytes past a 64-byte boundary)
+    x = (jnp.arange(n, dtype=jnp.float32) * 1.5 - 7).astype(jnp.bfloat16)
+    for v in (x, jnp.array(x, copy=True)):
+        for copy in (None, True):
+            y = bb.convert(v, "tensorflow", copy=copy)
+            assert ptr(y) % 64 == 0, (n, copy, ptr(y) % 64, bb.plan(v, to="tensorflow", copy=copy))
+            z = y * tf.constant(2, tf.bfloat16)  # a tf kernel: on an unaligned buffer, the process aborts
+            np.testing.assert_array_equal(bits(z), bits(v * jnp.bfloat16(2)))
+            np.testing.assert_array_equal(bits(bb.convert(y, "tensorflow", copy=True)), bits(v))
+print("ok")
+"""
+
+
+@pytest.mark.frameworks("jax", "tensorflow")
+def test_jax_arrays_reach_tensorflow_aligned():
+    """jax 0.4.30 allocates its CPU buffers 16 bytes aligned, not 64: the jax adapter said every jax
+    array was aligned, so one crossed into tensorflow zero-copy, and the next tf kernel on it (a
+    multiply, or convert's own DeepCopy) aborted the process ("Check failed: IsAligned()"). A child
+    process, since the failure is an abort."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _JAX_TO_TF, here], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])

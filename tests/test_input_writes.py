@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from conftest import BF16, bits, make
+from conftest import BF16, bits, make, ptr
 
 WRITES = {
     "add_": lambda x: x.add_(1),
@@ -333,20 +333,11 @@ def test_a_fresh_result_still_crosses_without_a_copy(caller, callee):
 
     def fn(x):
         y = x * 2
-        seen.append(_pointer(y))
+        seen.append(ptr(y))
         return y
 
     y = bb.bridge(callee)(fn)(make(caller, _data()))
-    assert (_pointer(y) != seen[0]) if callee == "tensorflow" else (_pointer(y) == seen[0])
-
-
-def _pointer(x) -> int:
-    mod = type(x).__module__.split(".")[0]
-    if mod == "torch":
-        return x.data_ptr()
-    if mod in ("jax", "jaxlib"):
-        return x.block_until_ready().unsafe_buffer_pointer()
-    return int(np.from_dlpack(__import__("tensorflow").bitcast(x, __import__("tensorflow").uint16)).ctypes.data)
+    assert (ptr(y) != seen[0]) if callee == "tensorflow" else (ptr(y) == seen[0])
 
 
 @pytest.mark.parametrize("how", ["identity", "reshape"])
@@ -356,7 +347,7 @@ def test_a_torch_callees_view_of_its_input_comes_back_to_an_immutable_caller_wit
     InputWrittenError says so otherwise): it crosses back as it is, not copied as a kept tensor."""
     x = make(caller, _data())
     y = bb.bridge("torch")(_passthrough("torch", how))(x)
-    assert _pointer(y) == _pointer(x)
+    assert ptr(y) == ptr(x)
 
 
 # -- what the callee keeps, told exactly: a view of an intermediate, a result only the pullback keeps --
@@ -450,7 +441,7 @@ def test_a_view_of_a_torch_intermediate_comes_to_an_immutable_caller_without_a_c
 
     data = np.arange(8 * 32, dtype=np.float32).astype(BF16).reshape(8, 32)
     ys = bb.bridge("torch")(split)(make(caller, data))
-    assert [_pointer(y) for y in ys] == seen
+    assert [ptr(y) for y in ys] == seen
     assert np.array_equal(np.concatenate([bits(y) for y in ys]), bits(make("torch", data) * 2))
 
     def held(x):

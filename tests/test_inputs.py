@@ -188,6 +188,24 @@ def test_an_empty_unaligned_tf_tensor_into_jax_is_planned_as_it_is_converted(cop
 
 
 @pytest.mark.frameworks("jax", "tensorflow")
+def test_an_empty_tf_tensors_fast_key_reads_its_alignment_as_describe_does():
+    """convert's fast key called every empty tf tensor unaligned while describe read its pointer: an
+    unaligned empty one (jax 0.4.30's, imported zero-copy) took the zero-copy plan cached for an
+    aligned one, which plan() refused under copy=False (found by the property tests at the oldest
+    versions). The key and the description must say the same."""
+    import jax.numpy as jnp
+    import tensorflow as tf
+
+    from bf16bridge.adapters.tensorflow import ADAPTER
+
+    empties = [tf.zeros((0,), tf.bfloat16), tf.zeros((2, 0), tf.uint16),
+               bb.convert(jnp.zeros((0, 3), jnp.bfloat16), "tensorflow"),
+               bb.convert(aligned_copy(_bf16((8,)), offset_bytes=2)[:0], "tensorflow")]
+    for x in empties:
+        assert ADAPTER.fast_key(x, True)[3] == ADAPTER.describe(x).aligned, x
+
+
+@pytest.mark.frameworks("jax", "tensorflow")
 def test_a_buffer_described_aligned_that_is_not_is_copied_not_refused(monkeypatch):
     """Where a source describes a buffer as aligned that jax's import finds is not (a property test
     found one tf scalar so, once), convert plans it again as unaligned: the bits arrive, copied, and
@@ -937,3 +955,23 @@ def test_padded_sub_byte_ints_through_auto_arrive_as_their_values(dtype, dst):
     else:
         assert p.dtype_out in row.widenings
         np.testing.assert_array_equal(bits(y).view(np.dtype(p.dtype_out)).astype(np.int64), values)
+
+
+@pytest.mark.parametrize("dst", ["torch", "jax", "tensorflow", "numpy"])
+def test_numpy_ulonglong_crosses_as_uint64(dst):
+    """An array of numpy's ulonglong (what numpy 1.x's uint64 * a Python int gives; its dtype equals
+    uint64) reached torch.from_numpy, which refuses that type with a raw TypeError."""
+    a = np.array([1, 2**40 + 1, 2**64 - 1], dtype=np.ulonglong)
+    assert a.dtype == np.uint64
+    if dst == "jax":  # jax holds uint64 only in 64-bit mode
+        import jax
+
+        before = jax.config.jax_enable_x64
+        jax.config.update("jax_enable_x64", True)
+    try:
+        y = bb.convert(a, dst)
+        assert dtype_name(y) == "uint64"
+        np.testing.assert_array_equal(bits(y), a.view(np.uint64))
+    finally:
+        if dst == "jax":
+            jax.config.update("jax_enable_x64", before)

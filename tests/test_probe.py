@@ -404,8 +404,9 @@ def test_declared_lower_bounds_are_the_oldest_tested_and_pins_match_the_table():
 
     from packaging.requirements import Requirement
 
+    # (the oldest set also pins the tree libraries its tests walk, and the jax libraries under them)
     oldest = _pins("constraints-oldest.txt")
-    assert oldest == {k: v[0] for k, v in versions.TESTED.items()}
+    assert {k: v for k, v in oldest.items() if k in versions.TESTED} == {k: v[0] for k, v in versions.TESTED.items()}
     # the newest tested of each: the newer of the full set's pin and the numpy 2.5 set's (numpy, jax);
     # both also pin the tools the tests use (mypy, hypothesis, the tree libraries)
     newest = _pins("constraints.txt")

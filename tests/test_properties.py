@@ -426,7 +426,9 @@ def test_jax_64_bit_types_follow_the_x64_flag_at_each_call(flags, dtype, src):
     # at run time: each call must read it (a route cached under the other setting
     # narrows silently or refuses wrongly).
     jax = fw("jax")
-    a = np.arange(1, 7, dtype=np.uint8).astype(dtype) * (2**40 + 1 if dtype != "complex128" else 1)
+    # (astype again: numpy 1.x's uint64 * a Python int is an array of ulonglong, which the test's own
+    # torch.from_numpy refuses; bb.convert takes it, tests/test_inputs.py)
+    a = (np.arange(1, 7, dtype=np.uint8).astype(dtype) * (2**40 + 1 if dtype != "complex128" else 1)).astype(dtype)
     x = make(src, a)
     want = result_bits(x)
     before = jax.config.jax_enable_x64

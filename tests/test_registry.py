@@ -180,5 +180,13 @@ def test_docs_route_matrix_is_the_one_the_planner_makes():
     from bf16bridge import demo
 
     doc = (pathlib.Path(__file__).parents[1] / "docs" / "routes.md").read_text()
-    saved = re.search(r"<!-- matrix:.*?-->\n(.*?)\n<!-- /matrix -->", doc, re.S).group(1)
-    assert saved.strip() == demo.matrix("markdown").strip()
+    saved = re.search(r"<!-- matrix:.*?-->\n(.*?)\n<!-- /matrix -->", doc, re.S).group(1).strip().splitlines()
+    made = demo.matrix("markdown").strip().splitlines()
+    if not bb.probe().frameworks["jax"].facts["aligned buffers"][0]:
+        # a jax that allocates its buffers not 64-byte aligned (jax 0.4.30; the doc is the newest set's):
+        # jax -> tensorflow copies where the demo's array is unaligned (most often; tensorflow's kernels abort
+        # on an unaligned buffer) and is the doc's zero-copy route where it is aligned; the other rows agree
+        row = next(i for i, line in enumerate(made) if line.startswith("| jax | tensorflow |"))
+        assert made[row] == saved[row] or made[row].endswith("| True | False | True |"), made[row]
+        del made[row], saved[row]
+    assert saved == made

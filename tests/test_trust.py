@@ -281,11 +281,13 @@ def test_tree_of_jax_registered_nodes():
     import jax
     import torch
 
-    @jax.tree_util.register_dataclass
     @dataclasses.dataclass
     class Layer:
         w: object
         b: object
+
+    # the fields named: jax 0.4.30's register_dataclass takes them only so
+    jax.tree_util.register_dataclass(Layer, data_fields=["w", "b"], meta_fields=[])
 
     out = bb.convert_tree({"layer": Layer(_bf16(), [_bf16(4)])}, "torch")
     assert type(out["layer"]) is Layer

@@ -6,7 +6,9 @@ from numpy through ``jax.device_put``."""
 from __future__ import annotations
 
 import functools
+import inspect
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +124,44 @@ def _casts(src: str, dst: str) -> bool:
     return cast_matches(src, dst, lambda a: np.asarray(jax.device_put(a).astype(dtypes.numpy_dtype(dst))))
 
 
+def _rounding_probe(src: str) -> np.ndarray:
+    """Values of float row ``src`` where two casts from it differ if they round differently: every
+    pattern of a 16-bit or narrower type; for float32 and float64, every exponent (subnormals
+    included) under mantissas at, just below and just above a tie at each bit (a tie plus the
+    smallest tail shows a double rounding)."""
+    dt = dtypes.numpy_dtype(src)
+    if dt.itemsize <= 2:
+        return dtypes.all_patterns(src).view(dt)
+    mant = 23 if dt.itemsize == 4 else 52
+    u = np.dtype(f"u{dt.itemsize}")
+    tails = sorted({m for k in range(mant) for m in (1 << k, (1 << k) - 1, (1 << k) + 1, 3 << k)
+                    if m < 1 << mant})
+    heads = np.arange(1 << (dt.itemsize * 8 - mant), dtype=u) << u.type(mant)  # sign and exponent
+    return (heads[:, None] | np.array(tails, u)[None, :]).ravel().view(dt)
+
+
+@functools.lru_cache(maxsize=None)
+def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
+    """Whether jax's astype from float row ``src`` to ``dst`` gives ml_dtypes' bits (a NaN: a NaN),
+    tried once on _rounding_probe(src) on the CPU. jax 0.4.30's flushes float32 subnormals to zero
+    on the way to bf16 and rounds float32 to the fp8 types twice; jax 0.10's agrees."""
+    a = _rounding_probe(src)
+    to = dtypes.numpy_dtype(dst)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
+        want = a.astype(to)
+        got = np.asarray(jax.device_put(a, jax.local_devices(backend="cpu")[0]).astype(to))
+        nan = np.isnan(want.astype(np.float32))
+        return bool(np.isnan(got[nan].astype(np.float32)).all()
+                    and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))
+
+
+def _floats(name: str | None) -> bool:
+    """A floating row numpy holds here, one value a byte or more (ml_dtypes' cast is the reference)."""
+    row = dtypes.ROWS.get(name) if name is not None else None
+    return row is not None and row.kind == "float" and row.packing == 1 and dtypes.numpy_missing(row.name) is None
+
+
 def _packs_copy(layout, aligned):
     return "jax stores sub-byte types packed: its hand-off with numpy converts (a copy)"
 
@@ -181,6 +221,23 @@ def _import_aligned(obj):
 
 
 _REFUSES_UNALIGNED = _refuses_unaligned()
+
+
+def _allocates_aligned() -> bool:
+    """Whether the buffers this jax allocates (results, copies) start on an ALIGN boundary, tried
+    once on a few sizes: jax 0.10 aligns them to 64 bytes; jax 0.4.30 on CPU to 16 (16, 32 or 48
+    past a boundary), which tensorflow's kernels abort on when such a buffer is imported zero-copy."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        for n in (1, 3, 24, 100, 4099):
+            x = jnp.arange(n, dtype=jnp.uint8) + 1  # a computed result (a constant may be cached)
+            for y in (x, jnp.array(x, copy=True)):
+                y.block_until_ready()  # a pointer asked of a pending result has hung a process here
+                if y.unsafe_buffer_pointer() % ALIGN:
+                    return False
+    return True
+
+
+_ALIGNED = _allocates_aligned()
 
 
 def _key(entry):
@@ -243,6 +300,7 @@ class JaxAdapter(Adapter):
     label_bitview = "lax.bitcast_convert_type({dtype})"
     label_import = "jax.numpy.from_dlpack"
     label_copy = "jax.numpy.array(copy=True)"
+    copies_aligned = _ALIGNED
 
     dlpack_export = frozenset(dtypes.ALL) | _DLPACK_OUT
     dlpack_import = frozenset(dtypes.ALL) | _DLPACK_IN
@@ -263,14 +321,14 @@ class JaxAdapter(Adapter):
     def handoffs(self):
         out = [
             Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, dtypes=_SHARED,
-                    verify=True),
+                    verify=True, copies_aligned=_ALIGNED),
             # zero-copy as a rule, but numpy decides (a jax array over foreign strides is copied)
             Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None,
                     dtypes=_SHARED - _ASARRAY_COPIES, verify=True),
         ]
         if _PUT_COPIES or _ASARRAY_COPIES:
             out += [Handoff("numpy", "jax", "jax.device_put (packs)", _put_packed, _packs_copy,
-                            dtypes=_PUT_COPIES),
+                            dtypes=_PUT_COPIES, copies_aligned=_ALIGNED),
                     # numpy.array: its own writable copy (numpy.asarray's would be read-only)
                     Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
                             dtypes=_PUT_COPIES | _ASARRAY_COPIES, copies_aligned=False)]
@@ -306,9 +364,9 @@ class JaxAdapter(Adapter):
         (dev,) = devices
         return Source(
             value=x, dtype=name, shape=tuple(x.shape), nbytes=x.nbytes,
-            # jax buffers are dense, row-major and 64-byte aligned (XLA allocates them so, and
-            # imports anything else by copying)
-            layout=CONTIGUOUS, aligned=True, readonly=False,
+            # jax buffers are dense and row-major, and 64-byte aligned where this jax allocates them so
+            # (_ALIGNED; it imports anything else by copying); else the pointer says, where it matters
+            layout=CONTIGUOUS, aligned=_ALIGNED or not alignment or self.data_ptr(x) % ALIGN == 0, readonly=False,
             device="cpu" if dev.platform == "cpu" else f"{dev.platform}:{dev.id}",
         )
 
@@ -323,7 +381,9 @@ class JaxAdapter(Adapter):
     def fast_key(self, x, alignment):
         if isinstance(x, _Tracer) or x.is_deleted():
             return None
-        return (x.dtype, x.sharding, 0 in x.shape)  # jax buffers are dense and aligned
+        if _ALIGNED or not alignment:
+            return (x.dtype, x.sharding, 0 in x.shape)  # jax buffers are dense (and aligned: _ALIGNED)
+        return (x.dtype, x.sharding, 0 in x.shape, self.data_ptr(x) % ALIGN == 0)
 
     def data_ptr(self, x) -> int:
         x.block_until_ready()  # a pointer asked of a pending result has hung a process here
@@ -348,6 +408,14 @@ class JaxAdapter(Adapter):
         return jnp.array(x, copy=True)
 
     def astype(self, x, dtype):
+        src = dtypes.name_of_numpy(x.dtype)
+        if src != dtype and _floats(src) and _floats(dtype) and not _rounds_as_ml_dtypes(src, dtype):
+            # this jax rounds to other bits than ml_dtypes here (jax 0.4.30: float32 subnormals
+            # flushed on the way to bf16, float32 rounded twice on the way to fp8): ml_dtypes'
+            # cast in numpy, put back where x was (a copy through the host)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return jax.device_put(np.asarray(x).astype(dtypes.numpy_dtype(dtype)), x.sharding)
         return x.astype(dtypes.numpy_dtype(dtype))
 
     def to_host(self, x):
@@ -378,7 +446,17 @@ class JaxAdapter(Adapter):
                     "routes into jax run it, and convert's hot path reads no input's alignment for them"
                     if _REFUSES_UNALIGNED else
                     "jax.numpy.from_dlpack(copy=False) took a buffer not 64-byte aligned: convert's hot "
-                    "path reads each input's alignment for routes into jax"))}
+                    "path reads each input's alignment for routes into jax")),
+                "pure_callback vmap_method": (_VMAP_METHOD, (
+                    "jax.pure_callback takes vmap_method: a bridged function under vmap needs one"
+                    if _VMAP_METHOD else
+                    f"jax {jax.__version__}'s pure_callback has no vmap_method: under vmap a bridged function "
+                    "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
+                "aligned buffers": (_ALIGNED, (
+                    "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer"
+                    if _ALIGNED else
+                    "jax allocates buffers not 64-byte aligned: a jax array's pointer is read where a route "
+                    "depends on it (tensorflow takes only aligned ones)"))}
 
     computes = True
 
@@ -567,8 +645,22 @@ def _foreign_fn(call, leaves, shape_dtype):
     return f
 
 
+#: whether jax.pure_callback takes vmap_method; jax 0.4.30's has none (its ``vectorized=False``
+#: default runs the callback once per batch element, as vmap_method="sequential"; any other
+#: keyword it hands to the callback, which failed as "not a valid JAX type")
+_VMAP_METHOD = "vmap_method" in inspect.signature(jax.pure_callback).parameters
+
+
 def _callback(vmap_method, fn, avals, *args):
-    kw = {} if vmap_method is None else {"vmap_method": vmap_method}
+    if _VMAP_METHOD:
+        kw = {} if vmap_method is None else {"vmap_method": vmap_method}
+    elif vmap_method in (None, "sequential"):
+        kw = {}  # this jax's one batching rule: once per batch element
+    else:
+        raise UnsupportedTypeError(
+            f"vmap_method={vmap_method!r}: jax {jax.__version__}'s pure_callback has no vmap_method; its one "
+            "batching rule runs the function once per batch element: pass vmap_method='sequential', or "
+            "upgrade jax (pip install -U jax) for the others")
     try:
         return jax.pure_callback(fn, avals, *args, **kw)
     except NotImplementedError as err:

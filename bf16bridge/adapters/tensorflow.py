@@ -12,9 +12,16 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 
 import numpy as np
-import tensorflow as tf
+
+with warnings.catch_warnings():
+    # tensorflow 2.16's import (tf.lite's util) reads jax.xla_computation where jax is installed,
+    # which jax 0.4.30 warns is deprecated: tensorflow's business, not the caller's, and under
+    # warnings as errors (-W error, warnings.simplefilter("error")) the first conversion to tensorflow raised it
+    warnings.filterwarnings("ignore", r"jax\.xla_computation is deprecated", DeprecationWarning)
+    import tensorflow as tf
 
 from .. import dtypes, versions
 from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
@@ -343,7 +350,9 @@ class TensorflowAdapter(Adapter):
             # no DLPack capsule to read a pointer from (asking for one of a tf.string aborts the
             # process): the full path, which refuses the dtype or routes it by a copy
             return None
-        return (enum, x.device, empty, alignment and not empty and _capsule_ptr(_pointer_capsule(x)) % ALIGN == 0,
+        # (an empty one's pointer too, as describe reads it: keyed "unaligned" for being empty, an
+        # unaligned one took the zero-copy plan of an aligned one that plan() refused under copy=False)
+        return (enum, x.device, empty, alignment and _capsule_ptr(_pointer_capsule(x)) % ALIGN == 0,
                 # Source.requires_grad (_recorded): whether a tape watches it, asked per call (one C
                 # call without a tape; the functions bound as defaults: no global lookup)
                 not _no_tape() and _gradient_types((x,)) != 0)

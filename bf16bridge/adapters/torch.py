@@ -129,6 +129,21 @@ def _numpy_dtypes() -> tuple[frozenset, frozenset]:
 _NUMPY_OUT, _NUMPY_IN = _numpy_dtypes()
 
 
+def _from_numpy(a):
+    """torch.from_numpy, taking an array of numpy's ulonglong (numpy 1.x's uint64 * a Python int
+    gives one; np.dtype("Q") == np.dtype("uint64")) as the uint64 it is: torch refuses the type
+    ("can't convert np.ndarray of type numpy.ulonglong"), not its bits."""
+    try:
+        return torch.from_numpy(a)
+    except TypeError:
+        import numpy as np
+
+        same = np.dtype(a.dtype.str)  # numpy's own type for these bytes (uint64 for ulonglong)
+        if same != a.dtype or same.type is a.dtype.type:
+            raise
+        return torch.from_numpy(a.view(same))
+
+
 @functools.lru_cache(maxsize=None)
 def _casts(src: str, dst: str) -> bool:
     """Whether Tensor.to turns every src value into the same dst value, found by trying once."""
@@ -239,7 +254,7 @@ class TorchAdapter(Adapter):
         # numpy's own bridge to torch: the calls a user writes by hand, cheaper per call than DLPack
         return [
             Handoff("torch", "numpy", "Tensor.numpy", torch.Tensor.numpy, _no_copy, dtypes=_NUMPY_OUT),
-            Handoff("numpy", "torch", "torch.from_numpy", torch.from_numpy, _no_copy, dtypes=_NUMPY_IN,
+            Handoff("numpy", "torch", "torch.from_numpy", _from_numpy, _no_copy, dtypes=_NUMPY_IN,
                     layouts=STRIDED),  # it refuses negative strides
         ]
 

@@ -142,7 +142,6 @@ FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "fl
 
 def _make_fp8(framework, name, torch_device, jax_device):
     """Every bit pattern of ``name`` as a tensor of ``framework`` on the test device, by its own calls."""
-    dt = np.dtype(getattr(ml_dtypes, name))
     bits = np.arange(256, dtype=np.uint8)
     if framework == "torch":
         import torch
@@ -151,7 +150,7 @@ def _make_fp8(framework, name, torch_device, jax_device):
         return t.copy_(torch.from_numpy(bits)).view(getattr(torch, name))
     import jax
 
-    return jax.device_put(bits.view(dt), jax_device)
+    return jax.device_put(bits.view(np.dtype(getattr(ml_dtypes, name))), jax_device)
 
 
 def _fp8_bits(x) -> np.ndarray:
@@ -165,10 +164,28 @@ def _fp8_bits(x) -> np.ndarray:
 @pairs
 @pytest.mark.parametrize("name", FP8)
 def test_fp8_every_pattern_zero_copy(src, dst, name, torch_device, jax_device, record_property):
-    """The fp8 rows torch and jax both hold cross on the device bit for bit, by pointer, device kept."""
+    """The fp8 rows torch and jax both hold cross on the device bit for bit, by pointer, device kept.
+    Where jax cannot hold the row (ml_dtypes 0.3.1 has no e8m0): our error. Where jax does not export it
+    over DLPack (jax 0.4.30 exports no fp8: found by trying), jax -> torch copies (a bit-cast), as the
+    plan says."""
+    from bf16bridge import dtypes, registry
+
+    missing = registry.get("jax").cannot_hold(name)
+    if missing is not None:
+        record_property("route", f"none: {missing}")
+        assert "upgrade ml_dtypes" in missing and dtypes.numpy_missing(name) is not None
+        if src == "torch":
+            with pytest.raises(bb.UnsupportedDtypeError, match="upgrade ml_dtypes"):
+                bb.convert(_make_fp8(src, name, torch_device, jax_device), dst)
+        return
     x = _make_fp8(src, name, torch_device, jax_device)
     p = bb.plan(x, dst)
     record_property("route", " -> ".join(s.label for s in p.steps))
     y = bb.convert(x, dst, on_alias="allow")
     np.testing.assert_array_equal(_fp8_bits(y), np.arange(256, dtype=np.uint8))
-    assert not p.copies and ptr(y) == ptr(x) and where(y) == where(x)
+    assert where(y) == where(x)
+    # torch -> jax goes by its bit-view and numpy (host) or DLPack; jax -> torch needs jax's DLPack export
+    if src == "torch" or name in registry.get("jax").dlpack_export:
+        assert not p.copies and ptr(y) == ptr(x)
+    else:
+        assert p.copies and ptr(y) != ptr(x)
