@@ -32,7 +32,7 @@ def held_by_numpy(names, log=print) -> tuple[list[str], list[dict]]:
 
     kept, left = [], []
     for name in names:
-        why = dtypes.numpy_missing(dtypes.PACKED.get(name, name))
+        why = dtypes.values_missing(name)
         (left.append({"dtype": name, "why": why}) if why else kept.append(name))
     for r in left:
         log(f"  left out {r['dtype']}: {r['why']}")

@@ -166,6 +166,12 @@ def in_values(shape: tuple, name: str) -> tuple[tuple, str]:
     return (*shape[:-1], shape[-1] * ROWS[name].packing), unpacked
 
 
+def values_missing(name: str) -> str | None:
+    """Why numpy cannot hold the values of row ``name`` here (a packed row's: its row of one value
+    a byte, which numpy holds them in), or None: whether a tensor of it can be made from numpy."""
+    return numpy_missing(PACKED.get(name, name))
+
+
 def numpy_missing(name: str) -> str | None:
     """Why NumPy cannot hold row ``name`` here (the way out included), or None when it can."""
     d = ROWS.get(name)

@@ -267,7 +267,7 @@ def fallback_rows() -> list[list[str]]:
 
     out = []
     for dtype in matrix_dtypes():
-        if dtypes.numpy_missing(dtypes.PACKED.get(dtype, dtype)):  # no tensor of it is made here (the matrix says why)
+        if dtypes.values_missing(dtype):  # no tensor of it is made here (the matrix says why)
             continue
         base = _base(dtype)
         src = next(((s, x) for s in registry.names() for x, _ in [_source(base, dtype, s)] if x is not None), None)

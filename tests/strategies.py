@@ -52,7 +52,7 @@ DTYPES = bb_dtypes.ALL
 #: against ml_dtypes' own attributes.
 NUMPY_LACKS: dict[str, str] = {
     d: why for d in bb_dtypes.NAMES if (why := bb_dtypes.numpy_missing(d)) is not None
-    and bb_dtypes.numpy_missing(bb_dtypes.PACKED.get(d, d)) is not None}
+    and bb_dtypes.values_missing(d) is not None}
 
 
 def numpy_holds(dtype: str) -> bool:
