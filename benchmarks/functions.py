@@ -252,8 +252,14 @@ def baseline(caller: str, callee: str, fn):
 
         return Wrapped.apply, fwd_only
     if caller == "jax":
-        # jax 0.10 hands a pure_callback jax arrays (older jax: numpy); results go back as numpy
-        to_c, back = mv[("jax", callee)], mv[(callee, "numpy")]
+        # jax 0.10 hands a pure_callback jax arrays, 64-byte aligned; jax 0.4.30 (the oldest declared)
+        # allocates them 16-byte aligned at best, which tensorflow must not take as they are (its first
+        # kernel on an unaligned buffer aborts the process: the raw wrapper a user writes there dies so),
+        # so there they go through an aligned numpy copy; results go back as numpy
+        from bf16bridge.adapters.jax import _ALIGNED
+
+        from_jax, from_numpy, back = mv[("jax", callee)], mv[("numpy", callee)], mv[(callee, "numpy")]
+        to_c = from_jax if _ALIGNED or callee != "tensorflow" else (lambda x: from_numpy(_aligned(np.asarray(x))))
         aval = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
 
         def fwd_cb(a, b, c):

@@ -545,7 +545,8 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     A tensor leaf that cannot cross raises our error naming its path, and so does an object that
     holds tensors the walk does not enter (a torch model, a tf ragged or sparse tensor, a set of
     tensors, a generator), naming the way out. ``on_unsupported="keep"``: a leaf that cannot
-    cross at all (``plan`` refuses it) is kept as it is, and the call warns once naming how many
+    cross at all (``plan`` refuses it, or its values do: int64 values past int32 under
+    ``fallback="auto"`` to a jax without x64) is kept as it is, and the call warns once naming how many
     and where; a refusal the caller chose (``copy=False``, ``on_alias="error"``,
     ``on_grad="error"``) still raises.
     What a leaf's conversion would warn about (aliases, dropped gradients) is said once per
@@ -588,7 +589,10 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
                         return y
             return _one(x, to, copy, fallback, for_compute, on_alias, on_grad)
         except Bf16BridgeError as err:
-            if on_unsupported == "keep" and _cannot_cross(x, to, fallback, for_compute):
+            # (a plain dtype refusal of the values, which plan cannot foresee: int64 values past int32
+            # under fallback='auto' to a jax without x64; no refusal the caller chose raises this class)
+            if on_unsupported == "keep" and (type(err) is UnsupportedDtypeError
+                                             or _cannot_cross(x, to, fallback, for_compute)):
                 kept.append(trees.where(path))
                 return x
             raise type(err)(f"at {trees.where(path)}: {err}") from err

@@ -374,7 +374,9 @@ def _container(fn, node, path, walk: _Walk):
             # 0.10's State hands its nested levels out as new States (state["lin"]), from which
             # State(items) built a State of States that its own state["lin"] then refused (ValueError)
             found = children(node)
-            if found is not None:
+            # only where the library's children are the mapping's own items (haiku's FlatMap flattens
+            # to every nested leaf under positions 0, 1, ...: walked by items(), its paths kept)
+            if found is not None and len(found[0]) == len(node) and set(found[0]) == set(node.keys()):
                 keys, values, rebuild = found
                 return rebuild([_walk(fn, v, path + (k,), walk) for k, v in zip(keys, values)])
         items = {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}

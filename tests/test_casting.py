@@ -347,6 +347,45 @@ def test_flax_nnx_state_keeps_its_variables():
     assert {r.path for r in report.kept} == {"norm.scale.value", "norm.bias.value", "rms.scale.value"}
 
 
+def test_a_registered_mapping_whose_children_are_not_its_items_is_walked_by_its_items():
+    """dm-haiku's FlatMap (its registration copied here) is a Mapping jax flattens to every nested
+    leaf under positions 0, 1, ...: rebuilt by jax it would lose its keys, so the default policy
+    found no layer_norm and cast it (and the report said 0..3); walked by its items it keeps both."""
+    from collections.abc import Mapping
+
+    import jax
+    import jax.numpy as jnp
+
+    class FlatMap(Mapping):
+        def __init__(self, *a):
+            if len(a) == 1 and isinstance(a[0], tuple) and a[0][:1] == ("__components__",):
+                leaves, st = a[0][1]
+                m = jax.tree_util.tree_unflatten(st, leaves)
+            else:
+                m = dict(*a)
+            leaves, st = jax.tree_util.tree_flatten(m)
+            self._structure, self._leaves, self._mapping = st, tuple(leaves), m
+
+        def __getitem__(self, k):
+            return self._mapping[k]
+
+        def __iter__(self):
+            return iter(self._mapping)
+
+        def __len__(self):
+            return len(self._mapping)
+
+    jax.tree_util.register_pytree_node(FlatMap, lambda s: (s._leaves, s._structure),
+                                       lambda st, lv: FlatMap(("__components__", (lv, st))))
+    params = FlatMap({"linear": {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)},
+                      "layer_norm": {"scale": jnp.ones(4), "offset": jnp.zeros(4)}})
+    out, report = bb.cast_tree(params, "bfloat16")
+    assert {r.path: r.after for r in report.leaves} == {
+        "linear.w": "bfloat16", "linear.b": "bfloat16", "layer_norm.scale": "float32", "layer_norm.offset": "float32"}
+    assert out["layer_norm"]["scale"].dtype == jnp.float32 and out["linear"]["w"].dtype == jnp.bfloat16
+
+
+
 def test_keras_weights_are_named_by_their_paths():
     import keras
 
@@ -1150,3 +1189,24 @@ def test_cast_module_lists_a_module_s_own_leaves_as_torch_names_them():
     assert [r.path for r in report.leaves] == expected == ["0.weight", "0.mask", "1.weight", "1.bias"]
     assert model[0].weight.dtype == torch.bfloat16 and model[0].alias is model[0].weight
     assert model[0].mask.dtype == torch.bfloat16 and model[1].weight.dtype == torch.float32  # the norm kept
+
+
+def test_cast_tree_under_jit_gives_ml_dtypes_bits_or_says_why_it_cannot():
+    """float32 subnormals to bf16 inside jax.jit: ml_dtypes' bits where this jax's cast gives them
+    (0.10); where it flushes them (0.4.30, the oldest declared), the cast outside a trace goes through
+    numpy, and under one it is our error naming the way out, never jax's flushed bits or a raw error."""
+    import jax
+    import jax.numpy as jnp
+
+    from bf16bridge.adapters import jax as jax_adapter
+
+    a = np.array([1e-39, 1.5, -3e-39, 2.0], np.float32)
+    want = a.astype(ml_dtypes.bfloat16).view(np.uint16)
+    outside = bb.cast_tree({"w": jnp.asarray(a)}, "bfloat16")[0]["w"]
+    np.testing.assert_array_equal(np.asarray(outside).view(np.uint16), want)
+    traced = jax.jit(lambda x: bb.cast_tree({"w": x}, "bfloat16")[0]["w"])
+    if jax_adapter._host_cast(np.dtype(np.float32), "bfloat16"):
+        with pytest.raises(bb.UnsupportedTypeError, match="cast outside the traced function, or upgrade jax"):
+            traced(jnp.asarray(a))
+    else:
+        np.testing.assert_array_equal(np.asarray(traced(jnp.asarray(a))).view(np.uint16), want)

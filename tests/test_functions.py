@@ -349,6 +349,27 @@ def test_bridge_imports_no_framework():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_first_call_of_a_process_may_come_under_a_jax_trace():
+    """The jax adapter loads on first use and tries what this jax does (its buffers' alignment, its
+    casts' bits); where that use is under jax.jit, the trials run at once, not traced (a traced trial
+    failed the adapter's import, again on every later call: a function bridged only under jit never
+    ran). Fresh processes: a bridged numpy function, then cast_tree, each first under jit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    for first in ("jax.jit(bb.bridge('numpy')(lambda a: a * 2))(x)",
+                  "jax.jit(lambda a: bb.cast_tree({'w': a}, 'float16')[0]['w'])(x)"):
+        code = textwrap.dedent(f"""
+            import jax, jax.numpy as jnp, numpy as np, bf16bridge as bb
+            x = jnp.asarray(np.array([1.5, -2.0, 3.25], np.float32))
+            print(np.asarray({first}).astype(np.float32).tolist())
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split()[-3:] == (["[3.0,", "-4.0,", "6.5]"] if "bridge" in first else ["[1.5,", "-2.0,", "3.25]"])
+
+
 def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_compiler():
     import subprocess
     import sys

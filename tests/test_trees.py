@@ -617,6 +617,21 @@ def test_keep_does_not_keep_a_refusal_the_caller_asked_for(tree, to, kw, error):
         bb.convert_tree(tree, to, on_unsupported="keep", **kw)
 
 
+def test_keep_keeps_a_leaf_whose_values_the_fallback_refuses():
+    """plan() routes int64 to a jax without x64 under fallback='auto' (narrowed, checked), but values
+    past int32 are refused at conversion: under on_unsupported='keep' that leaf cannot cross either,
+    so it is kept, said, and its neighbour converted (the fuzzer found it raising)."""
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    big, small = np.array([-(2 ** 62)], np.int64), np.array([5], np.int64)
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"at \['big'\]: .*every value fits"):
+        bb.convert_tree({"big": big, "small": small}, "jax", fallback="auto")
+    with pytest.warns(bb.Bf16BridgeWarning, match=r"kept 1 leaf .*not in jax: \['big'\]"):
+        out = bb.convert_tree({"big": big, "small": small}, "jax", fallback="auto", on_unsupported="keep")
+    assert out["big"] is big and isinstance(out["small"], jax.Array) and out["small"].tolist() == [5]
+
+
 def test_keep_says_what_it_kept_that_the_target_cannot_hold():
     import jax
 

@@ -147,13 +147,22 @@ def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
     on the way to bf16 and rounds float32 to the fp8 types twice; jax 0.10's agrees."""
     a = _rounding_probe(src)
     to = dtypes.numpy_dtype(dst)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
+    # evaluated at once where the first cast comes under a trace (cast_tree inside jit)
+    with np.errstate(all="ignore"), warnings.catch_warnings(), jax.ensure_compile_time_eval():
         warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
         want = a.astype(to)
         got = np.asarray(jax.device_put(a, jax.local_devices(backend="cpu")[0]).astype(to))
         nan = np.isnan(want.astype(np.float32))
         return bool(np.isnan(got[nan].astype(np.float32)).all()
                     and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))
+
+
+@functools.lru_cache(maxsize=None)
+def _host_cast(src_dtype: np.dtype, dst: str) -> bool:
+    """Whether astype from numpy dtype ``src_dtype`` to row ``dst`` goes through ml_dtypes in numpy
+    (this jax's own cast gives other bits), decided once per pair."""
+    src = dtypes.name_of_numpy(src_dtype)
+    return src != dst and _floats(src) and _floats(dst) and not _rounds_as_ml_dtypes(src, dst)
 
 
 def _floats(name: str | None) -> bool:
@@ -224,13 +233,17 @@ _REFUSES_UNALIGNED = _refuses_unaligned()
 
 
 def _allocates_aligned() -> bool:
-    """Whether the buffers this jax allocates (results, copies) start on an ALIGN boundary, tried
-    once on a few sizes: jax 0.10 aligns them to 64 bytes; jax 0.4.30 on CPU to 16 (16, 32 or 48
-    past a boundary), which tensorflow's kernels abort on when such a buffer is imported zero-copy."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    """Whether the buffers this jax allocates start on an ALIGN boundary, tried once: jax 0.10 aligns
+    them to 64 bytes; jax 0.4.30 on CPU to 16 (16, 32 or 48 past a boundary), which tensorflow's
+    kernels abort on when such a buffer is imported zero-copy. ``device_put`` of an unaligned numpy
+    slice makes jax allocate a buffer and copy (no compile: about a millisecond), evaluated at once
+    even where the first call comes under a trace (jit, grad, vmap)."""
+    base = np.zeros(4099 + 2 * ALIGN, np.uint8)
+    start = (1 - base.ctypes.data) % ALIGN  # an address 1 past a boundary: never taken as it is
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.local_devices(backend="cpu")[0]):
         for n in (1, 3, 24, 100, 4099):
-            x = jnp.arange(n, dtype=jnp.uint8) + 1  # a computed result (a constant may be cached)
-            for y in (x, jnp.array(x, copy=True)):
+            for _ in range(2):
+                y = jax.device_put(base[start:start + n])
                 y.block_until_ready()  # a pointer asked of a pending result has hung a process here
                 if y.unsafe_buffer_pointer() % ALIGN:
                     return False
@@ -408,11 +421,16 @@ class JaxAdapter(Adapter):
         return jnp.array(x, copy=True)
 
     def astype(self, x, dtype):
-        src = dtypes.name_of_numpy(x.dtype)
-        if src != dtype and _floats(src) and _floats(dtype) and not _rounds_as_ml_dtypes(src, dtype):
+        if _host_cast(x.dtype, dtype):
             # this jax rounds to other bits than ml_dtypes here (jax 0.4.30: float32 subnormals
             # flushed on the way to bf16, float32 rounded twice on the way to fp8): ml_dtypes'
             # cast in numpy, put back where x was (a copy through the host)
+            if isinstance(x, _Tracer):
+                raise UnsupportedTypeError(
+                    f"jax {jax.__version__} casts {x.dtype} to {dtype} with other bits than ml_dtypes here "
+                    "(XLA:CPU flushes subnormals or rounds twice), and under a trace (jit, grad, vmap) the cast "
+                    "cannot go through numpy instead: cast outside the traced function, or upgrade jax "
+                    "(0.10 casts as ml_dtypes does)")
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return jax.device_put(np.asarray(x).astype(dtypes.numpy_dtype(dtype)), x.sharding)
