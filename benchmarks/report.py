@@ -177,6 +177,7 @@ def plot(res: dict, path: Path) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print(f"no plot ({path.name}): matplotlib is not installed (pip install 'bf16bridge[bench]')", flush=True)
         return False
     pairs = sorted({(r["source"], r["target"]) for r in res["pairs"]})
     fig, axes = plt.subplots(3, 4, figsize=(16, 10), sharex=True, sharey=True)

@@ -23,6 +23,18 @@ def _copying_importers() -> list[str]:
     return [n for n in registry.names() if registry.get(n).dlpack_unaligned == "copies"]
 
 
+def _import_copies(name: str) -> bool:
+    """Whether the adapter's hand-off from numpy copies a buffer 16 bytes past a 64-byte boundary."""
+    from bf16bridge.adapters.numpy import aligned_empty
+
+    imp = next(h for h in registry.get(name).handoffs() if (h.src, h.dst) == (registry.HUB, name))
+    x = aligned_empty((4096 + 64,), "uint8")[16:16 + 4096]
+    y = imp.run(x)
+    if hasattr(y, "block_until_ready"):
+        y.block_until_ready()
+    return registry.get(name).data_ptr(y) != x.ctypes.data
+
+
 def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
@@ -30,15 +42,29 @@ def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     doc = (tmp_path / "benchmarks.md").read_text()
     assert "## Targets" in doc and "## 1 KiB of bf16" in doc and "## 32 MiB of bf16" in doc
     assert doc.count("| torch -> numpy |") >= 2 and "## Kernels" in doc and "import bf16bridge" in doc
-    assert "## What an import's own copy costs" in doc
     res = json.loads((tmp_path / "quick.json").read_text())
     n = len(registry.names())
     assert res["mode"] == "quick" and len(res["pairs"]) == 2 * n * (n - 1) and res["pairs_left_out"] == []
     measured = {c["adapter"]: c for c in res["import_copy_cost"]}
-    assert sorted(measured) == sorted(_copying_importers()) != []
+    assert _copying_importers() != []
+    for name in _copying_importers():  # measured where its import of an unaligned buffer copies; else
+        if _import_copies(name):        # (jax 0.4.30 takes it as it is) left out, saying why
+            assert name in measured
+        else:
+            assert name not in measured
+            assert f"import_copy_cost {name}: the routes did not copy as expected; left out" in out.stdout
+    assert set(measured) <= set(_copying_importers())
+    assert ("## What an import's own copy costs" in doc) == bool(measured)
     assert all(c["measured"] > 0 and c["own"]["median"] > 0 and c["bridge"]["median"] > 0 for c in measured.values())
-    assert all(not r["copies"] for r in res["pairs"]), "every pair is zero-copy for aligned input"
-    assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
+    from bf16bridge.adapters.jax import _ALIGNED  # jax 0.4.30's buffers: 64-byte aligned by chance only
+
+    assert all(not r["copies"] or (not _ALIGNED and (r["source"], r["target"]) == ("jax", "tensorflow"))
+               for r in res["pairs"]), "every pair is zero-copy for aligned input"
+    try:  # the plot where matplotlib is (the bench extra; not in the oldest set), else said
+        import matplotlib  # noqa: F401
+        assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
+    except ImportError:
+        assert "no plot (benchmarks.png): matplotlib is not installed" in out.stdout
     _check_functions(doc, json.loads((tmp_path / "functions-quick.json").read_text()))
     _check_parts(doc, {p: json.loads((tmp_path / f"{p}-quick.json").read_text()) for p in PARTS})
 
