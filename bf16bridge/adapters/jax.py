@@ -144,7 +144,8 @@ def _rounding_probe(src: str) -> np.ndarray:
 def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
     """Whether jax's astype from float row ``src`` to ``dst`` gives ml_dtypes' bits (a NaN: a NaN),
     tried once on _rounding_probe(src) on the CPU. jax 0.4.30's flushes float32 subnormals to zero
-    on the way to bf16 and rounds float32 to the fp8 types twice; jax 0.10's agrees."""
+    on the way to bf16 and rounds float32 to the fp8 types twice; jax 0.10's agrees from float32, not
+    from float64 (with x64 on, values just above 2**-150 round to 0), so those go through numpy."""
     a = _rounding_probe(src)
     to = dtypes.numpy_dtype(dst)
     # evaluated at once where the first cast comes under a trace (cast_tree inside jit)
@@ -430,7 +431,7 @@ class JaxAdapter(Adapter):
                     f"jax {jax.__version__} casts {x.dtype} to {dtype} with other bits than ml_dtypes here "
                     "(XLA:CPU flushes subnormals or rounds twice), and under a trace (jit, grad, vmap) the cast "
                     "cannot go through numpy instead: cast outside the traced function, or upgrade jax "
-                    "(0.10 casts as ml_dtypes does)")
+                    "(0.10 casts float32 as ml_dtypes does)")
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return jax.device_put(np.asarray(x).astype(dtypes.numpy_dtype(dtype)), x.sharding)
