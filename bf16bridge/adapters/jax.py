@@ -234,11 +234,12 @@ _REFUSES_UNALIGNED = _refuses_unaligned()
 
 
 def _allocates_aligned() -> bool:
-    """Whether the buffers this jax allocates start on an ALIGN boundary, tried once: jax 0.10 aligns
-    them to 64 bytes; jax 0.4.30 on CPU to 16 (16, 32 or 48 past a boundary), which tensorflow's
-    kernels abort on when such a buffer is imported zero-copy. ``device_put`` of an unaligned numpy
-    slice makes jax allocate a buffer and copy (no compile: about a millisecond), evaluated at once
-    even where the first call comes under a trace (jit, grad, vmap)."""
+    """Whether every jax array starts on an ALIGN boundary, tried once: jax 0.10 copies an unaligned
+    numpy buffer into one it allocates, 64-byte aligned; jax 0.4.30 on CPU takes it as it is and
+    allocates its own buffers 16-byte aligned (16, 32 or 48 past a boundary), which tensorflow's
+    kernels abort on when such a buffer is imported zero-copy. Tried by ``device_put`` of unaligned
+    numpy slices (no compile: about a millisecond), evaluated at once even where the first call
+    comes under a trace (jit, grad, vmap)."""
     base = np.zeros(4099 + 2 * ALIGN, np.uint8)
     start = (1 - base.ctypes.data) % ALIGN  # an address 1 past a boundary: never taken as it is
     with jax.ensure_compile_time_eval(), jax.default_device(jax.local_devices(backend="cpu")[0]):
