@@ -24,6 +24,7 @@ ml_dtypes. An adapter's backend is named after the adapter (``backend="torch"``)
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -739,25 +740,21 @@ NIBBLE_DTYPES = tuple(n for n, f in FORMATS.items() if f.bits == 4)
 _PAIR = np.dtype("<u2")
 
 
+@functools.lru_cache(maxsize=None)
 def _changed_by_padding(name: str) -> np.ndarray:
     """Which of the 256 bytes hold another ``name`` value than their low bits alone: what packing
-    (which keeps the low bits) would change. None for the integer formats; float4_e2m1fn's bytes
-    from 0x10 up (``byte_codes``)."""
+    (which keeps the low bits) would change (``byte_codes``). None of them for the integer formats;
+    for float4_e2m1fn the bytes from 0x10 whose sign the low bits do not carry."""
     fmt = FORMATS[name]
     codes = byte_codes(fmt)
     return codes != codes[np.arange(256) & fmt.mask]
-
-
-_PADDING: dict[str, np.ndarray] = {}
 
 
 def refuse_changed_padding(bits: np.ndarray, name: str, what: str) -> None:
     """Raise where ``bits`` (the uint8 view of a sub-byte ``name`` array, one value a byte) hold a
     byte whose value packing would change: packing keeps a value's low bits only (``pack_nibbles``,
     bb.save's F4, jax's device_put of a sub-byte type)."""
-    changed = _PADDING.get(name)
-    if changed is None:
-        changed = _PADDING[name] = _changed_by_padding(name)
+    changed = _changed_by_padding(name)
     if not changed.any() or not bits.size or int(bits.max()) <= FORMATS[name].mask:
         return  # a format packing never changes, or every byte one ml_dtypes makes: one pass at most
     flat = bits.reshape(-1)
