@@ -47,3 +47,29 @@ def test_first_use_from_many_threads():
         import os, sys; sys.stdout.flush(); os._exit(0)
     """)
     assert out.strip().endswith("ok")
+
+
+def test_tensorflow_imported_quietly_keeping_the_filters_others_add_meanwhile():
+    """tensorflow 2.16's import reads ``jax.xla_computation``, which jax 0.4.30 says is deprecated: under
+    warnings as errors that raised at the first conversion to tensorflow. Quieting it must not undo a filter
+    another thread adds during the seconds the import takes (``catch_warnings`` would put back its old list)."""
+    out = _run("""
+        import sys, warnings
+        import jax  # tensorflow's import reads jax.xla_computation where jax is imported
+        warnings.simplefilter("error")
+        class Meanwhile:  # what another thread does while tensorflow imports
+            def find_spec(self, name, path=None, target=None):
+                if name == "tensorflow":
+                    warnings.filterwarnings("ignore", "added meanwhile")
+                return None
+        sys.meta_path.insert(0, Meanwhile())
+        import bf16bridge as bb, numpy as np, ml_dtypes
+        x = bb.convert(np.arange(4, dtype=np.uint16).view(ml_dtypes.bfloat16), "tensorflow")
+        assert bb.to_numpy(x).view(np.uint16).tolist() == [0, 1, 2, 3]
+        patterns = [f[1].pattern for f in warnings.filters if f[1] is not None]
+        assert "added meanwhile" in patterns, warnings.filters  # theirs kept
+        assert not [p for p in patterns if "xla_computation" in p], warnings.filters  # ours gone
+        print("ok")
+        import os; sys.stdout.flush(); os._exit(0)
+    """)
+    assert out.strip().endswith("ok")

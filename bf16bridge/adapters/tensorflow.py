@@ -9,19 +9,29 @@ object with ``__dlpack__`` where consumers (torch, jax, numpy) need one."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import re
 import warnings
 
 import numpy as np
 
-with warnings.catch_warnings():
-    # tensorflow 2.16's import (tf.lite's util) reads jax.xla_computation where jax is installed,
-    # which jax 0.4.30 warns is deprecated: tensorflow's business, not the caller's, and under
-    # warnings as errors (-W error, warnings.simplefilter("error")) the first conversion to tensorflow raised it
-    warnings.filterwarnings("ignore", r"jax\.xla_computation is deprecated", DeprecationWarning)
+# tensorflow 2.16's import (tf.lite's util) reads jax.xla_computation where jax is installed, which jax
+# 0.4.30 warns is deprecated: tensorflow's business, not the caller's, and under warnings as errors (-W error,
+# warnings.simplefilter("error")) the first conversion to tensorflow raised it. The filter names
+# tensorflow's modules, and only it is taken out afterwards: catch_warnings would put back the whole list it
+# found, losing a filter another thread adds during the import (seconds long)
+_QUIET_IMPORT = ("ignore", re.compile(r"jax\.xla_computation is deprecated", re.I), DeprecationWarning,
+                 re.compile(r"tensorflow\."), 0)
+warnings.filterwarnings("ignore", _QUIET_IMPORT[1].pattern, DeprecationWarning, _QUIET_IMPORT[3].pattern)
+try:
     import tensorflow as tf
+finally:
+    with contextlib.suppress(ValueError):  # a warnings.resetwarnings() during the import took it already
+        # (no cached decision to undo: an ignored warning is not recorded in __warningregistry__)
+        warnings.filters.remove(_QUIET_IMPORT)  # type: ignore[attr-defined]
 
 from .. import dtypes, versions
 from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError

@@ -87,7 +87,7 @@ def _jax():
 
 
 def _tf():
-    import tensorflow as tf
+    from ..adapters.tensorflow import tf  # imported as the adapter does (its import warning filtered)
 
     return tf
 
