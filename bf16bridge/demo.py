@@ -13,7 +13,7 @@ from . import dtypes, registry
 from .adapters.numpy import aligned_empty
 from .convert import convert, plan
 from .errors import InvalidArgumentError
-from .tables import table
+from .tables import aligned_source, table
 from .workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 
 
@@ -57,7 +57,7 @@ def matrix_rows(n: int = 1024) -> list[dict]:
     base = sample(n)
     rows = []
     for s, d in _pairs():
-        x = convert(base, s, copy=True)
+        x = aligned_source(base, s)
         p = plan(x, to=d)
         y = convert(x, d, on_alias="allow")  # the table's writable column says it
         rows.append({
@@ -155,7 +155,7 @@ def demo(mib: float = 32.0, repeat: int = 5) -> tuple[str, bool]:
              f"{', '.join(registry.names())}", ""]
     rows, ok, longest = [], True, None
     for s, d in _pairs():
-        x = convert(base, s, copy=True)
+        x = aligned_source(base, s)
         p = plan(x, to=d)
         if longest is None or len(p.steps) > len(longest.steps):
             longest = p

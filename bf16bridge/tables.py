@@ -80,13 +80,34 @@ def _source(base, dtype: str, framework: str):
     if held:
         return None, f"{framework} cannot hold {dtype} ({held})"
     try:
-        x = convert(base, framework, copy=True, on_alias="allow")
+        x = aligned_source(base, framework)
         got = plan(x, to=framework).dtype_in
     except Exception as err:  # noqa: BLE001 - the reason is the finding
         return None, f"no {dtype} tensor in {framework}: {_why(err)}"
     if got != dtype:
         return None, f"numpy's {base.dtype} arrives in {framework} as {got}, not {dtype}"
     return x, None
+
+
+def aligned_source(base, framework: str):
+    """``base`` (a 64-byte aligned numpy array) as a tensor of ``framework``, 64-byte aligned as the
+    matrices assume of their inputs: a copy in memory of the framework's own where that lands aligned,
+    else one sharing ``base``'s memory where the route takes it as it is (jax 0.4.30 aligns its own
+    buffers to 16 bytes, 64 only by chance, so the jax -> tensorflow row varied run to run). Where
+    neither is aligned, or no pointer can be read, the copy: its rows then say why they copy."""
+    from . import registry
+    from .adapters._base import ALIGN
+    from .convert import convert
+
+    x = convert(base, framework, copy=True, on_alias="allow")
+    adapter = registry.get(framework)
+    try:
+        if adapter.data_ptr(x) % ALIGN == 0:
+            return x
+        shared = convert(base, framework, on_alias="allow")
+        return shared if adapter.data_ptr(shared) % ALIGN == 0 else x
+    except Exception:  # noqa: BLE001 - no pointer to read (tensorflow's narrow rows): the copy, as made
+        return x
 
 
 def _same_bits(back, base) -> bool:

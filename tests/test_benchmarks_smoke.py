@@ -56,10 +56,7 @@ def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     assert set(measured) <= set(_copying_importers())
     assert ("## What an import's own copy costs" in doc) == bool(measured)
     assert all(c["measured"] > 0 and c["own"]["median"] > 0 and c["bridge"]["median"] > 0 for c in measured.values())
-    from bf16bridge.adapters.jax import _ALIGNED  # jax 0.4.30's buffers: 64-byte aligned by chance only
-
-    assert all(not r["copies"] or (not _ALIGNED and (r["source"], r["target"]) == ("jax", "tensorflow"))
-               for r in res["pairs"]), "every pair is zero-copy for aligned input"
+    assert not [r for r in res["pairs"] if r["copies"]], "every pair is zero-copy for aligned input"
     try:  # the plot where matplotlib is (the bench extra; not in the oldest set), else said
         import matplotlib  # noqa: F401
         assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
