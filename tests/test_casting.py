@@ -861,6 +861,19 @@ def test_empty_tensors_are_not_tied_to_each_other():
     assert out["w"].dtype == torch.bfloat16 and out["ln_f.weight"].dtype == torch.float32
 
 
+def test_a_lazily_negated_view_is_not_tied_to_its_storage():
+    """c.imag and c.conj().imag share c's storage, offset, shape and strides: the second is the first
+    negated by a lazy bit (torch's is_neg). Taken for tied weights, b came back with a's values."""
+    torch = fw("torch")
+    c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    tree = {"a": c.imag, "b": c.conj().imag}
+    assert tree["b"].is_neg()
+    out, report = bb.cast_tree(tree, "bfloat16")
+    for key in tree:
+        np.testing.assert_array_equal(bits(out[key]), bits(tree[key].resolve_neg().to(torch.bfloat16)), err_msg=key)
+    assert not [n for n in report.notes if "tied" in n], report.notes
+
+
 def test_keep_head_prefers_a_module_named_head_to_a_hidden_top_level_fc():
     """A hidden Linear named fc registered before a module named head: the head rule wins (the
     top-level-fc rule once picked fc, whose hooks fed float32 into the cast head: the model crashed)."""

@@ -251,6 +251,50 @@ def test_tf_caller_a_tape_opened_between_two_calls_is_seen(callee):
     np.testing.assert_array_equal(bits(fn(W, X)), want)
 
 
+@pytest.mark.parametrize("callee", ["torch", "jax"])
+def test_tf_caller_a_persistent_tape_asks_again(callee):
+    """A persistent tape asks the callee's pullback more than once: the same gradient twice, a
+    second target, and tape.jacobian's rows (one by one, or vectorized by pfor, its default, which
+    traces the gradient into a graph: the cotangents have no values while it is traced). torch's
+    graph was freed by the first ask (its raw RuntimeError), and pfor met our "symbolic tensor" error."""
+    import tensorflow as tf
+
+    w, x, ct, ct2 = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5), _data((2, 3), 6)
+    fn = bb.bridge(callee)(_layer(callee))
+    W, X, C, C2 = (make("tensorflow", v) for v in (w, x, ct, ct2))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(W)
+        y = fn(W, X)
+        loss, loss2 = tf.reduce_sum(y * C), tf.reduce_sum(y * C2)
+    want, want2 = bits(_callee_vjp(callee, w, x, ct)[0]), bits(_callee_vjp(callee, w, x, ct2)[0])
+    np.testing.assert_array_equal(bits(tape.gradient(loss, W)), want)
+    np.testing.assert_array_equal(bits(tape.gradient(loss, W)), want)
+    np.testing.assert_array_equal(bits(tape.gradient(loss2, W)), want2)
+    rows = []  # d y[i, j] / d W: the callee's vjp of each one-hot cotangent
+    for i in range(2):
+        for j in range(3):
+            onehot = np.zeros((2, 3), np.float32)
+            onehot[i, j] = 1
+            rows.append(bits(_callee_vjp(callee, w, x, onehot.astype(BF16))[0]))
+    for pfor in (False, True):
+        jac = tape.jacobian(y, W, experimental_use_pfor=pfor)
+        assert tuple(jac.shape) == (2, 3, 4, 3)
+        np.testing.assert_array_equal(bits(jac).reshape(6, 4, 3), np.stack(rows), err_msg=f"pfor={pfor}")
+    del tape
+
+
+def test_tf_caller_under_jit_compile_is_refused_clearly():
+    """XLA compiles a tf.function(jit_compile=True) as a whole and cannot call back into Python, as
+    the bridged call must: our error naming jit_compile, not tensorflow's about EagerPyFunc."""
+    import tensorflow as tf
+
+    fn = bb.bridge("jax")(_layer("jax"))
+    W, X = make("tensorflow", _data((4, 3), 1)), make("tensorflow", _data((2, 4), 2))
+    with pytest.raises(bb.UnsupportedTypeError, match=r"jit_compile=True\); drop jit_compile"):
+        tf.function(fn, jit_compile=True)(W, X)
+    np.testing.assert_array_equal(bits(tf.function(fn)(W, X)), bits(fn(W, X)))  # without it: runs
+
+
 def test_tf_caller_inside_tf_function_forward_and_grad():
     import tensorflow as tf
 

@@ -473,10 +473,29 @@ class TensorflowAdapter(Adapter):
             @tf.custom_gradient
             def eager(*xs):
                 outs, pullback = call.forward(list(xs), True, "tensorflow")
-                return outs, lambda *cts: _first_order_only(call, call.backward(pullback, list(cts), "tensorflow"),
-                                                            xs)
+
+                def grad(*cts):
+                    if tf.executing_eagerly():
+                        return _first_order_only(call, call.backward(pullback, list(cts), "tensorflow"), xs)
+                    # the gradient traced into a graph (tape.jacobian's pfor, its default): the
+                    # cotangents have no values yet, so the pullback runs when the graph runs
+                    def back(*c):
+                        grads = call.backward(pullback, list(c), "tensorflow")
+                        return [tf.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]
+
+                    gs = tf.py_function(back, list(cts), Tout=[x.dtype for x in xs])
+                    for g, x in zip(gs, xs):
+                        g.set_shape(x.shape)
+                    return _first_order_only(call, [g if d else None for g, d in zip(gs, call.diff)], xs)
+
+                return outs, grad
 
             return list(eager(*leaves))
+        if _compiled_by_xla():
+            raise UnsupportedTypeError(
+                f"a bridged {call.callee} function ({getattr(call.fn, '__qualname__', call.fn)!r}) runs in Python, which "
+                "XLA cannot call: not inside tf.function(jit_compile=True) (nor a Keras model compiled with "
+                "jit_compile=True); drop jit_compile there, or call the bridged function outside the compiled one")
         # inside tf.function: the callee runs when the graph runs, through py_function;
         # results are declared first, and the backward recomputes the forward
         specs = call.specs(leaves, _static_shape_dtype)
@@ -516,6 +535,16 @@ class TensorflowAdapter(Adapter):
             return [next(grads) if d else None for d in diff]
 
         return outs, pullback
+
+
+def _compiled_by_xla() -> bool:
+    """Whether the graph being traced is compiled by XLA as a whole (tf.function(jit_compile=True)),
+    where a py_function, the bridged call's way back into Python, has no kernel."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - every tensorflow tested has it: tensorflow's own error then
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def _first_order_only(call, grads, xs):

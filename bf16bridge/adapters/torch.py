@@ -538,7 +538,10 @@ class TorchAdapter(Adapter):
         def pullback(cts):
             pairs = [(o, c) for o, c in zip(outs, cts) if c is not None and o.requires_grad]
             wrt = [x for x, d in zip(ins, diff) if d]
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True)
+            # the graph kept for another use: a persistent tf.GradientTape asks twice (two targets,
+            # tape.jacobian's rows); it lives as long as the pullback, which the caller's tape holds
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True,
+                                             retain_graph=True)
                          if pairs else [None] * len(wrt))
             return [next(grads) if d else None for d in diff]
 
@@ -580,7 +583,9 @@ class TorchAdapter(Adapter):
             return ("DTensor", self.same_data(x.to_local()), tuple(x.shape), tuple(x.placements), id(x.device_mesh))
         if x.layout is not torch.strided or x.is_nested or x.device.type == "meta" or x.numel() == 0:
             return id(x)  # empty tensors all have data_ptr 0: not one storage
-        return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
+        # a lazy negation or conjugation (c.conj().imag is -c.imag over c's storage) is other values
+        return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
+                x.is_neg(), x.is_conj())
 
     def cast_module(self, model, plan, hooks):
         to = {}
