@@ -320,15 +320,22 @@ def children(node):
 
 
 def _dataclass_children(node):
-    """The fields of a plain dataclass instance (one no tree library registered), rebuilt with
-    ``dataclasses.replace``; fields the constructor does not take (``init=False``) stay as they are."""
+    """The fields of a plain dataclass instance (one no tree library registered), ``init=False``
+    ones too (a field set but never assigned has no value: not a child), rebuilt as a shallow copy
+    with each field set, as frozen and slotted classes allow. Neither ``__init__`` nor
+    ``__post_init__`` runs again: ``dataclasses.replace`` ran them, so a ``__post_init__`` that
+    scales or coerces a field did it twice, and ``init=False`` fields went back to their defaults
+    (and ``bb.save`` left their tensors out)."""
     if isinstance(node, type) or not dataclasses.is_dataclass(node):
         return None
-    names = [f.name for f in dataclasses.fields(node) if f.init]
+    names = [f.name for f in dataclasses.fields(node) if hasattr(node, f.name)]
     instance: Any = node  # an instance, not a class (checked above)
 
     def rebuild(values):
-        return dataclasses.replace(instance, **dict(zip(names, values)))
+        new = _copy.copy(instance)
+        for name, value in zip(names, values):
+            object.__setattr__(new, name, value)
+        return new
 
     return names, [getattr(node, n) for n in names], rebuild
 

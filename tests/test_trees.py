@@ -7,8 +7,10 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
 import re
 import sys
+import tempfile
 import types
 import warnings
 from collections import namedtuple
@@ -381,6 +383,57 @@ def test_plain_dataclasses_are_walked():
     assert type(got) is Layer and got.name == "dense" and isinstance(got.w, np.ndarray)
     assert isinstance(layer.w, torch.Tensor)  # the input is not modified
     np.testing.assert_array_equal(bits(got.w), bits(_bf16((3,))))
+
+
+@pytest.mark.frameworks("torch")
+def test_a_dataclass_is_rebuilt_without_running_its_init_again():
+    """A dataclass comes back with each field converted and nothing else: its __post_init__ does not
+    run again (one that doubles a field doubled it again; one that coerces to torch handed torch
+    tensors back from a conversion to numpy), and init=False fields keep their values and are walked
+    (dataclasses.replace reset them to their defaults, and bb.save left their tensors out)."""
+    import dataclasses
+
+    import torch
+
+    @dataclasses.dataclass
+    class Scaled:
+        w: object
+        step: int = dataclasses.field(default=0, init=False)
+        ema: dict = dataclasses.field(default_factory=dict, init=False)
+
+        def __post_init__(self):
+            self.w = torch.as_tensor(self.w) * 2
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Frozen:
+        w: object
+
+    @dataclasses.dataclass
+    class Unset:
+        w: object
+        unset: object = dataclasses.field(init=False)  # never assigned: no value, not a child
+
+    x = Scaled(torch.arange(3, dtype=torch.bfloat16))
+    x.step, x.ema["w"] = 1000, torch.ones(2, dtype=torch.bfloat16)
+    for tree in (x, Frozen(torch.arange(3, dtype=torch.bfloat16)), Unset(torch.arange(3, dtype=torch.bfloat16))):
+        out = bb.convert_tree(tree, "numpy")
+        assert type(out) is type(tree) and isinstance(out.w, np.ndarray)
+        np.testing.assert_array_equal(bits(out.w), bits(tree.w))
+    assert not hasattr(out, "unset")
+    out = bb.convert_tree(x, "numpy")
+    assert out.step == 1000 and isinstance(out.ema["w"], np.ndarray) and x.ema["w"].dtype == torch.bfloat16
+    cast, report = bb.cast_tree(x, "float32")
+    assert [r.path for r in report.leaves] == ["w", "ema.w"] and cast.w.tolist() == [0.0, 2.0, 4.0]
+    @dataclasses.dataclass
+    class TrainState:
+        params: dict
+        ema: dict = dataclasses.field(default_factory=dict, init=False)
+
+    state = TrainState({"w": torch.zeros(2)})
+    state.ema["w"] = torch.ones(2)
+    with tempfile.TemporaryDirectory() as d:
+        bb.save(state, os.path.join(d, "x.safetensors"))
+        assert sorted(bb.load(os.path.join(d, "x.safetensors"))) == ["ema.w", "params.w"]
 
 
 # -- what the walk does not enter: walked, or refused naming the path and the way out ----------
