@@ -576,3 +576,54 @@ def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
     return bool(want.shape == got.shape and np.array_equal(nan, np.isnan(got))
                 and np.array_equal(want[~nan], got[~nan])
                 and np.array_equal(np.signbit(want[~nan]), np.signbit(got[~nan])))
+
+
+def float_row(name: str | None) -> bool:
+    """A floating row numpy holds here, one value a byte or more (ml_dtypes' cast is the reference
+    an adapter's own cast between two of them is held to: ``rounds_as_ml_dtypes``)."""
+    row = dtypes.ROWS.get(name) if name is not None else None
+    return row is not None and row.kind == "float" and row.packing == 1 and dtypes.numpy_missing(row.name) is None
+
+
+def _rounding_probe(src: str):
+    """Values of float row ``src`` where two casts from it differ if they round differently: every
+    pattern of a 16-bit or narrower type; for float32 and float64, every exponent (subnormals
+    included) under mantissas at, just below and just above a tie at each bit (a tie plus the
+    smallest tail shows a double rounding)."""
+    import numpy as np
+
+    dt = dtypes.numpy_dtype(src)
+    if dt.itemsize <= 2:
+        return dtypes.all_patterns(src).view(dt)
+    mant = 23 if dt.itemsize == 4 else 52
+    u = np.dtype(f"u{dt.itemsize}")
+    tails = sorted({m for k in range(mant) for m in (1 << k, (1 << k) - 1, (1 << k) + 1, 3 << k)
+                    if m < 1 << mant})
+    heads = np.arange(1 << (dt.itemsize * 8 - mant), dtype=u) << u.type(mant)  # sign and exponent
+    return (heads[:, None] | np.array(tails, u)[None, :]).ravel().view(dt)
+
+
+def rounds_as_ml_dtypes(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
+    """Whether ``run`` (a framework's own cast from float row ``src`` to ``dst``, given and returning
+    numpy arrays) gives ml_dtypes' bits (a NaN: a NaN) on every value where two casts can differ
+    (subnormals flushed, a double rounding): tried once per pair by the adapters whose casts do
+    not (XLA:CPU and tensorflow's CPU kernels flush subnormals), which then cast in numpy."""
+    import numpy as np
+
+    a = _rounding_probe(src)
+    to = dtypes.numpy_dtype(dst)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
+        try:
+            want = a.astype(to)
+        except (TypeError, ValueError):  # no cast of ml_dtypes' between the two (e8m0 -> e4m3fn): none to hold to
+            return True
+        try:
+            got = np.asarray(run(a))
+        except Exception:  # noqa: BLE001 - a cast that fails is no cast to take
+            return False
+        if got.dtype != to or got.shape != want.shape:
+            return False
+        nan = np.isnan(want.astype(np.float32))
+        return bool(np.isnan(got[nan].astype(np.float32)).all()
+                    and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))

@@ -17,7 +17,8 @@ import numpy as np
 from .. import dtypes, kernels, versions
 from ..errors import UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
-from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport, cast_matches
+from ._base import (ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport, cast_matches, float_row,
+                    rounds_as_ml_dtypes)
 
 # for sharded arrays (bf16bridge.shards)
 from .. import registry, shards
@@ -124,38 +125,17 @@ def _casts(src: str, dst: str) -> bool:
     return cast_matches(src, dst, lambda a: np.asarray(jax.device_put(a).astype(dtypes.numpy_dtype(dst))))
 
 
-def _rounding_probe(src: str) -> np.ndarray:
-    """Values of float row ``src`` where two casts from it differ if they round differently: every
-    pattern of a 16-bit or narrower type; for float32 and float64, every exponent (subnormals
-    included) under mantissas at, just below and just above a tie at each bit (a tie plus the
-    smallest tail shows a double rounding)."""
-    dt = dtypes.numpy_dtype(src)
-    if dt.itemsize <= 2:
-        return dtypes.all_patterns(src).view(dt)
-    mant = 23 if dt.itemsize == 4 else 52
-    u = np.dtype(f"u{dt.itemsize}")
-    tails = sorted({m for k in range(mant) for m in (1 << k, (1 << k) - 1, (1 << k) + 1, 3 << k)
-                    if m < 1 << mant})
-    heads = np.arange(1 << (dt.itemsize * 8 - mant), dtype=u) << u.type(mant)  # sign and exponent
-    return (heads[:, None] | np.array(tails, u)[None, :]).ravel().view(dt)
-
-
 @functools.lru_cache(maxsize=None)
 def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
     """Whether jax's astype from float row ``src`` to ``dst`` gives ml_dtypes' bits (a NaN: a NaN),
-    tried once on _rounding_probe(src) on the CPU. jax 0.4.30's flushes float32 subnormals to zero
-    on the way to bf16 and rounds float32 to the fp8 types twice; jax 0.10's agrees from float32, not
-    from float64 (with x64 on, values just above 2**-150 round to 0), so those go through numpy."""
-    a = _rounding_probe(src)
+    tried once on the CPU. jax 0.4.30's flushes float32 subnormals to zero on the way to bf16 and
+    rounds float32 to the fp8 types twice; jax 0.10's agrees from float32, not from float64 (with x64
+    on, values just above 2**-150 round to 0), so those go through numpy."""
     to = dtypes.numpy_dtype(dst)
+    cpu = jax.local_devices(backend="cpu")[0]
     # evaluated at once where the first cast comes under a trace (cast_tree inside jit)
-    with np.errstate(all="ignore"), warnings.catch_warnings(), jax.ensure_compile_time_eval():
-        warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
-        want = a.astype(to)
-        got = np.asarray(jax.device_put(a, jax.local_devices(backend="cpu")[0]).astype(to))
-        nan = np.isnan(want.astype(np.float32))
-        return bool(np.isnan(got[nan].astype(np.float32)).all()
-                    and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))
+    with jax.ensure_compile_time_eval():
+        return rounds_as_ml_dtypes(src, dst, lambda a: np.asarray(jax.device_put(a, cpu).astype(to)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,13 +143,7 @@ def _host_cast(src_dtype: np.dtype, dst: str) -> bool:
     """Whether astype from numpy dtype ``src_dtype`` to row ``dst`` goes through ml_dtypes in numpy
     (this jax's own cast gives other bits), decided once per pair."""
     src = dtypes.name_of_numpy(src_dtype)
-    return src != dst and _floats(src) and _floats(dst) and not _rounds_as_ml_dtypes(src, dst)
-
-
-def _floats(name: str | None) -> bool:
-    """A floating row numpy holds here, one value a byte or more (ml_dtypes' cast is the reference)."""
-    row = dtypes.ROWS.get(name) if name is not None else None
-    return row is not None and row.kind == "float" and row.packing == 1 and dtypes.numpy_missing(row.name) is None
+    return src != dst and float_row(src) and float_row(dst) and not _rounds_as_ml_dtypes(src, dst)
 
 
 def _packs_copy(layout, aligned):

@@ -36,7 +36,7 @@ finally:
 from .. import dtypes, versions
 from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
-from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches
+from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches, float_row, rounds_as_ml_dtypes
 from ._quiet import without_native_lines
 
 versions.require("tensorflow", tf.__version__)
@@ -402,7 +402,10 @@ class TensorflowAdapter(Adapter):
         return _unrecorded(tf.raw_ops.DeepCopy, x)
 
     def astype(self, x, dtype):
-        return tf.cast(x, _tf_dtype(dtype))
+        src = _name(x.dtype)
+        if src == dtype or not (float_row(src) and float_row(dtype)) or _rounds_as_ml_dtypes(src, dtype):
+            return tf.cast(x, _tf_dtype(dtype))
+        return _cast_in_numpy(x, dtype)
 
     def to_host(self, x):
         with tf.device("/CPU:0"):
@@ -535,6 +538,40 @@ class TensorflowAdapter(Adapter):
             return [next(grads) if d else None for d in diff]
 
         return outs, pullback
+
+
+@functools.lru_cache(maxsize=None)
+def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
+    """Whether tf.cast from float row ``src`` to ``dst`` gives ml_dtypes' bits, tried once on the CPU:
+    tensorflow's CPU casts (2.16 and 2.21) flush subnormals from float32 and bf16 to float64 and
+    from float64 to the narrower floats."""
+    to = _tf_dtype(dst)
+    with tf.init_scope(), tf.device("/CPU:0"):  # eagerly, where the first cast comes inside a tf.function
+        return rounds_as_ml_dtypes(src, dst, lambda a: tf.cast(tf.constant(a), to).numpy())
+
+
+def _cast_in_numpy(x, dtype: str):
+    """``x`` cast to row ``dtype`` by ml_dtypes in numpy, where tf.cast gives other bits, with
+    tf.cast's gradient (the cotangent cast back), eagerly: on this Python thread. Not inside a
+    tf.function: its ops run on tensorflow's threads, which flush subnormals for numpy too (a
+    tf.numpy_function's cast there gave tf.cast's zeros)."""
+    if not tf.executing_eagerly():
+        raise UnsupportedTypeError(
+            f"tensorflow {tf.__version__} casts {_name(x.dtype)} to {dtype} with other bits than ml_dtypes here (its "
+            "CPU kernels flush subnormals to zero), and inside a tf.function the cast cannot go through numpy "
+            "instead (tensorflow's threads flush them there too): cast outside the tf.function")
+    to = dtypes.numpy_dtype(dtype)
+
+    @tf.custom_gradient
+    def cast(t):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn: the rounding defines them
+            host = t.numpy().astype(to)
+        with tf.device(t.device):
+            y = tf.constant(host)
+        return y, lambda dy: tf.cast(dy, t.dtype)
+
+    return cast(tf.convert_to_tensor(x))  # a Variable read here, under the caller's tape
 
 
 def _compiled_by_xla() -> bool:

@@ -583,9 +583,10 @@ class TorchAdapter(Adapter):
             return ("DTensor", self.same_data(x.to_local()), tuple(x.shape), tuple(x.placements), id(x.device_mesh))
         if x.layout is not torch.strided or x.is_nested or x.device.type == "meta" or x.numel() == 0:
             return id(x)  # empty tensors all have data_ptr 0: not one storage
-        # a lazy negation or conjugation (c.conj().imag is -c.imag over c's storage) is other values
+        # a lazy negation or conjugation (c.conj().imag is -c.imag over c's storage) is other values,
+        # and a detached view of a parameter another tensor to cast (its cast has no graph to join)
         return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
-                x.is_neg(), x.is_conj())
+                x.is_neg(), x.is_conj(), x.requires_grad)
 
     def cast_module(self, model, plan, hooks):
         to = {}
