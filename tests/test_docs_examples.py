@@ -108,8 +108,8 @@ def problems(page: Path) -> list[str]:
         if b.lang not in RUN | SESSION | OTHER and looks_like_python(b.code):
             out.append(f"{b.where}: a block of language {b.lang or '(none)'!r} that parses as Python: "
                        f"mark it ```python (it then runs) or give its real language")
-    text = page.read_text()
-    dangling = len(MARKER.findall(text)) - sum(b.marker is not None for b in blocks(page))
+    markers = sum(bool(MARKER.match(line)) for line in page.read_text().split("\n"))
+    dangling = markers - sum(b.marker is not None for b in blocks(page))
     if dangling:
         out.append(f"{_rel(page)}: {dangling} docs-test marker(s) not just before a block")
     return out
@@ -218,8 +218,9 @@ if __name__ != "__main__":
         ns["x"] = 3
         with pytest.raises(AssertionError, match="raised nothing"):
             run_block(bs[2], ns)
-        page.write_text("<!-- docs-test: skip () -->\n```python\npass\n```\n\n```\nimport os\n```\n")
-        assert len(problems(page)) == 2
+        page.write_text("<!-- docs-test: skip () -->\n```python\npass\n```\n\n```\nimport os\n```\n\n"
+                        "<!-- docs-test: skip (no block after) -->\nprose\n")
+        assert [p.split(": ", 1)[0] for p in problems(page)] == ["page.md:2", "page.md:6", "page.md"]
 
 
 if __name__ == "__main__":
