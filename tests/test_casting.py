@@ -550,7 +550,8 @@ def test_docs_show_every_rule_and_a_real_report():
         assert f"| `{rule.name}` |" in doc, rule.name
     tree = {"ln_f": {"weight": np.ones(10, np.float32)}, "fc": {"weight": np.ones((10, 10), np.float32)},
             "emb": np.ones(5, BF16), "step": np.array(3, np.int64)}
-    assert "```\n" + str(bb.cast_tree(tree, "bfloat16")[1]) + "\n```" in doc
+    # the page's own session (tests/test_docs_examples.py runs it) prints this report, to its last line
+    assert '[1])\n' + str(bb.cast_tree(tree, "bfloat16")[1]) + "\n```" in doc
     for framework, by_n in NAN_BITS.items():  # the NaN table says what the test measures
         for n, pairs in by_n.items():
             assert any(f"{a:#06X}, {b:#06X}".replace("0X", "0x") in doc for a, b in pairs), (framework, n)
