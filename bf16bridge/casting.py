@@ -458,7 +458,7 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
                 if refused is not None:
                     raise UnsupportedDtypeError(f"at {label}: cannot cast {name} to {to}: {refused}")
                 try:
-                    out = adapter.astype(x, to)
+                    out = adapter.cast(x, to)
                 except Bf16BridgeError as err:
                     raise type(err)(f"at {label}: {err}") from err
                 got = adapter.shape_dtype(out)[1]
@@ -578,7 +578,13 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
     name_rules = _rules(keep, "cast_module keep", "asked for (keep=)")
     adapter, subs = _adapter_for_module(model)
     if not inplace:
-        model = _copy.deepcopy(model)
+        try:
+            model = _copy.deepcopy(model)
+        except Exception as err:  # noqa: BLE001 - a member deepcopy cannot copy (a lock, a file): said, and the way out
+            raise UnsupportedTypeError(
+                f"cast_module(inplace=False) copies the model first (copy.deepcopy), which failed: "
+                f"{type(err).__name__}: {err}; cast it in place (inplace=True, the default), or cast a copy "
+                "you make yourself") from err
         adapter, subs = _adapter_for_module(model)
 
     head_name, head_rule = _find_head(subs) if keep_head else (None, None)

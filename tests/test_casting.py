@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -942,6 +943,46 @@ def test_a_detached_view_of_a_parameter_is_not_tied_to_it(order):
     assert out["a"].requires_grad and out["a"].grad_fn is not None
     assert not out["b"].requires_grad and out["b"].grad_fn is None
     np.testing.assert_array_equal(bits(out["a"].detach()), bits(out["b"]))
+
+
+def test_a_numpy_scalar_or_subclass_keeps_its_type_as_astype_keeps_it():
+    """cast_tree casts as ndarray.astype does: np.float32(1.5) became a 0-d array and an np.matrix a
+    plain array, whose * is elementwise, not a matrix product."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # numpy's word on np.matrix itself
+        m = np.matrix([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+        out, report = bb.cast_tree({"m": m, "s": np.float32(1.5), "a": np.ones(2, np.float32)}, "float16", policy=())
+        assert type(out["m"]) is np.matrix and (out["m"] * out["m"]).tolist() == [[7.0, 10.0], [15.0, 22.0]]
+    assert type(out["s"]) is np.float16 and out["s"] == 1.5
+    assert type(out["a"]) is np.ndarray and out["a"].dtype == np.float16
+    assert [r.action for r in report.leaves] == ["cast"] * 3
+
+
+@pytest.mark.frameworks("jax")
+def test_cast_tree_of_a_deleted_jax_array_is_our_error():
+    import jax.numpy as jnp
+
+    a = jnp.ones(4, jnp.float32)
+    a.delete()
+    with pytest.raises(bb.UnsupportedTypeError, match=r"at \['a'\]: this jax array was deleted"):
+        bb.cast_tree({"a": a}, "bfloat16")
+
+
+def test_cast_module_of_a_lazy_module_or_one_deepcopy_cannot_copy_says_why():
+    torch = fw("torch")
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.LayerNorm(4))
+    with pytest.raises(bb.UnsupportedTypeError, match=r"0\.weight is not made yet.*LazyLinear.*forward pass first"):
+        bb.cast_module(lazy, "bfloat16")
+    lazy(torch.ones(2, 3))  # made: cast as any other
+    assert bb.cast_module(lazy, "bfloat16")[0][0].weight.dtype == torch.bfloat16
+
+    import threading
+
+    model = torch.nn.Linear(2, 2)
+    model.lock = threading.Lock()
+    with pytest.raises(bb.UnsupportedTypeError, match=r"deepcopy.*cannot pickle.*inplace=True"):
+        bb.cast_module(model, "bfloat16", inplace=False)
+    assert model.weight.dtype == torch.float32
 
 
 def test_keep_head_prefers_a_module_named_head_to_a_hidden_top_level_fc():

@@ -308,6 +308,11 @@ class Adapter:
         """Convert values (used only for the widening fallbacks, exact where ``casts`` says so)."""
         raise NotImplementedError
 
+    def cast(self, x, dtype: str):
+        """cast_tree's cast of one leaf: ``astype``, keeping what the framework's own cast keeps of
+        the leaf's type (numpy: a scalar stays a scalar, a subclass its class)."""
+        return self.astype(x, dtype)
+
     #: ``pack`` and ``unpack`` are offered: between a row of one value a byte and its packed row
     #: (``dtypes.PACKED``: float4_e2m1fn <-> float4_e2m1fn_x2), as the packed row's carrier
     packs: ClassVar[bool] = False

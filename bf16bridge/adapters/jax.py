@@ -146,6 +146,9 @@ def _host_cast(src_dtype: np.dtype, dst: str) -> bool:
     return src != dst and float_row(src) and float_row(dst) and not _rounds_as_ml_dtypes(src, dst)
 
 
+_DELETED = "this jax array was deleted (donated); it has no data to move"
+
+
 def _packs_copy(layout, aligned):
     return "jax stores sub-byte types packed: its hand-off with numpy converts (a copy)"
 
@@ -326,13 +329,16 @@ class JaxAdapter(Adapter):
     def state(self):
         return jax.config.jax_enable_x64
 
+    def no_data(self, x):
+        return _DELETED if not isinstance(x, _Tracer) and x.is_deleted() else None
+
     def describe(self, x, *, alignment: bool = True) -> Source:
         if isinstance(x, _Tracer):
             raise UnsupportedTypeError(
                 "a traced jax value (inside jit, grad or vmap) has no data yet; convert outside the transform"
             )
         if x.is_deleted():
-            raise UnsupportedTypeError("this jax array was deleted (donated); it has no data to move")
+            raise UnsupportedTypeError(_DELETED)
         devices = x.sharding.device_set
         if len(devices) != 1:
             raise UnsupportedTypeError(
@@ -525,7 +531,7 @@ class JaxAdapter(Adapter):
         if len(x.sharding.device_set) == 1 and not isinstance(x.sharding, jax.sharding.NamedSharding):
             return None  # one device, no mesh (a mesh of one device is a sharding all the same)
         if x.is_deleted():
-            raise UnsupportedTypeError("this jax array was deleted (donated); it has no data to move")
+            raise UnsupportedTypeError(_DELETED)
         shape = tuple(x.shape)
         layout = _layout(x.sharding, x.ndim)
         if layout is not None and layout.partial:  # jax has no shard indices for unreduced values

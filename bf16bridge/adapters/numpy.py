@@ -7,6 +7,7 @@ import ctypes
 import math
 import operator
 import sys
+import warnings
 
 import numpy as np
 
@@ -280,6 +281,17 @@ class NumpyAdapter(Adapter):
             return to_float32(x, out=out)
         out[...] = x  # numpy's cast, as astype runs it (a same-kind or wider one: exact widenings only)
         return out
+
+
+    def cast(self, x, dtype):
+        if type(x) is np.ndarray:
+            return self.astype(x, dtype)
+        _refuse_masked(x)
+        # ndarray.astype keeps a scalar a scalar and a subclass its class (np.matrix, whose * is a matrix
+        # product: a plain array's is elementwise); the same cast, so the same bits
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn: the rounding defines them
+            return x.astype(dtypes.numpy_dtype(dtype))
 
 
 ADAPTER = NumpyAdapter()

@@ -571,6 +571,11 @@ class TorchAdapter(Adapter):
             # a module's own, as named_parameters/named_buffers(recurse=False) give them (None and
             # a second name for the same tensor left out), read off the dicts Module._apply walks
             params = _own(m._parameters)
+            lazy = [k for k, v in params + _own(m._buffers) if torch.nn.parameter.is_lazy(v)]
+            if lazy:  # (Module.to casts them when they are made; a report of their bytes cannot be)
+                raise UnsupportedTypeError(
+                    f"{'.'.join(filter(None, (name, lazy[0])))} is not made yet (a lazy module's, "
+                    f"{type(m).__qualname__}): run one forward pass first, then cast the model")
             classes = type(m).__mro__
             if classes not in names:
                 names[classes] = tuple(c.__name__ for c in classes)
