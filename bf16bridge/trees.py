@@ -375,6 +375,10 @@ def _container(fn, node, path, walk: _Walk):
         return t([_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)])
     if t is dict:
         return {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
+    if isinstance(node, collections.ChainMap):
+        # each of its maps (a value a nearer map hides is data too): rebuilt from its items, it became
+        # one map of what it showed
+        return type(node)(*[_walk(fn, m, path, walk) for m in node.maps])
     if isinstance(node, Mapping):
         if not isinstance(node, dict):
             # a mapping a tree library registers (flax's nnx.State, FrozenDict) rebuilt its own way: flax

@@ -436,6 +436,16 @@ def test_a_dataclass_is_rebuilt_without_running_its_init_again():
         assert sorted(bb.load(os.path.join(d, "x.safetensors"))) == ["ema.w", "params.w"]
 
 
+def test_a_chainmap_keeps_its_maps_and_the_values_they_hide():
+    """A ChainMap was rebuilt from what it showed: one map, the value a nearer map hides gone."""
+    near, far = _bf16((2,)), _bf16((3,))
+    chain = collections.ChainMap({"a": near}, {"a": far, "b": far})
+    out = bb.convert_tree(chain, "numpy")
+    assert type(out) is collections.ChainMap and len(out.maps) == 2
+    np.testing.assert_array_equal(bits(out.maps[1]["a"]), bits(far))
+    np.testing.assert_array_equal(bits(out["a"]), bits(near))
+
+
 # -- what the walk does not enter: walked, or refused naming the path and the way out ----------
 
 
