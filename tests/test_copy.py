@@ -33,6 +33,7 @@ def test_copy_false_on_zero_copy_route(src, dst):
     assert ptr(y) == ptr(x)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", ["numpy", "torch", "jax", "tensorflow"])
 def test_zero_copy_results_share_memory_both_ways(dst):
     import torch
@@ -152,6 +153,7 @@ def test_a_small_copy_keeps_its_small_slack():
     np.testing.assert_array_equal(bits(y), x.view(np.uint16))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 def test_a_large_torch_copy_faults_no_more_pages_than_np_copy(layout):
     """torch's own allocation of a large copy (torch.empty) faulted in every 4 KiB page of fresh

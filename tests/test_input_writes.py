@@ -119,6 +119,7 @@ def test_every_torch_in_place_write_into_an_immutable_callers_tensor_is_ours(cal
     assert np.array_equal(bits(x), before)  # argument 0 is not the one written
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_keyword_argument_written_is_named(caller):
     fn = bb.bridge("torch")(lambda x, *, scale: scale.mul_(2) * x)
@@ -126,6 +127,7 @@ def test_a_keyword_argument_written_is_named(caller):
         fn(make(caller, _data()), scale=make(caller, _data()))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_copied_inputs_may_be_written(caller):
     x = make(caller, _data())
@@ -135,6 +137,7 @@ def test_copied_inputs_may_be_written(caller):
     assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) + 1).astype(BF16))))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_call_under_inference_mode_runs_with_its_inputs_unwatched(caller):
     """Under torch.inference_mode() the callee's inputs are inference tensors, whose version counter
@@ -148,11 +151,13 @@ def test_a_call_under_inference_mode_runs_with_its_inputs_unwatched(caller):
     assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) * 3).astype(BF16))))
 
 
+@pytest.mark.frameworks("torch")
 def test_reading_an_input_is_not_a_write():
     fn = bb.bridge("torch")(lambda x: (x * 2, x.view(-1), x.t().contiguous(), x.clone().add_(1)))
     fn(make("jax", _data()))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_the_callees_own_error_keeps_its_type_and_says_what_it_wrote(caller):
     def f(x):

@@ -221,6 +221,7 @@ def _show_index(index):
     return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
 
 
+@pytest.mark.frameworks("torch")
 def test_replicas_of_a_strided_view_and_a_scalar_are_compared():
     import torch
 
@@ -275,6 +276,7 @@ def test_replicas_of_padded_types_compare_their_value_bits(dtype):
         bb.from_shards(bad, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_replicas_packed_by_torch_compare_with_unpacked_ones():
     """torch holds fp4 two values a byte (float4_e2m1fn_x2, half the columns); a jax replica of
     the same index holds one a byte: compared value for value, and a difference is named by its
@@ -318,6 +320,7 @@ def test_replicas_name_the_element_whatever_its_width(dtype, unsigned):
         bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
     """Replicas that alias one buffer (one array given for each device; jax replicas put from one
     aligned host buffer) hold the same bits by construction: the comparison does not read them."""
@@ -338,6 +341,7 @@ def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
                        sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_a_replica_that_cannot_be_read_is_named():
     import torch
 
@@ -349,6 +353,7 @@ def test_a_replica_that_cannot_be_read_is_named():
         bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_compare_replicas_is_checked_before_any_assembly():
     # the comparison runs in shards.py for every target: torch's DTensor assembly takes one
     # tensor of the index and would drop the other without a word
@@ -373,6 +378,7 @@ def test_keywords_are_checked(call, words):
         call(x)
 
 
+@pytest.mark.frameworks("torch")
 def test_shard_is_frozen_and_compares_by_identity():
     s = _one_shard("torch")
     with pytest.raises(AttributeError):
@@ -445,6 +451,7 @@ def _env(**extra) -> dict:
 EIGHT_DEVICE_TESTS = 82
 
 
+@pytest.mark.frameworks("torch")
 def test_eight_jax_devices_in_a_child():
     env = _env(BF16BRIDGE_SHARDS_CHILD="jax8", XLA_FLAGS="--xla_force_host_platform_device_count=8")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error",
@@ -455,6 +462,7 @@ def test_eight_jax_devices_in_a_child():
     assert f"{EIGHT_DEVICE_TESTS} passed" in out.stdout and "skipped" not in out.stdout, tail
 
 
+@pytest.mark.frameworks("torch")
 def test_dtensor_and_jax_across_two_processes():
     jax_port, torch_port = _free_port(), _free_port()
     env = _env(BF16BRIDGE_SHARDS_CHILD="dtensor")

@@ -33,6 +33,7 @@ def _tensor_leaves(tree, framework):
     return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, cls))
 
 
+@pytest.mark.frameworks("torch")
 def test_flax_nnx_state_keeps_its_variables_with_new_values():
     import jax.numpy as jnp
     import torch
@@ -51,6 +52,7 @@ def test_flax_nnx_state_keeps_its_variables_with_new_values():
     np.testing.assert_array_equal(bits(out["kernel"].value), bits(model.kernel.value))
 
 
+@pytest.mark.libraries("flax")
 def test_a_single_variable_converts_by_its_value():
     import jax.numpy as jnp
     from flax import nnx
@@ -59,6 +61,7 @@ def test_a_single_variable_converts_by_its_value():
     np.testing.assert_array_equal(bits(bb.to_torch(p, on_alias="allow")), bits(p.value))
 
 
+@pytest.mark.libraries("equinox")
 def test_equinox_module_is_walked():
     import equinox as eqx
     import jax
@@ -76,6 +79,7 @@ def test_equinox_module_is_walked():
         np.testing.assert_array_equal(bits(g), bits(w))
 
 
+@pytest.mark.libraries("keras")
 def test_keras_variables_convert_by_their_value():
     import keras
     import torch
@@ -87,6 +91,7 @@ def test_keras_variables_convert_by_their_value():
     np.testing.assert_array_equal(out["weights"][0], np.arange(3, dtype=np.float32))
 
 
+@pytest.mark.libraries("keras")
 @pytest.mark.parametrize("to", ["torch", "jax", "numpy"])
 def test_plan_plans_a_keras_variable_as_convert_converts_it(to):
     # plan once refused what convert (and plan_tree) took by its value
@@ -101,6 +106,7 @@ def test_plan_plans_a_keras_variable_as_convert_converts_it(to):
         bb.plan(object(), to)
 
 
+@pytest.mark.libraries("optree")
 def test_optree_registered_nodes_are_walked():
     import optree
     import torch
@@ -117,6 +123,7 @@ def test_optree_registered_nodes_are_walked():
     np.testing.assert_array_equal(bits(out["p"].w), bits(_bf16((4,))))
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_state_dict_keeps_its_metadata():
     import torch
 
@@ -126,6 +133,7 @@ def test_torch_state_dict_keeps_its_metadata():
     np.testing.assert_array_equal(bits(out["weight"]), bits(sd["weight"]))
 
 
+@pytest.mark.frameworks("torch")
 def test_a_data_leaf_that_cannot_cross_raises_with_its_path_unless_kept():
     tree = {"a": {"labels": np.array(["x", "y"]), "w": _bf16((2,))}}
     with pytest.raises(bb.UnsupportedDtypeError, match=r"\['a'\]\['labels'\]"):
@@ -160,6 +168,7 @@ def test_an_array_like_of_no_registered_framework_is_not_passed_through_silently
     assert bb.convert_tree({"x": 3, "s": "label", "n": None}, "torch") == {"x": 3, "s": "label", "n": None}
 
 
+@pytest.mark.frameworks("torch")
 def test_tree_warns_once_per_call_with_a_count():
     j = make("jax", _bf16((4,)))
     with warnings.catch_warnings(record=True) as said:
@@ -170,6 +179,7 @@ def test_tree_warns_once_per_call_with_a_count():
     assert said[0].filename == __file__
 
 
+@pytest.mark.frameworks("torch")
 def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
     j = make("jax", _bf16((4,)))
     ro = bb.aligned_empty(4)
@@ -193,6 +203,7 @@ def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
             bb.convert_tree(tree, "torch", on_alias="error")
 
 
+@pytest.mark.frameworks("torch")
 def test_the_cached_leaf_path_runs_plans_that_check_their_result():
     import torch
 
@@ -277,6 +288,7 @@ def test_flatten_refuses_a_cycle_the_plain_walk_gives_up_on():
         trees.flatten((loop,))
 
 
+@pytest.mark.frameworks("torch")
 def test_plan_tree_says_what_copies_and_what_aliases():
     aligned = bb.aligned_empty(64)
     aligned[...] = _bf16((64,))
@@ -309,6 +321,7 @@ def test_plan_tree_says_which_leaves_drop_their_gradient():
     assert p.to_dict()["drops_grad"] == ["['w']", "['x']"]
 
 
+@pytest.mark.frameworks("torch")
 def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
     import jax
     import torch
@@ -329,6 +342,7 @@ def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
     assert np.asarray(bb.to_jax(np.array([2**32 - 1], np.uint64), fallback="auto")).dtype == np.uint32
 
 
+@pytest.mark.frameworks("torch")
 def test_unwrap_returns_plain_tensors_for_wrapped_values():
     import jax
     import jax.numpy as jnp
@@ -344,6 +358,7 @@ def test_unwrap_returns_plain_tensors_for_wrapped_values():
         out, is_leaf=lambda x: isinstance(x, (nnx.Variable, torch.Tensor))))
 
 
+@pytest.mark.libraries("keras")
 @pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
 def test_to_keras_means_the_running_keras_backend(backend):
     """Keras picks its backend once per process: each backend in a fresh one."""
@@ -364,6 +379,7 @@ def test_to_keras_means_the_running_keras_backend(backend):
     assert out.stdout.split() == [backend, backend], out.stderr[-2000:]
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 def test_plain_dataclasses_are_walked():
     import dataclasses
 
@@ -541,6 +557,7 @@ def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its
     assert (out["h"][0] is tree["h"][0]) if case == "frozenset-in-list" else (out["h"] is tree["h"])
 
 
+@pytest.mark.frameworks("torch")
 def test_cast_tree_refuses_a_model_object_naming_cast_module():
     import torch
 
@@ -548,6 +565,7 @@ def test_cast_tree_refuses_a_model_object_naming_cast_module():
         bb.cast_tree({"m": torch.nn.Linear(2, 2)}, "bfloat16")
 
 
+@pytest.mark.frameworks("torch")
 def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
     import torch
 
@@ -600,6 +618,7 @@ def test_plain_values_and_dtypes_still_pass_through(value):
         assert bb.cast_tree(tree, "bfloat16")[0]["v"] is v
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @pytest.mark.parametrize("tree, to, kw, error", [
     ({"g": "torch-grad"}, "jax", dict(on_grad="error"), bb.UnsupportedTypeError),
     ({"r": "numpy-reversed"}, "torch", dict(copy=False), bb.CopyRequiredError),
