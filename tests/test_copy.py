@@ -94,8 +94,9 @@ def test_a_copy_says_only_what_forces_it(readonly, offset, target, reasons):
     assert [s.reason for s in p.steps if s.copies] == reasons, str(p)
 
 
-@pytest.mark.parametrize("case, hint", [("jax fp8 bit-cast", None), ("transposed", "contiguous"),
-                                        ("read-only", "writable")])
+@pytest.mark.parametrize("case, hint", [pytest.param("jax fp8 bit-cast", None, marks=pytest.mark.frameworks("torch")),
+                                        ("transposed", "contiguous"),
+                                        pytest.param("read-only", "writable", marks=pytest.mark.frameworks("torch"))])
 def test_copy_false_names_only_a_way_out_that_exists(case, hint):
     """copy=False's error ended "or make the input contiguous and aligned" even where the copy is
     the route's own (jax's bit-cast copies whatever its input): it names what of the input could

@@ -155,6 +155,7 @@ def _traced(caller, fn):
     return tf.function(fn)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 @pytest.mark.parametrize("dtype,first,second", [
     (np.float32, 0.0, -0.0),    # equal, but x * -0.0 flips every sign bit
@@ -178,6 +179,7 @@ class _Config:
     scale: float
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_static_values_inside_a_dataclass_argument_are_keyed_by_bits_too(caller):
     """A frozen dataclass compares its fields with ==: Config(x, 0.0) == Config(x, -0.0)."""
@@ -188,6 +190,7 @@ def test_static_values_inside_a_dataclass_argument_are_keyed_by_bits_too(caller)
         np.testing.assert_array_equal(bits(got), bits(make("torch", a) * s))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_non_tensor_result_computed_from_values_is_refused_when_traced(caller):
     """Under jit / tf.function the results' tree comes from the call on zeros: {"n": 0.0} came
@@ -209,6 +212,7 @@ class _Tag:  # compared by identity, as any plain class: a fresh one each run ha
     pass
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_fresh_plain_object_among_the_results_is_not_taken_for_a_changed_value(caller):
     """The declared-results check compared objects by their own ==: a plain object made anew in
@@ -254,6 +258,7 @@ def _torch_cube(x):
     return x ** 3
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_second_order_is_refused_first_order_under_create_graph_is_kept():
     """torch ran the backward with create_graph=True and got gradients with no graph: a second
     derivative missed the callee's part, silently (6x instead of 12x below)."""
@@ -328,6 +333,7 @@ def test_jax_forward_mode_is_refused_by_jax_as_documented(transform):
         run()
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("transform", ["vmap", "grad"])
 def test_a_bridged_call_on_a_captured_tensor_runs_under_a_torch_func_transform(transform):
     """The refusal is for torch.func's wrapper tensors: a bridged call that sees only a plain
@@ -344,6 +350,7 @@ def test_a_bridged_call_on_a_captured_tensor_runs_under_a_torch_func_transform(t
         assert got.tolist() == [0.0, 2.0, 4.0]
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 @pytest.mark.parametrize("written", ["input", "output"])
 def test_a_tensor_written_after_the_call_fails_the_backward_as_it_would_natively(callee, written):
@@ -375,6 +382,7 @@ def test_a_result_a_traced_jax_caller_cannot_hold_gets_our_error(dtype):
         jax.jit(fn)(jnp.ones(3))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("through", ["convert_tree", "bridge"])
 def test_a_tree_too_deep_to_walk_gets_our_error_and_a_deep_one_still_crosses(through):
     import torch
@@ -398,6 +406,7 @@ class _Boom(Exception):
     pass
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller,traced", [("torch", False), ("jax", True), ("tensorflow", True),
                                            ("tensorflow", False)])
 def test_an_exception_in_the_callee_reaches_the_caller_as_it_was_raised(caller, traced):
