@@ -300,6 +300,7 @@ def test_cast_tree_refuses_a_torch_tensor_with_no_memory():
 
 
 @pytest.mark.libraries("flax")
+@pytest.mark.libraries("flax")
 def test_flax_linen_variables():
     import jax
     import jax.numpy as jnp
@@ -330,6 +331,7 @@ def test_flax_linen_variables():
     assert y.shape == (1, 2)
 
 
+@pytest.mark.libraries("flax")
 @pytest.mark.libraries("flax")
 def test_flax_nnx_state_keeps_its_variables():
     from flax import nnx
@@ -803,6 +805,7 @@ def test_hooks_cast_keyword_inputs_and_nested_outputs():
 # -- the reviewer's findings (issue 11, R2) ---------------------------------------------------------
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("keep", [[r"^0\.weight$"], [r"^0\.bias$"]])
 def test_a_keep_pattern_matching_part_of_a_module_keeps_all_of_it_and_the_model_runs(keep):
     torch = fw("torch")
@@ -828,6 +831,7 @@ def test_keep_head_on_a_flat_weight_list_keeps_the_last_kernel_and_its_bias():
     assert {r.path for r in report.kept} == {"1"}  # no leaf of two dimensions: the last leaf alone
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("kwargs, says", [
     ({"keep_types": "Batch["}, "'Batch[' is not a regular expression"),
     ({"keep_dtype": None}, "keep_dtype=None (kept leaves left as they are) is cast_tree's"),
@@ -1044,6 +1048,7 @@ def _set(tree: dict, path: tuple, value) -> None:
     tree[path[-1]] = value
 
 
+@pytest.mark.frameworks("torch")
 @given(_cast_trees())
 @example(([("lm_head", "weight"), ("x", "weight"), ("norm",)],  # a head tied to an embedding, kept by its rule
           [("torch", "float32", (2, 3), 1, 0), ("torch", "float32", (2, 3), 1, 0), ("jax", "bfloat16", (2,), 2, 2)],
@@ -1138,6 +1143,7 @@ def _build(layers, tie, buffers, user_hooks):
     return model
 
 
+@pytest.mark.frameworks("torch")
 @given(_models())
 @example(((("block0", "nested"), ("proj", "linear-nobias")), True, False, False,  # proj tied to block0.0's weight
           dict(dtype="bfloat16", keep_head=False, inplace=True, keep=["proj"])))

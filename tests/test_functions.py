@@ -316,6 +316,7 @@ def test_a_result_the_caller_cannot_hold_gives_our_error():
         fn(make("jax", _data((3,), 1)))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("copy_inputs", [False, True])
 def test_a_callee_writing_its_input_writes_the_callers_tensor_unless_copied(copy_inputs):
     a = make("numpy", _data((4,), 1))
@@ -381,6 +382,7 @@ def test_the_first_call_of_a_process_may_come_under_a_jax_trace():
         assert out.stdout.split()[-3:] == (["[3.0,", "-4.0,", "6.5]"] if "bridge" in first else ["[1.5,", "-2.0,", "3.25]"])
 
 
+@pytest.mark.frameworks("torch")  # the framework imported late: torch (torch.compile)
 def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_compiler():
     import subprocess
     import sys

@@ -316,6 +316,7 @@ def test_a_half_precision_buffer_does_not_make_a_float32_model_narrow():
     assert _model_dtype(only_buffers) == "bfloat16" and _model_dtype(model) == "float32"
 
 
+@pytest.mark.frameworks("torch")
 def test_check_cast_runs_plain_functions_of_any_framework_on_the_inputs_as_given():
     jnp = fw("jax").numpy
     w = np.random.default_rng(3).standard_normal((32, 20)).astype(F32)

@@ -117,6 +117,7 @@ def test_from_shards_refuses_a_target_without_sharded_tensors(target):
         bb.from_shards([_one_shard("numpy")], target)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("target,sharding,words", [
     ("jax", None, "no mesh layout: pass sharding="),
     ("jax", "P('x')", "a jax.sharding.Sharding"),
@@ -196,7 +197,8 @@ def _one_device_sharding():
     return NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec())
 
 
-@pytest.mark.parametrize("what,values,frameworks,differ", REPLICAS, ids=[c[0] for c in REPLICAS])
+@pytest.mark.parametrize("what,values,frameworks,differ", [pytest.param(*c, marks=pytest.mark.frameworks(*c[2]))
+                                                         for c in REPLICAS], ids=[c[0] for c in REPLICAS])
 def test_from_shards_compares_replicas_bit_for_bit(what, values, frameworks, differ):
     """Two tensors given for one global index must hold the same bits: before the check,
     from_shards built an array whose replicas disagreed (each device took its own shard)."""

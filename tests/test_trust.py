@@ -545,6 +545,7 @@ def test_a_filter_change_is_seen_even_in_the_same_list_of_the_same_length():
         assert len(said) == 5
 
 
+@pytest.mark.frameworks("torch")
 def test_default_filters_show_the_warning_again_in_each_catch_warnings_as_warnings_does():
     j = make("jax", _bf16())
     for _ in range(2):
@@ -598,6 +599,7 @@ def no_export_run():
     return subprocess.run([sys.executable, "-c", _NO_EXPORT], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("to", ["jax", "tensorflow", "numpy", "torch"])
 @pytest.mark.parametrize("kind", ["string", "resource", "variant"])
 def test_tf_tensor_without_dlpack_is_refused_not_aborted_after_a_cached_plan(no_export_run, to, kind):
@@ -628,6 +630,7 @@ def _catch_between(j):
             pass
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("action", ["default", "module"])
 @pytest.mark.parametrize(("calls", "shown"), [
     (_fresh_globals, 3),  # as warnings does: its registry is new each time
