@@ -84,14 +84,20 @@ def _u8(a) -> bytes:
 # -- both directions, every dtype both sides know ---------------------------------------------
 
 
-@pytest.mark.parametrize("code", CODES)
-def test_ours_read_by_safetensors(tmp_path, code):
-    if lacks(fmt.CODES[code][0]):
-        return
+def _saved_by_us(tmp_path, code: str):
+    """Values of ``code`` (4 a row) saved by bb.save beside an int16 neighbour, with metadata: (values, path)."""
     a = _values(code)
     a = a[: len(a) // 4 * 4].reshape(-1, 4)
     p = tmp_path / "m.safetensors"
     bb.save({"layer": {"w": a}, "odd": np.arange(3, dtype=np.int16)}, p, metadata={"step": "7"})
+    return a, p
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_ours_read_by_safetensors(tmp_path, code):
+    if lacks(fmt.CODES[code][0]):
+        return
+    a, p = _saved_by_us(tmp_path, code)
     got = _st_read(p)
     assert got["layer.w"] == (code, list(a.shape), _u8(a))
     with safetensors.safe_open(str(p), framework="np") as f:
@@ -105,10 +111,7 @@ def test_ours_read_by_safetensors(tmp_path, code):
 def test_ours_read_by_safetensors_torch(tmp_path, code):
     if lacks(fmt.CODES[code][0]):
         return
-    a = _values(code)
-    a = a[: len(a) // 4 * 4].reshape(-1, 4)
-    p = tmp_path / "m.safetensors"
-    bb.save({"layer": {"w": a}}, p, metadata={"step": "7"})
+    a, p = _saved_by_us(tmp_path, code)
     with safetensors.safe_open(str(p), framework="pt") as f:
         assert f.metadata() == {"step": "7"}
     t = _st_torch().load_file(str(p))["layer.w"]  # torch holds every code wider than a nibble

@@ -546,8 +546,9 @@ def test_convert_tree_of_a_tree_that_contains_itself_is_our_error(to):
 # -- the copies of large inputs, on small ones ---------------------------------------------------
 
 
-@pytest.mark.parametrize("concept", [pytest.param(c, marks=pytest.mark.frameworks(*CONCEPT_NEEDS.get(c, ())))
-                                     for c in ["numpy", "offset", "big-endian", "torch", "torch-expand", "regressions"]])
+@pytest.mark.parametrize("concept", [
+    pytest.param(c, marks=pytest.mark.frameworks(*CONCEPT_NEEDS.get(c, ())))
+    for c in ["numpy", "offset", "big-endian", "torch", "torch-expand", "regressions"]])
 @given(data=st.data(), to=targets)
 def test_copies_made_as_large_ones_keep_the_bits(concept, data, to):
     """A large copy is made differently (adapters.numpy: at its source's page offset from

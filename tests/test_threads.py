@@ -1,7 +1,8 @@
 """Thread safety (issue 8 item 14): in a fresh process, 8 threads make their first
 conversions at the same moment, across all 12 pairs of numpy, torch, jax and
-tensorflow (the pairs of this run's frameworks: numpy and jax in .venv-numpy25), while the bridge loads its adapters, fills its route caches and runs
-its probe for the first time. Every result must be bit-exact, no call may fail.
+tensorflow (the pairs of this run's frameworks: numpy and jax in .venv-numpy25), while
+the bridge loads its adapters, fills its route caches and runs its probe for the first
+time. Every result must be bit-exact, no call may fail.
 
 A fresh process is the point: in this test session the adapters are long loaded
 and the caches full, so only a new interpreter shows the first-use races.
@@ -87,7 +88,8 @@ print(json.dumps({"loaded_before": loaded_before, "results": len(results), "erro
 
 
 def test_first_conversions_from_8_threads_at_once_are_bit_exact():
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(PRESENT)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(PRESENT)], capture_output=True, text=True,
+                          timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, f"the child printed no result (exit code {proc.returncode}):\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1])

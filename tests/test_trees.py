@@ -428,8 +428,10 @@ def _hidden_cases():
         ("dict-values", lambda: {"a": t}.values(), r"a dict view .* is not walked: pass the dict, or list\(view\)"),
         ("map", lambda: map(lambda v: v, [t]), r"an iterator .* is not walked.*list"),
         ("list-iterator", lambda: iter([t]), r"an iterator .* is not walked"),
-        ("tf-ragged", lambda: fw("tensorflow").ragged.constant([[1.0], []]), r"tensorflow ragged tensor.*rt\.to_tensor\(\)"),
-        ("tf-sparse", lambda: fw("tensorflow").sparse.from_dense([[0.0, 1.0]]), r"tensorflow sparse tensor.*tf\.sparse\.to_dense"),
+        ("tf-ragged", lambda: fw("tensorflow").ragged.constant([[1.0], []]),
+         r"tensorflow ragged tensor.*rt\.to_tensor\(\)"),
+        ("tf-sparse", lambda: fw("tensorflow").sparse.from_dense([[0.0, 1.0]]),
+         r"tensorflow sparse tensor.*tf\.sparse\.to_dense"),
         # (review: named by tf's ShouldUseWrapper; a dataset pointed at tf.nest.flatten, a variant tensor)
         ("tf-tensorarray", lambda: fw("tensorflow").TensorArray(fw("tensorflow").float32, size=2).write(0, 1.0),
          r"tensor_array_ops\.TensorArray is a tensorflow TensorArray.*ta\.stack\(\)"),
@@ -736,7 +738,8 @@ def _held_tensors():
     return {"numpy-bf16": lambda: make("numpy", _bf16((3,))), "numpy-readonly": lambda: readonly,
             "numpy-int64": lambda: np.arange(3), "torch-bf16": lambda: make("torch", _bf16((3,))),
             "torch-grad": lambda: fw("torch").ones(3, requires_grad=True), "jax-bf16": lambda: make("jax", _bf16((3,))),
-            "tf-bf16": lambda: make("tensorflow", _bf16((3,))), "tf-variable": lambda: fw("tensorflow").Variable([1.0, 2.0])}
+            "tf-bf16": lambda: make("tensorflow", _bf16((3,))),
+            "tf-variable": lambda: fw("tensorflow").Variable([1.0, 2.0])}
 
 
 @pytest.mark.parametrize("held", _by_maker(["numpy-bf16", "numpy-readonly", "numpy-int64", "torch-bf16", "torch-grad",
