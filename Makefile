@@ -17,19 +17,16 @@ OLDEST_STAMP := $(OLDEST)/.installed
 OLDEST_SKIP := tests/test_dtype_docs.py
 OLDEST_TESTS := $(filter-out $(OLDEST_SKIP),$(sort $(wildcard tests/test_*.py)))
 # a fourth: NumPy 2.5 (its DLPack dtype registry, for real) and jax 0.11.2, the device machine's
-# versions (constraints-numpy25.txt), on Python 3.12 (numpy 2.5 needs it), numpy and jax only
+# versions (constraints-numpy25.txt), on Python 3.12 (numpy 2.5 needs it), numpy and jax only, no tree
+# library: every test file, each test that needs torch, tensorflow or a tree library deselected
+# (tests/conftest.py: its parameters, its frameworks and libraries marks; BF16BRIDGE_TEST_FRAMEWORKS and
+# BF16BRIDGE_TEST_LIBRARIES below, which test_environment.py checks against what is installed).
+# Left out: test_dtype_docs.py, which compares docs/dtypes.md, generated at the newest set (torch's and
+# tensorflow's findings too), with what this set finds.
 NUMPY25 := .venv-numpy25
 NUMPY25_STAMP := $(NUMPY25)/.installed
-NUMPY25_TESTS := tests/test_numpy_registry.py tests/test_bits.py tests/test_inputs.py tests/test_probe.py \
-	tests/test_dtypes.py tests/test_environment.py tests/test_narrow_kernels.py tests/test_kernels.py \
-	tests/test_checkpoint_first.py tests/test_checkpoint_open.py tests/test_tables.py tests/test_parity_docs.py \
-	tests/test_parity_frameworks.py
-# not yet there: files with a test that needs torch or tensorflow without saying so (its parameters or a
-# @pytest.mark.frameworks mark; tests/conftest.py deselects those): test_cli, test_parity (their commands and
-# runs cover every registered framework), test_checkpoints and test_fuzz_routes (torch at import),
-# test_checkpoint_fuzz, test_benchmarks_smoke (the harness needs all four), test_dtype_docs (the page is the
-# newest set's), test_demo, test_registry, test_imports, test_copy, test_tree,
-# test_threads, test_narrow_compute, test_parity_models, test_parity_plugin
+NUMPY25_SKIP := tests/test_dtype_docs.py
+NUMPY25_TESTS := $(filter-out $(NUMPY25_SKIP),$(sort $(wildcard tests/test_*.py)))
 # Python 3.12: python3.12 on PATH if it runs (a pyenv shim is on PATH but fails when 3.12 is not
 # selected), else pyenv's own; none is an error, never a skip
 PY312 ?= $(shell for p in python3.12 $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
@@ -103,9 +100,10 @@ test-oldest: setup-oldest
 	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
 	$(call prune,$(OLDEST))
 
-# torch and tensorflow are not installed there: the tests ask only for numpy and jax (tests/conftest.py)
+# torch, tensorflow and the tree libraries are not installed there: the tests ask only for numpy and
+# jax, and for no tree library (tests/conftest.py)
 test-numpy25: setup-numpy25
-	BF16BRIDGE_TEST_FRAMEWORKS=numpy,jax BF16BRIDGE_TEST_NUMPY=2.5 $(NUMPY25)/bin/python -m pytest -q -p no:cacheprovider $(NUMPY25_TESTS)
+	BF16BRIDGE_TEST_FRAMEWORKS=numpy,jax BF16BRIDGE_TEST_LIBRARIES= BF16BRIDGE_TEST_NUMPY=2.5 $(NUMPY25)/bin/python -m pytest -q -p no:cacheprovider $(NUMPY25_TESTS)
 	$(call prune,$(NUMPY25))
 
 bench: setup

@@ -22,6 +22,19 @@ REQUIRED = tuple(
 #: jax only). A test that needs one is deselected, and the run's header says which: a test is taken
 #: to need every framework named by its parameters, and those its ``frameworks`` mark names.
 EXCLUDED = tuple(f for f in FRAMEWORKS if f not in REQUIRED)
+#: The frameworks of this run, in FRAMEWORKS' order: what a test that draws or loops over frameworks
+#: (hypothesis strategies, a child process's pairs) takes, so that a run without torch still runs it
+#: over numpy and jax. The full run's draws are unchanged (the same tuple as FRAMEWORKS).
+PRESENT = tuple(f for f in FRAMEWORKS if f not in EXCLUDED)
+#: The libraries some tests need beyond the frameworks: the tree libraries (the ``trees`` extra).
+LIBRARIES = ("flax", "equinox", "optree", "keras")
+#: The libraries this run must have (BF16BRIDGE_TEST_LIBRARIES, all by default; .venv-numpy25 has
+#: none): a named one missing is a failure (test_environment.py); a test whose ``libraries`` mark
+#: names one left out is deselected, and the run's summary says which.
+REQUIRED_LIBRARIES = tuple(
+    n.strip() for n in os.environ.get("BF16BRIDGE_TEST_LIBRARIES", ",".join(LIBRARIES)).split(",") if n.strip()
+)
+EXCLUDED_LIBRARIES = tuple(n for n in LIBRARIES if n not in REQUIRED_LIBRARIES)
 #: frameworks whose tensors are never written in place
 IMMUTABLE = ("jax", "tensorflow")
 PAIRS = [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d]
@@ -140,34 +153,50 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "frameworks(*names): the frameworks a test needs beyond its parameters "
         "(deselected where BF16BRIDGE_TEST_FRAMEWORKS leaves one out)")
+    config.addinivalue_line(
+        "markers", "libraries(*names): the tree libraries a test needs (deselected where "
+        "BF16BRIDGE_TEST_LIBRARIES leaves one out)")
+
+
+def by_first_word(values):
+    """Parameters whose first word may name a framework ("torch expand", "jax random key"), each
+    marked as needing it: a run without that framework deselects those cases only."""
+    return [pytest.param(v, marks=pytest.mark.frameworks(*[w for w in v.split()[:1] if w in FRAMEWORKS]))
+            for v in values]
 
 
 def needs(item) -> set[str]:
-    """The frameworks a collected test needs: named by its parameters or by its ``frameworks`` mark."""
+    """The frameworks and libraries a collected test needs: the frameworks named by its parameters
+    or by its ``frameworks`` mark, the libraries its ``libraries`` mark names."""
     out = {v for v in getattr(getattr(item, "callspec", None), "params", {}).values()
            if isinstance(v, str) and v in FRAMEWORKS}
-    for mark in item.iter_markers("frameworks"):
-        out.update(mark.args)
-    unknown = out - set(FRAMEWORKS)
-    if unknown:
-        raise ValueError(f"{item.nodeid}: frameworks mark names {sorted(unknown)}; known: {FRAMEWORKS}")
+    for kind, known in (("frameworks", FRAMEWORKS), ("libraries", LIBRARIES)):
+        named = {n for mark in item.iter_markers(kind) for n in mark.args}
+        unknown = named - set(known)
+        if unknown:
+            raise ValueError(f"{item.nodeid}: {kind} mark names {sorted(unknown)}; known: {known}")
+        out |= named
     return out
 
 
 def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:  # every run reads every mark: a misspelt framework fails in the full run too
-        (drop if needs(item) & set(EXCLUDED) else keep).append(item)
+        (drop if needs(item) & {*EXCLUDED, *EXCLUDED_LIBRARIES} else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
 def _excluded_line() -> str | None:
+    out = []
     if EXCLUDED:
-        return (f"frameworks: {', '.join(REQUIRED)} (BF16BRIDGE_TEST_FRAMEWORKS); tests that need "
-                f"{', '.join(EXCLUDED)} are deselected")
-    return None
+        out.append(f"frameworks: {', '.join(REQUIRED)} (BF16BRIDGE_TEST_FRAMEWORKS); tests that need "
+                   f"{', '.join(EXCLUDED)} are deselected")
+    if EXCLUDED_LIBRARIES:
+        out.append(f"libraries: {', '.join(REQUIRED_LIBRARIES) or 'none'} (BF16BRIDGE_TEST_LIBRARIES); tests "
+                   f"that need {', '.join(EXCLUDED_LIBRARIES)} are deselected")
+    return "; ".join(out) or None
 
 
 def pytest_report_header(config):

@@ -35,6 +35,7 @@ def _import_copies(name: str) -> bool:
     return registry.get(name).data_ptr(y) != x.ctypes.data
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")  # the harness measures every registered pair
 def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
@@ -408,6 +409,7 @@ def test_the_page_is_generated_from_the_saved_results():
         report.markdown(res, "benchmarks.png", fres) + report.parts_markdown(parts))
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")  # asks every registered adapter
 def test_declared_import_copy_cost_agrees_with_the_saved_measurement():
     """Adapter.import_copy_cost says whether the framework's own copy on import costs more (> 1) or
     less (< 1) than the bridge's aligned copy; the planner acts on it. The last full benchmark run

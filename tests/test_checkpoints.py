@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import safetensors
 import safetensors.numpy as st_numpy
-import safetensors.torch as st_torch
 
 import bf16bridge as bb
 from bf16bridge.checkpoints import format as fmt
@@ -71,6 +70,13 @@ def _st_read(path) -> dict:
         return {k: (v["dtype"], list(v["shape"]), bytes(v["data"])) for k, v in safetensors.deserialize(f.read())}
 
 
+def _st_torch():
+    """safetensors' torch loader and saver (it imports torch: only the tests that need torch call it)."""
+    import safetensors.torch
+
+    return safetensors.torch
+
+
 def _u8(a) -> bytes:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes()
 
@@ -78,22 +84,38 @@ def _u8(a) -> bytes:
 # -- both directions, every dtype both sides know ---------------------------------------------
 
 
-@pytest.mark.parametrize("code", CODES)
-def test_ours_read_by_safetensors(tmp_path, code):
-    if lacks(fmt.CODES[code][0]):
-        return
+def _saved_by_us(tmp_path, code: str):
+    """Values of ``code`` (4 a row) saved by bb.save beside an int16 neighbour, with metadata: (values, path)."""
     a = _values(code)
     a = a[: len(a) // 4 * 4].reshape(-1, 4)
     p = tmp_path / "m.safetensors"
     bb.save({"layer": {"w": a}, "odd": np.arange(3, dtype=np.int16)}, p, metadata={"step": "7"})
+    return a, p
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_ours_read_by_safetensors(tmp_path, code):
+    if lacks(fmt.CODES[code][0]):
+        return
+    a, p = _saved_by_us(tmp_path, code)
     got = _st_read(p)
     assert got["layer.w"] == (code, list(a.shape), _u8(a))
-    with safetensors.safe_open(str(p), framework="pt") as f:
+    with safetensors.safe_open(str(p), framework="np") as f:
         assert f.metadata() == {"step": "7"}
-    t = st_torch.load_file(str(p))["layer.w"]  # torch holds every code wider than a nibble
-    assert t.contiguous().view(__import__("torch").uint8).numpy().tobytes() == _u8(a)
     if code in NUMPY_LOADER:
         np.testing.assert_array_equal(st_numpy.load_file(str(p))["layer.w"].view(np.uint8), a.view(np.uint8))
+
+
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("code", CODES)
+def test_ours_read_by_safetensors_torch(tmp_path, code):
+    if lacks(fmt.CODES[code][0]):
+        return
+    a, p = _saved_by_us(tmp_path, code)
+    with safetensors.safe_open(str(p), framework="pt") as f:
+        assert f.metadata() == {"step": "7"}
+    t = _st_torch().load_file(str(p))["layer.w"]  # torch holds every code wider than a nibble
+    assert t.contiguous().view(__import__("torch").uint8).numpy().tobytes() == _u8(a)
 
 
 @pytest.mark.parametrize("code", CODES)
@@ -111,13 +133,14 @@ def test_safetensors_read_by_ours(tmp_path, code):
     assert bits(bb.load(p, nested=True)["b"]["c"]).tobytes() == np.arange(5, dtype=np.float32).tobytes()
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "int8", "bool", "float8_e4m3fn",
                                    "float8_e5m2", "float8_e8m0fnu"])
 def test_torch_saved_by_safetensors_read_by_ours(tmp_path, dtype):
     import torch
 
     t = torch.arange(64, dtype=torch.float32).reshape(8, 8).to(getattr(torch, dtype))
-    st_torch.save_file({"t": t}, str(tmp_path / "t.safetensors"))
+    _st_torch().save_file({"t": t}, str(tmp_path / "t.safetensors"))
     if not numpy_holds(dtype):  # the file is read, and its key refused naming the ml_dtypes that has it
         with pytest.raises(UnsupportedDtypeError, match="key 't': .*" + needs_newer_ml_dtypes(dtype)):
             bb.load(tmp_path / "t.safetensors")
@@ -126,11 +149,12 @@ def test_torch_saved_by_safetensors_read_by_ours(tmp_path, dtype):
     assert got.reshape(-1).view(np.uint8).tobytes() == t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
+@pytest.mark.frameworks("torch")
 def test_fp4_packed_by_safetensors_torch_is_unpacked_in_torchs_nibble_order(tmp_path):
     import torch
 
     packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 8)
-    st_torch.save_file({"w": packed, "b": torch.ones(3)}, str(tmp_path / "f4.safetensors"))
+    _st_torch().save_file({"w": packed, "b": torch.ones(3)}, str(tmp_path / "f4.safetensors"))
     with bb.open(tmp_path / "f4.safetensors") as f:
         assert (f.info("w").code, f.info("w").shape, f.info("w").packed) == ("F4", (2, 16), True)
         assert f.raw("w").tobytes() == bytes(range(16))
@@ -148,6 +172,7 @@ def test_fp4_packed_by_safetensors_torch_is_unpacked_in_torchs_nibble_order(tmp_
             f.get("w", copy=False)
 
 
+@pytest.mark.frameworks("torch")
 def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
     import torch
 
@@ -155,7 +180,7 @@ def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
         return
     a = (np.arange(32, dtype=np.uint8) & 0xF).view(ml_dtypes.float4_e2m1fn).reshape(4, 8)
     bb.save({"w": a}, tmp_path / "f4.safetensors")
-    t = st_torch.load_file(str(tmp_path / "f4.safetensors"))["w"]
+    t = _st_torch().load_file(str(tmp_path / "f4.safetensors"))["w"]
     assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (4, 4)
     nibbles = np.arange(32, dtype=np.uint8) & 0xF
     assert t.view(torch.uint8).numpy().tobytes() == (nibbles[0::2] | nibbles[1::2] << 4).tobytes()  # 2i low
@@ -163,6 +188,7 @@ def test_fp4_saved_by_us_is_read_by_safetensors_torch_as_packed_bytes(tmp_path):
     assert bits(bb.load(tmp_path / "f4.safetensors")["w"]).tobytes() == bits(a).tobytes()
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_packed_fp4_is_saved_as_f4_and_read_back_by_safetensors_torch(tmp_path):
     import torch
 
@@ -174,17 +200,18 @@ def test_torch_packed_fp4_is_saved_as_f4_and_read_back_by_safetensors_torch(tmp_
         return
     bb.save({"w": packed}, tmp_path / "f4.safetensors")  # planned with the route's result shape [2, 16]
     assert _st_read(tmp_path / "f4.safetensors")["w"][:2] == ("F4", [2, 16])
-    t = st_torch.load_file(str(tmp_path / "f4.safetensors"))["w"]
+    t = _st_torch().load_file(str(tmp_path / "f4.safetensors"))["w"]
     assert t.dtype == torch.float4_e2m1fn_x2 and tuple(t.shape) == (2, 8)
     assert t.view(torch.uint8).numpy().tobytes() == packed.view(torch.uint8).numpy().tobytes()
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("target", ["torch", "jax", "tensorflow"])
 def test_fp4_moves_to_every_framework_as_bb_convert_moves_it(tmp_path, target):
     import torch
 
     packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 8)
-    st_torch.save_file({"w": packed}, str(tmp_path / "f4.safetensors"))
+    _st_torch().save_file({"w": packed}, str(tmp_path / "f4.safetensors"))
     with bb.open(tmp_path / "f4.safetensors") as f:
         if not numpy_holds("float4_e2m1fn"):  # read through numpy's fp4: refused, naming the key
             with pytest.raises(UnsupportedDtypeError, match="'w'.*" + needs_newer_ml_dtypes("float4_e2m1fn")):
@@ -254,6 +281,7 @@ def _bytes(x) -> bytes:
     return np.asarray(x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else x).tobytes()
 
 
+@pytest.mark.frameworks("torch")
 def test_transposed_and_big_endian_inputs_are_written_as_their_values(tmp_path):
     import torch
 
@@ -344,6 +372,8 @@ def test_save_writes_ndarray_subclasses_that_hold_only_values_as_their_values(tm
     assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.frameworks("torch")
+@pytest.mark.libraries("flax")
 def test_keys_of_a_torch_state_dict_and_a_flax_nnx_state(tmp_path):
     import jax.numpy as jnp
     import torch
@@ -443,6 +473,7 @@ def test_open_lists_without_reading_data_and_names_missing_keys(tmp_path):
 # -- atomic writes ---------------------------------------------------------------------------
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("exists", [False, True])
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_an_interrupted_save_leaves_the_target_as_it_was(tmp_path, monkeypatch, exists, error):
@@ -828,6 +859,7 @@ def test_auto_keeps_bf16_where_the_probe_says_bf16(tmp_path, monkeypatch):
     assert "w: bfloat16" in str(report["w"]) and report.to_dict()["keys"][0]["key"] == report.keys[0].key
 
 
+@pytest.mark.frameworks("torch")
 def test_the_real_probe_decides_for_this_machine(tmp_path):
     from bf16bridge.capabilities import probe
 
@@ -894,6 +926,7 @@ def test_a_copying_load_holds_about_one_tensor_of_the_file_at_a_time(tmp_path):
     assert after - base < (n + 2) * tensor, (after - base) / tensor
 
 
+@pytest.mark.frameworks("torch")
 def test_a_zero_copy_load_reads_nothing(tmp_path):
     n, elems = 16, 4 << 20
     p = tmp_path / "m.safetensors"
@@ -922,6 +955,7 @@ def test_a_write_into_a_view_survives_a_copying_get_of_the_same_key(tmp_path, ex
         assert (np.asarray(out) == -1).all()
 
 
+@pytest.mark.frameworks("torch")
 def test_the_read_cache_keys_on_the_address_modulo_64_not_only_on_alignment(tmp_path):
     # two float32 tensors, neither 64-byte aligned: one on a 4-byte boundary (torch views it), one
     # on a 2-byte boundary (numpy's ALIGNED is False: read into an aligned array); get() does what
@@ -941,6 +975,7 @@ def test_the_read_cache_keys_on_the_address_modulo_64_not_only_on_alignment(tmp_
         assert a.tolist() == [0, 1, 2, 3] and b.tolist() == [4, 5, 6, 7]
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("target", ["jax", "tensorflow"])
 def test_a_read_from_the_file_sees_this_processs_writes_into_a_view(tmp_path, target):
     # an unaligned tensor is read into an aligned array for jax and tensorflow; after a write into
@@ -955,6 +990,7 @@ def test_a_read_from_the_file_sees_this_processs_writes_into_a_view(tmp_path, ta
         assert bits(f.get("odd", target)).tolist() == bits(np.array([0, 42, 2], ml_dtypes.bfloat16)).tolist()
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_load_for_target_says_copied_for_fp8_that_tensorflow_copies(tmp_path):
     # tensorflow gives no pointer for fp8 (no DLPack): whether the result shares the map is the
     # plan's answer, not "shared, to be safe" (which kept the pages and said "view of the file")
@@ -1055,6 +1091,7 @@ def test_a_symlink_at_the_target_is_replaced_not_written_through(tmp_path):
     assert list(bb.load(real)) == ["old"]  # docs/checkpoints.md says so
 
 
+@pytest.mark.frameworks("torch")
 def test_tied_weights_and_views_of_one_storage_are_written_under_each_key(tmp_path):
     import torch
 
@@ -1064,13 +1101,14 @@ def test_tied_weights_and_views_of_one_storage_are_written_under_each_key(tmp_pa
     head.weight = emb.weight
     tree = {"wte.weight": emb.weight, "lm_head.weight": head.weight, "row": emb.weight[3], "col": emb.weight[:, 1]}
     bb.save(tree, tmp_path / "m.safetensors")
-    theirs = st_torch.load_file(tmp_path / "m.safetensors")
+    theirs = _st_torch().load_file(tmp_path / "m.safetensors")
     for k, t in tree.items():
         assert theirs[k].shape == t.shape and torch.equal(theirs[k].view(torch.int16), t.detach().view(torch.int16)), k
     ours = bb.load(tmp_path / "m.safetensors", to="torch")
     assert ours["wte.weight"].data_ptr() != ours["lm_head.weight"].data_ptr()  # separate tensors, as docs say
 
 
+@pytest.mark.frameworks("torch")
 def test_a_model_object_is_refused_naming_its_weights(tmp_path):
     import torch
 
@@ -1248,6 +1286,7 @@ _DTENSOR = textwrap.dedent("""
 """)
 
 
+@pytest.mark.frameworks("torch")
 def test_save_writes_a_dtensor_whole_and_refuses_partial_sums(tmp_path):
     run = subprocess.run([sys.executable, "-c", _DTENSOR, str(tmp_path / "m.safetensors")], capture_output=True,
                          text=True, timeout=300)
@@ -1293,6 +1332,8 @@ def test_a_report_names_a_key_it_lacks_with_our_error(tmp_path):
         report["nope"]
 
 
+@pytest.mark.frameworks("tensorflow")
+@pytest.mark.libraries("keras")
 def test_a_deque_is_saved_by_position_and_a_tf_composite_or_keras_layer_refused(tmp_path):
     # a deque: once "neither a tensor nor a container" though convert_tree walks it; a ragged tensor
     # and a Keras layer: refused with the way out convert_tree names

@@ -33,6 +33,7 @@ def test_copy_false_on_zero_copy_route(src, dst):
     assert ptr(y) == ptr(x)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dst", ["numpy", "torch", "jax", "tensorflow"])
 def test_zero_copy_results_share_memory_both_ways(dst):
     import torch
@@ -93,8 +94,9 @@ def test_a_copy_says_only_what_forces_it(readonly, offset, target, reasons):
     assert [s.reason for s in p.steps if s.copies] == reasons, str(p)
 
 
-@pytest.mark.parametrize("case, hint", [("jax fp8 bit-cast", None), ("transposed", "contiguous"),
-                                        ("read-only", "writable")])
+@pytest.mark.parametrize("case, hint", [pytest.param("jax fp8 bit-cast", None, marks=pytest.mark.frameworks("torch")),
+                                        ("transposed", "contiguous"),
+                                        pytest.param("read-only", "writable", marks=pytest.mark.frameworks("torch"))])
 def test_copy_false_names_only_a_way_out_that_exists(case, hint):
     """copy=False's error ended "or make the input contiguous and aligned" even where the copy is
     the route's own (jax's bit-cast copies whatever its input): it names what of the input could
@@ -152,6 +154,7 @@ def test_a_small_copy_keeps_its_small_slack():
     np.testing.assert_array_equal(bits(y), x.view(np.uint16))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 def test_a_large_torch_copy_faults_no_more_pages_than_np_copy(layout):
     """torch's own allocation of a large copy (torch.empty) faulted in every 4 KiB page of fresh

@@ -6,6 +6,7 @@ import pytest
 from bf16bridge import demo, registry
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @pytest.mark.parametrize("names, pairs", [
     (["numpy", "torch"], {("numpy", "torch"), ("torch", "numpy")}),
     (["numpy", "jax", "tensorflow"], {(s, d) for s in ("numpy", "jax", "tensorflow")
@@ -18,6 +19,7 @@ def test_matrix_rows_follow_the_registry(monkeypatch, names, pairs):
     assert all(r["bit_exact"] for r in rows)
 
 
+@pytest.mark.frameworks("torch")
 def test_demo_counts_the_pairs_it_ran(monkeypatch):
     monkeypatch.setattr(registry, "names", lambda: ["numpy", "torch"])
     text, ok = demo.demo(mib=0.01, repeat=1)
@@ -52,6 +54,7 @@ COMMON = {
 }
 
 
+@pytest.mark.frameworks("torch")
 def test_common_inputs_copy_where_the_planner_says():
     rows = demo.common_input_rows()
     found = {}
@@ -65,18 +68,21 @@ def test_common_inputs_copy_where_the_planner_says():
     assert "address 0 mod 64" not in unaligned  # a default allocation that is not aligned was found
 
 
+@pytest.mark.frameworks("torch")
 def test_common_inputs_follow_the_registry(monkeypatch):
     monkeypatch.setattr(registry, "names", lambda: ["numpy", "torch"])
     rows = demo.common_input_rows(n=1024)
     assert {(r["source"], r["target"]) for r in rows} == {("numpy", "torch"), ("torch", "numpy")}
 
 
+@pytest.mark.frameworks("torch")
 def test_matrix_text_states_its_assumptions_and_markdown_is_the_table_alone():
     text, markdown = demo.matrix("text"), demo.matrix("markdown")
     assert f"assumes: {demo.MATRIX_ASSUMES}" in text and "common inputs outside that assumption" in text
     assert markdown.startswith("| from |") and "assumes" not in markdown and len(markdown.splitlines()) == 14
 
 
+@pytest.mark.frameworks("torch")
 def test_demo_does_not_warn_about_its_own_aliases():
     import warnings
 

@@ -72,6 +72,7 @@ def dry_run(tmp_path_factory):
     return r, out
 
 
+@pytest.mark.frameworks("torch", "jax")  # the device check moves tensors between torch and jax
 def test_dry_run_passes(dry_run):
     r, out = dry_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
@@ -79,6 +80,7 @@ def test_dry_run_passes(dry_run):
         "device-check.json", "device-check.log", "device-check.md", "device-junit.xml"]
 
 
+@pytest.mark.frameworks("torch", "jax")  # the device check moves tensors between torch and jax
 def test_dry_run_ran_every_check(dry_run):
     _, out = dry_run
     data = json.loads((out / "device-check.json").read_text())
@@ -98,6 +100,7 @@ def test_dry_run_ran_every_check(dry_run):
             assert tests[name]["records"]["bridge_ms"] > 0 and tests[name]["records"]["workaround_ms"] > 0
 
 
+@pytest.mark.frameworks("torch", "jax")  # the device check moves tensors between torch and jax
 def test_dry_run_summary_says_what_ran(dry_run):
     _, out = dry_run
     md = (out / "device-check.md").read_text()

@@ -2,6 +2,7 @@
 the numpy it is for (BF16BRIDGE_TEST_NUMPY, set by `make test-numpy25`) must have that numpy."""
 
 import importlib
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -10,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from conftest import EXCLUDED, FRAMEWORKS, REQUIRED, needs
+from conftest import EXCLUDED, EXCLUDED_LIBRARIES, FRAMEWORKS, LIBRARIES, REQUIRED, REQUIRED_LIBRARIES, needs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -18,6 +19,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("name", REQUIRED)
 def test_required_framework_imports(name):
     importlib.import_module(name)
+
+
+def test_the_libraries_this_run_names_are_installed_and_those_it_leaves_out_are_not():
+    """A run leaves a library out (deselecting the tests that need it) only where it is missing:
+    one installed after all is tested, not passed over; one named and missing fails."""
+    assert set(REQUIRED_LIBRARIES) <= set(LIBRARIES), f"BF16BRIDGE_TEST_LIBRARIES: known {LIBRARIES}"
+    assert [n for n in REQUIRED_LIBRARIES if importlib.util.find_spec(n) is None] == []
+    assert [n for n in EXCLUDED_LIBRARIES if importlib.util.find_spec(n) is not None] == []
 
 
 def test_the_numpy_this_run_is_for():
@@ -33,8 +42,10 @@ def test_excluded_is_what_required_leaves_out():
     assert set(EXCLUDED) == set(FRAMEWORKS) - set(REQUIRED) and "numpy" in REQUIRED
 
 
-def _item(params=None, marks=()):
-    item = types.SimpleNamespace(nodeid="t", iter_markers=lambda name: [types.SimpleNamespace(args=m) for m in marks])
+def _item(params=None, marks=(), libraries=()):
+    by_kind = {"frameworks": marks, "libraries": libraries}
+    item = types.SimpleNamespace(nodeid="t", iter_markers=lambda name: [types.SimpleNamespace(args=m)
+                                                                        for m in by_kind.get(name, ())])
     if params is not None:
         item.callspec = types.SimpleNamespace(params=params)
     return item
@@ -55,6 +66,12 @@ def test_what_a_test_needs(params, marks, want):
 def test_a_mark_naming_no_framework_is_an_error():
     with pytest.raises(ValueError, match="keras"):
         needs(_item(None, (("keras",),)))
+
+
+def test_what_a_test_needs_includes_its_libraries():
+    assert needs(_item({"to": "jax"}, (), (("flax", "optree"),))) == {"jax", "flax", "optree"}
+    with pytest.raises(ValueError, match="libraries mark names \\['torch'\\]"):
+        needs(_item(None, (), (("torch",),)))
 
 
 def _make_test_commands(**env):

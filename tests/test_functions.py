@@ -128,6 +128,7 @@ def test_gradients_equal_the_callees_own_vjp(caller, callee):
     np.testing.assert_array_equal(bits(dx), bits(want_dx))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 def test_inputs_that_do_not_require_grad_get_none(callee):
     w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
@@ -159,6 +160,7 @@ def test_a_torch_caller_under_no_grad_runs_the_callee_without_its_vjp():
     assert seen == [False, True]
 
 
+@pytest.mark.frameworks("torch")
 def test_gradients_reach_pytree_leaves_and_keywords():
     import jax.numpy as jnp
     import torch
@@ -187,6 +189,7 @@ def test_gradients_reach_pytree_leaves_and_keywords():
 # -- under transformations -----------------------------------------------------------------
 
 
+@pytest.mark.frameworks("torch")
 def test_jax_caller_under_jit_forward_and_grad():
     import jax
 
@@ -199,6 +202,7 @@ def test_jax_caller_under_jit_forward_and_grad():
     np.testing.assert_array_equal(bits(g), bits(_callee_vjp("torch", w, x, ct)[0]))
 
 
+@pytest.mark.frameworks("torch")
 def test_jax_vmap_needs_a_declared_batching_rule():
     """Where jax.pure_callback takes vmap_method (the probe's jax fact), vmap needs one declared;
     jax 0.4.30's has none: its one rule runs the callee once per batch element (as "sequential"),
@@ -226,6 +230,7 @@ def test_jax_vmap_needs_a_declared_batching_rule():
             jax.vmap(expanded, in_axes=(None, 0))(W, X)
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("callee", ["torch", "jax"])
 def test_tf_caller_a_tape_opened_between_two_calls_is_seen(callee):
     """An eager tf call asks whether any tape is active (one C call) on every call, nothing kept:
@@ -251,6 +256,7 @@ def test_tf_caller_a_tape_opened_between_two_calls_is_seen(callee):
     np.testing.assert_array_equal(bits(fn(W, X)), want)
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("callee", ["torch", "jax"])
 def test_tf_caller_a_persistent_tape_asks_again(callee):
     """A persistent tape asks the callee's pullback more than once: the same gradient twice, a
@@ -283,6 +289,7 @@ def test_tf_caller_a_persistent_tape_asks_again(callee):
     del tape
 
 
+@pytest.mark.frameworks("tensorflow", "jax")
 def test_tf_caller_under_jit_compile_is_refused_clearly():
     """XLA compiles a tf.function(jit_compile=True) as a whole and cannot call back into Python, as
     the bridged call must: our error naming jit_compile, not tensorflow's about EagerPyFunc."""
@@ -295,6 +302,7 @@ def test_tf_caller_under_jit_compile_is_refused_clearly():
     np.testing.assert_array_equal(bits(tf.function(fn)(W, X)), bits(fn(W, X)))  # without it: runs
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_tf_caller_inside_tf_function_forward_and_grad():
     import tensorflow as tf
 
@@ -316,18 +324,21 @@ def test_tf_caller_inside_tf_function_forward_and_grad():
 # -- bad use --------------------------------------------------------------------------------
 
 
+@pytest.mark.frameworks("torch")
 def test_mixed_caller_frameworks_are_refused():
     fn = bb.bridge("jax")(_layer("jax"))
     with pytest.raises(bb.InvalidArgumentError, match="jax, torch|numpy, torch"):
         fn(make("torch", _data((4, 3), 1)), make("numpy", _data((2, 4), 2)))
 
 
+@pytest.mark.frameworks("torch")
 def test_a_callee_returning_another_frameworks_tensor_is_refused():
     fn = bb.bridge("jax")(lambda x: np.asarray(x))
     with pytest.raises(bb.UnsupportedTypeError, match="returned a numpy tensor"):
         fn(make("torch", _data((3,), 1)))
 
 
+@pytest.mark.frameworks("torch")
 def test_numpy_callee_says_gradients_stop():
     import torch
 
@@ -340,6 +351,7 @@ def test_numpy_callee_says_gradients_stop():
     assert isinstance(y, torch.Tensor)
 
 
+@pytest.mark.frameworks("torch")
 def test_a_result_the_caller_cannot_hold_gives_our_error():
     import jax
     import torch
@@ -350,6 +362,7 @@ def test_a_result_the_caller_cannot_hold_gives_our_error():
         fn(make("jax", _data((3,), 1)))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("copy_inputs", [False, True])
 def test_a_callee_writing_its_input_writes_the_callers_tensor_unless_copied(copy_inputs):
     a = make("numpy", _data((4,), 1))
@@ -364,6 +377,7 @@ def test_a_callee_writing_its_input_writes_the_callers_tensor_unless_copied(copy
     assert np.array_equal(bits(a), before) == copy_inputs
 
 
+@pytest.mark.frameworks("torch")
 def test_bridged_function_keeps_its_name_and_same_framework_calls_through():
     def my_fn(x):
         return x + 1
@@ -414,6 +428,7 @@ def test_the_first_call_of_a_process_may_come_under_a_jax_trace():
         assert out.stdout.split()[-3:] == (["[3.0,", "-4.0,", "6.5]"] if "bridge" in first else ["[1.5,", "-2.0,", "3.25]"])
 
 
+@pytest.mark.frameworks("torch")  # the framework imported late: torch (torch.compile)
 def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_compiler():
     import subprocess
     import sys
@@ -434,6 +449,7 @@ def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_comp
     assert out.stdout.strip() == "[] ['torch']"
 
 
+@pytest.mark.frameworks("torch")
 def test_examples_run():
     """The examples under examples/ are part of the docs: they run, and check themselves."""
     import pathlib
@@ -446,6 +462,7 @@ def test_examples_run():
         runpy.run_path(str(script), run_name="__main__")
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_tf_variable_caller_gets_the_callees_gradient():
     import tensorflow as tf
 
@@ -458,6 +475,7 @@ def test_tf_variable_caller_gets_the_callees_gradient():
     np.testing.assert_array_equal(bits(tape.gradient(loss, W)), bits(_callee_vjp("torch", w, x, ct)[0]))
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_compile_breaks_the_graph_around_a_bridged_call():
     import torch
 
@@ -479,6 +497,7 @@ def test_torch_compile_breaks_the_graph_around_a_bridged_call():
     np.testing.assert_array_equal(bits(W.grad), bits(W2.grad))
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_tf_function_with_unknown_dimensions_is_refused_clearly():
     import tensorflow as tf
 
@@ -489,6 +508,7 @@ def test_tf_function_with_unknown_dimensions_is_refused_clearly():
         step(make("tensorflow", _data((4, 3), 1)), make("tensorflow", _data((2, 4), 2)))
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_tf_adapter_first_loaded_inside_a_tf_function_trace():
     """The tensorflow adapter tries its DLPack entry point when it loads; loaded for the first
     time inside a tf.function's trace, it must try eagerly, not on a symbolic tensor."""
@@ -509,6 +529,7 @@ def test_tf_adapter_first_loaded_inside_a_tf_function_trace():
     assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+@pytest.mark.frameworks("torch")
 def test_a_jax_caller_compiles_a_bridged_call_once_per_signature():
     """jax caches a pure_callback's computation by the callback's identity: a bridged call must
     reuse its callbacks, or every gradient step compiles again (25 ms a call here)."""

@@ -98,6 +98,7 @@ def _bridged_grads(caller, fn, x, y, s, used, cts, traced, layout):
     return (tf.function(step) if traced else step)(X, Y)
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @settings(max_examples=40)
 @given(direction=st.sampled_from(DIRECTIONS),
        dtype=st.sampled_from([ml_dtypes.bfloat16, ml_dtypes.bfloat16, np.float32, np.float16]),
@@ -154,6 +155,7 @@ def _traced(caller, fn):
     return tf.function(fn)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 @pytest.mark.parametrize("dtype,first,second", [
     (np.float32, 0.0, -0.0),    # equal, but x * -0.0 flips every sign bit
@@ -177,6 +179,7 @@ class _Config:
     scale: float
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_static_values_inside_a_dataclass_argument_are_keyed_by_bits_too(caller):
     """A frozen dataclass compares its fields with ==: Config(x, 0.0) == Config(x, -0.0)."""
@@ -187,6 +190,7 @@ def test_static_values_inside_a_dataclass_argument_are_keyed_by_bits_too(caller)
         np.testing.assert_array_equal(bits(got), bits(make("torch", a) * s))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_non_tensor_result_computed_from_values_is_refused_when_traced(caller):
     """Under jit / tf.function the results' tree comes from the call on zeros: {"n": 0.0} came
@@ -208,6 +212,7 @@ class _Tag:  # compared by identity, as any plain class: a fresh one each run ha
     pass
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_fresh_plain_object_among_the_results_is_not_taken_for_a_changed_value(caller):
     """The declared-results check compared objects by their own ==: a plain object made anew in
@@ -220,6 +225,7 @@ def test_a_fresh_plain_object_among_the_results_is_not_taken_for_a_changed_value
     np.testing.assert_array_equal(bits(got), bits(make(caller, np.full(3, 2, np.float32))))
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 def test_the_callees_state_is_part_of_a_traced_callers_signature():
     """A jax callee's results depend on jax's x64 flag (jnp.arange: int32, or int64 under x64): a
     tf.function traced with x64 off was reused, stale, after x64 was turned on (tensorflow's
@@ -252,6 +258,7 @@ def _torch_cube(x):
     return x ** 3
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_second_order_is_refused_first_order_under_create_graph_is_kept():
     """torch ran the backward with create_graph=True and got gradients with no graph: a second
     derivative missed the callee's part, silently (6x instead of 12x below)."""
@@ -264,6 +271,7 @@ def test_torch_second_order_is_refused_first_order_under_create_graph_is_kept():
         torch.autograd.grad(g.sum(), x)
 
 
+@pytest.mark.frameworks("torch")
 def test_jax_second_order_is_refused_with_our_error():
     import jax
     import jax.numpy as jnp
@@ -274,6 +282,7 @@ def test_jax_second_order_is_refused_with_our_error():
         jax.grad(lambda x: jax.grad(lambda x: _torch_cube(x).sum())(x).sum())(x)
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("in_function", [False, True], ids=["eager", "tf.function"])
 def test_tensorflow_second_order_is_refused_with_our_error(in_function):
     """A nested tape got the callee's part of the second derivative as None: 6x instead of 12x."""
@@ -294,6 +303,7 @@ def test_tensorflow_second_order_is_refused_with_our_error(in_function):
         run(tf.constant([1.0, -2.0, 3.0]))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev", "vjp"])
 def test_torch_func_transforms_are_refused_with_our_error(transform):
     """torch.func hands its own wrapper tensors: torch said "must override the setup_context
@@ -307,6 +317,7 @@ def test_torch_func_transforms_are_refused_with_our_error(transform):
         run(torch.ones(2, 3))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd", "hessian"])
 def test_jax_forward_mode_is_refused_by_jax_as_documented(transform):
     """docs/functions.md: forward mode through a bridged call is refused by jax itself (a
@@ -322,6 +333,7 @@ def test_jax_forward_mode_is_refused_by_jax_as_documented(transform):
         run()
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("transform", ["vmap", "grad"])
 def test_a_bridged_call_on_a_captured_tensor_runs_under_a_torch_func_transform(transform):
     """The refusal is for torch.func's wrapper tensors: a bridged call that sees only a plain
@@ -338,6 +350,7 @@ def test_a_bridged_call_on_a_captured_tensor_runs_under_a_torch_func_transform(t
         assert got.tolist() == [0.0, 2.0, 4.0]
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 @pytest.mark.parametrize("written", ["input", "output"])
 def test_a_tensor_written_after_the_call_fails_the_backward_as_it_would_natively(callee, written):
@@ -355,6 +368,7 @@ def test_a_tensor_written_after_the_call_fails_the_backward_as_it_would_natively
         y.sum().backward()
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("dtype", ["int64", "float64"])
 def test_a_result_a_traced_jax_caller_cannot_hold_gets_our_error(dtype):
     """Without 64-bit mode, jax's own ValueError ('result_shape_dtypes cannot specify 64-bit
@@ -368,6 +382,7 @@ def test_a_result_a_traced_jax_caller_cannot_hold_gets_our_error(dtype):
         jax.jit(fn)(jnp.ones(3))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("through", ["convert_tree", "bridge"])
 def test_a_tree_too_deep_to_walk_gets_our_error_and_a_deep_one_still_crosses(through):
     import torch
@@ -391,6 +406,7 @@ class _Boom(Exception):
     pass
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller,traced", [("torch", False), ("jax", True), ("tensorflow", True),
                                            ("tensorflow", False)])
 def test_an_exception_in_the_callee_reaches_the_caller_as_it_was_raised(caller, traced):
@@ -430,6 +446,7 @@ def test_two_threads_calling_one_bridged_function_get_their_own_results(caller, 
     assert errors == []
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @given(caller=st.sampled_from(AUTODIFF), callee=st.sampled_from(AUTODIFF),
        dtype=st.sampled_from(["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"]),
        shape=st.sampled_from([(), (0,), (7,), (16, 16)]))
@@ -501,6 +518,7 @@ def _same_tree(got, want, framework):
 _LEAVES = st.builds(lambda n, seed: _data((n,), ml_dtypes.bfloat16, seed), st.integers(0, 3), st.integers(0, 99))
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @given(tree=_trees(_LEAVES), source=st.sampled_from(AUTODIFF), target=st.sampled_from(AUTODIFF))
 def test_drawn_trees_cross_with_their_containers_and_bits(tree, source, target):
     def to(t, framework):  # numpy leaves as tensors of ``framework``, by the test's own means

@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 import bf16bridge as bb
 from bf16bridge import dtypes as bbd
 from bf16bridge import registry
-from conftest import FRAMEWORKS, fw, ptr, type_framework
+from conftest import PRESENT, fw, ptr, type_framework
 from strategies import (ALIGN, Outcome, aligned_raw, attempt, bridge_warnings, lacks, numpy_holds, readonly_memory,
                         writable)
 
@@ -58,8 +58,9 @@ NARROW = bbd.NARROW_DTYPES
 
 
 #: every framework's adapter, loaded before any example is drawn (what each holds decides the
-#: draws, and importing a framework inside a draw touches the global random state)
-ADAPTERS = {f: registry.get(f) for f in FRAMEWORKS}
+#: draws, and importing a framework inside a draw touches the global random state); this run's
+#: frameworks (all four in the full run; numpy and jax in .venv-numpy25)
+ADAPTERS = {f: registry.get(f) for f in PRESENT}
 
 
 def held(framework: str, dtype: str) -> bool:
@@ -468,7 +469,7 @@ def judge(x, x_vals, p, out, to, kw, warned=None):
 
 
 @st.composite
-def specs(draw, frameworks=FRAMEWORKS, rows=None, kinds=True):
+def specs(draw, frameworks=PRESENT, rows=None, kinds=True):
     framework = draw(st.sampled_from(frameworks))
     pool = [d for d in (rows or ROWS) if (held(framework, d) or framework == "numpy") and d in ROWS]
     pool = [d for d in pool if held(framework, d)]
@@ -513,7 +514,7 @@ def specs(draw, frameworks=FRAMEWORKS, rows=None, kinds=True):
                 draw(st.integers(0, 2**16)))
 
 
-targets = st.sampled_from(FRAMEWORKS)
+targets = st.sampled_from(PRESENT)
 chained = st.builds(Chained, specs(kinds=False), st.lists(targets, min_size=1, max_size=2).map(tuple))
 inputs = st.one_of(specs(), chained)
 copies = st.sampled_from([None, True, False])
@@ -544,7 +545,7 @@ def _fresh(fn):
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_SEQUENCES", 60)))
-@given(framework=st.sampled_from(FRAMEWORKS), data=st.data(), to=targets, copy=copies, fallback=fallbacks)
+@given(framework=st.sampled_from(PRESENT), data=st.data(), to=targets, copy=copies, fallback=fallbacks)
 def test_cached_plans_answer_as_a_fresh_plan_does(framework, data, to, copy, fallback):
     # one input type, many layouts and rows, the same keywords, jax's x64 flag switched between
     # calls: every call after the first of a kind is served from the cache, if its key says it is
@@ -639,7 +640,8 @@ REGRESSIONS = [
 ]
 
 
-@pytest.mark.parametrize("spec,to,kw", REGRESSIONS, ids=lambda v: getattr(v, "dtype", None) or str(v))
+@pytest.mark.parametrize("spec,to,kw", [pytest.param(*r, marks=pytest.mark.frameworks(r[0].framework))
+                                        for r in REGRESSIONS], ids=lambda v: getattr(v, "dtype", None) or str(v))
 def test_what_the_fuzzing_found(spec, to, kw):
     if lacks(spec.dtype):
         return
@@ -649,6 +651,7 @@ def test_what_the_fuzzing_found(spec, to, kw):
     check(spec.build(), to, **kw)
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_tensorflow_storage_only_rows_to_jax_plan_their_copies():
     # Tensor.numpy's copy is numpy's own allocation, 64-byte aligned only by chance: plan() showed
     # jax.device_put after it as zero-copy where jax then copied (sizes vary the chance)
@@ -748,11 +751,13 @@ _FOUND = [
 ]
 
 
+@pytest.mark.frameworks("torch")  # its calls convert to torch (one, other, tree)
 @pytest.mark.parametrize("steps", _FOUND)
 def test_remembered_warnings_as_found(steps):
     test_remembered_warnings_show_what_warnings_itself_shows.hypothesis.inner_test(steps)
 
 
+@pytest.mark.frameworks("torch")
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_SEQUENCES", 60)))
 @given(steps=st.lists(_steps, min_size=1, max_size=12))
 def test_remembered_warnings_show_what_warnings_itself_shows(steps):

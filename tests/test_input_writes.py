@@ -102,6 +102,7 @@ def test_a_callee_writing_its_input(caller, how, callee, error, changed):
         assert (not np.array_equal(read(), before)) == changed
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("write", list(WRITES))
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_every_torch_in_place_write_into_an_immutable_callers_tensor_is_ours(caller, write):
@@ -119,6 +120,7 @@ def test_every_torch_in_place_write_into_an_immutable_callers_tensor_is_ours(cal
     assert np.array_equal(bits(x), before)  # argument 0 is not the one written
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_keyword_argument_written_is_named(caller):
     fn = bb.bridge("torch")(lambda x, *, scale: scale.mul_(2) * x)
@@ -126,6 +128,7 @@ def test_a_keyword_argument_written_is_named(caller):
         fn(make(caller, _data()), scale=make(caller, _data()))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_copied_inputs_may_be_written(caller):
     x = make(caller, _data())
@@ -135,6 +138,7 @@ def test_copied_inputs_may_be_written(caller):
     assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) + 1).astype(BF16))))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_call_under_inference_mode_runs_with_its_inputs_unwatched(caller):
     """Under torch.inference_mode() the callee's inputs are inference tensors, whose version counter
@@ -148,11 +152,13 @@ def test_a_call_under_inference_mode_runs_with_its_inputs_unwatched(caller):
     assert np.array_equal(bits(got), bits(make(caller, (_data().astype(np.float32) * 3).astype(BF16))))
 
 
+@pytest.mark.frameworks("torch")
 def test_reading_an_input_is_not_a_write():
     fn = bb.bridge("torch")(lambda x: (x * 2, x.view(-1), x.t().contiguous(), x.clone().add_(1)))
     fn(make("jax", _data()))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_the_callees_own_error_keeps_its_type_and_says_what_it_wrote(caller):
     def f(x):
@@ -189,6 +195,7 @@ def _passthrough(callee, how):
     return {"identity": lambda x: x, "asarray": lambda x: x.view(x.dtype), "reshape": lambda x: x.reshape(-1)}[how]
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("how", ["identity", "asarray", "reshape"])
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 def test_an_immutable_callees_result_that_is_its_input_comes_to_torch_as_a_fresh_tensor(callee, how):
@@ -233,6 +240,7 @@ def _kept(callee, how, w):
     return {"twice": lambda x: (w, w)}[how]
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 def test_a_constant_an_immutable_callee_returns_comes_to_torch_as_a_fresh_tensor(callee, grad):
@@ -268,6 +276,7 @@ def _factory(callee):
     return {"closure": closing(make(callee, _data())), "jit": jax.jit(closing(make(callee, _data())))}
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 def test_a_constant_held_once_elsewhere_or_forwarded_by_a_compiled_callee_is_copied(callee):
     """A constant only a closure holds, and a tensorflow result that is a new object over a kept buffer
@@ -282,6 +291,7 @@ def test_a_constant_held_once_elsewhere_or_forwarded_by_a_compiled_callee_is_cop
         assert np.array_equal(bits(again), before), how
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_memory_a_torch_callee_did_not_allocate_comes_to_an_immutable_caller_as_its_own(caller):
     """torch.from_numpy of the callee's own array: one tensor on its storage (use count 1), but numpy
@@ -306,6 +316,7 @@ def test_a_numpy_caller_gets_a_kept_constant_read_only_without_a_copy(callee):
         assert y.ctypes.data == w.unsafe_buffer_pointer()
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("how", ["itself", "detach", "view"])
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_parameter_a_torch_callee_returns_comes_to_an_immutable_caller_as_its_own(caller, how):
@@ -340,6 +351,7 @@ def test_a_fresh_result_still_crosses_without_a_copy(caller, callee):
     assert (ptr(y) != seen[0]) if callee == "tensorflow" else (ptr(y) == seen[0])
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("how", ["identity", "reshape"])
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_torch_callees_view_of_its_input_comes_back_to_an_immutable_caller_without_a_copy(caller, how):

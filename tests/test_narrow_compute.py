@@ -3,11 +3,13 @@ one profiling session at a time, so the trial must not start its own inside the 
 
 from __future__ import annotations
 
+import pytest
 from conftest import fw
 
 from bf16bridge import registry
 
 
+@pytest.mark.frameworks("torch")
 def test_a_running_torch_profiler_is_left_alone():
     torch = fw("torch")
     from torch.profiler import ProfilerActivity, profile
@@ -22,6 +24,7 @@ def test_a_running_torch_profiler_is_left_alone():
     assert found and all(how == "unknown" and "profiler is already running" in why for _, how, why in found)
 
 
+@pytest.mark.frameworks("torch")
 def test_without_a_profiler_the_trial_reads_its_own_trace():
     adapter = registry.get("torch")
     found = dict((d, how) for d, how, _ in adapter.narrow_compute("float8_e4m3fn"))

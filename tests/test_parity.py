@@ -417,6 +417,7 @@ def test_allclose_policy_judges_elements():
     assert not parity.compare(a, a * np.float32(1.1), policy="allclose(1e-2, 0)").passed
 
 
+@pytest.mark.frameworks("torch")
 def test_compare_takes_any_framework_and_names_them():
     import jax.numpy as jnp
     import torch
@@ -444,6 +445,7 @@ def test_the_fixture_runs_per_installed_framework(bf16_framework):
     parity.assert_parity(x, a, policy="exact")
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")  # parity.run runs every registered framework
 @pytest.mark.parametrize("op", sorted(parity.OPS))
 def test_every_builtin_op_runs_in_every_framework(op):
     rep = parity.run(op)
@@ -482,6 +484,7 @@ def test_ties_inputs_put_exact_results_half_way_between_bf16_numbers():
         np.testing.assert_array_equal(got.view(np.uint16), rne.view(np.uint16), err_msg=name)
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")
 def test_matmul_agrees_with_the_reference_within_bf16_rounding():
     rep = parity.run("matmul", k=256, policy="reference(2)")
     assert rep.passed
@@ -494,6 +497,7 @@ def _cli(*args):
                           timeout=600)
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")
 def test_cli_json_then_recheck_under_other_policies(tmp_path):
     path = tmp_path / "r.json"
     out = _cli("--ops", "softmax", "--format", "json", "--output", str(path))
@@ -507,6 +511,7 @@ def test_cli_json_then_recheck_under_other_policies(tmp_path):
     assert bad.returncode == 1 and "FAILED" in bad.stdout
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")
 def test_cli_html_and_markdown(tmp_path):
     # sums agree bit for bit here (docs/parity.md); exp does not (XLA and tensorflow flush subnormals)
     out = _cli("--ops", "sum", "--set", "cols=64", "--format", "html", "--output", str(tmp_path / "r.html"))
@@ -545,8 +550,10 @@ def _op_failing_in(broken: str):
 
 
 @pytest.mark.parametrize("frameworks,missing", [
-    (["numpy", "torch", "jax"], "jax (RuntimeError: this framework cannot)"),  # raised inside run()
-    (["numpy", "torch", "tensorflow"], "tensorflow (no definition of this op)"),
+    pytest.param(["numpy", "torch", "jax"], "jax (RuntimeError: this framework cannot)",  # raised inside run()
+                 marks=pytest.mark.frameworks("torch", "jax")),
+    pytest.param(["numpy", "torch", "tensorflow"], "tensorflow (no definition of this op)",
+                 marks=pytest.mark.frameworks("torch", "tensorflow")),
 ])
 def test_run_with_a_framework_that_did_not_run_fails_unless_allowed(frameworks, missing):
     op = _op_failing_in("jax")
@@ -556,6 +563,7 @@ def test_run_with_a_framework_that_did_not_run_fails_unless_allowed(frameworks, 
     assert parity.run(op, frameworks=frameworks, allow_missing=True).passed
 
 
+@pytest.mark.frameworks("jax", "tensorflow")
 def test_a_case_no_framework_ran_is_a_failing_report_not_an_error():
     rep = parity.run(_op_failing_in("jax"), frameworks=["jax", "tensorflow"])
     assert not rep.passed and rep.pairs == () and rep.references == ()
@@ -595,6 +603,7 @@ def test_unknown_framework_is_our_error():
 # -- frameworks and their settings come from the registry ----------------------------
 
 
+@pytest.mark.frameworks("torch", "jax", "tensorflow")  # the registered ones
 def test_default_frameworks_are_the_registered_ones_that_compute(monkeypatch):
     from bf16bridge import registry
     from bf16bridge.adapters._base import Adapter
@@ -612,6 +621,7 @@ def test_default_frameworks_are_the_registered_ones_that_compute(monkeypatch):
     assert runner.default_frameworks() == want + ["fake"]
 
 
+@pytest.mark.frameworks("torch")
 def test_settings_ask_each_imported_framework_its_numerics():
     import torch  # imported: its numerics are asked
 

@@ -182,6 +182,7 @@ def test_any_frameworks_tensors_give_the_numpy_answer(ref_fw, cand_fw):
     assert _fields(got) == _fields(want)
 
 
+@pytest.mark.frameworks("torch")
 def test_a_fp8_candidate_is_widened_exactly():
     c8 = _R.astype(ml_dtypes.float8_e4m3fn)
     rep = parity.compare_outputs(_R, make("torch", c8))
@@ -250,6 +251,7 @@ def _x(n=512):
     return torch.from_numpy(np.random.default_rng(2).standard_normal((n, 32)).astype(F32))
 
 
+@pytest.mark.frameworks("torch")
 def test_a_bf16_cast_mlp_is_close_to_its_float32_self():
     model = _mlp()
     ref = copy.deepcopy(model)
@@ -268,6 +270,7 @@ def test_a_bf16_cast_mlp_is_close_to_its_float32_self():
     assert "logits over 512 rows" in str(rep) and "top-1 agreement" in str(rep)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("break_it", ["zero a weight", "no input cast"])
 def test_a_broken_cast_is_caught(break_it):
     torch = fw("torch")
@@ -288,6 +291,7 @@ def test_a_broken_cast_is_caught(break_it):
             parity.check_cast(ref, model, _x(), cast_inputs=False)
 
 
+@pytest.mark.frameworks("torch")
 def test_a_half_precision_buffer_does_not_make_a_float32_model_narrow():
     """check_cast chose a model's input dtype from its parameters and buffers: a float32 model
     with a small float16 buffer was fed float16 inputs and failed in torch (mat1 and mat2 must
@@ -312,6 +316,7 @@ def test_a_half_precision_buffer_does_not_make_a_float32_model_narrow():
     assert _model_dtype(only_buffers) == "bfloat16" and _model_dtype(model) == "float32"
 
 
+@pytest.mark.frameworks("torch")
 def test_check_cast_runs_plain_functions_of_any_framework_on_the_inputs_as_given():
     jnp = fw("jax").numpy
     w = np.random.default_rng(3).standard_normal((32, 20)).astype(F32)
@@ -325,6 +330,7 @@ def test_check_cast_runs_plain_functions_of_any_framework_on_the_inputs_as_given
         parity.check_cast(ref(x), cand, x)
 
 
+@pytest.mark.frameworks("torch")
 def test_check_cast_runs_both_sides_under_each_adapters_no_grad_hook():
     torch = fw("torch")
     seen = []

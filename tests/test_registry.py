@@ -9,6 +9,7 @@ from bf16bridge.adapters.numpy import NumpyAdapter
 from conftest import BF16, bits
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_framework_of_each():
     import jax.numpy as jnp
     import tensorflow as tf
@@ -110,6 +111,7 @@ def box():
     _unregister("box")
 
 
+@pytest.mark.frameworks("torch")
 def test_an_outside_adapter_joins_by_declaring_edges(box):
     a = np.arange(10, dtype=np.float32)
     b = bb.convert(a, "box")
@@ -141,6 +143,7 @@ def test_fallback_when_the_target_cannot_hold_bf16(box, all_bf16):
     assert auto.a.dtype == np.float32
 
 
+@pytest.mark.frameworks("torch")
 def test_fallback_is_unused_when_bf16_fits(all_bf16):
     p = bb.plan(all_bf16.view(BF16), to="torch", fallback="float32")
     assert p.dtype_out == "bfloat16" and p.decision is None
@@ -171,6 +174,7 @@ def test_docs_adapter_example_matches_the_adapter_interface(monkeypatch):
             assert inspect.signature(fn).parameters.keys() == want.parameters.keys(), name
 
 
+@pytest.mark.frameworks("torch")
 def test_docs_route_matrix_is_the_one_the_planner_makes():
     """docs/routes.md's 12-pair table is generated (`bf16bridge matrix --format markdown`); a route
     change that the doc does not show fails here."""

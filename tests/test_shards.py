@@ -117,6 +117,7 @@ def test_from_shards_refuses_a_target_without_sharded_tensors(target):
         bb.from_shards([_one_shard("numpy")], target)
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("target,sharding,words", [
     ("jax", None, "no mesh layout: pass sharding="),
     ("jax", "P('x')", "a jax.sharding.Sharding"),
@@ -196,7 +197,8 @@ def _one_device_sharding():
     return NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec())
 
 
-@pytest.mark.parametrize("what,values,frameworks,differ", REPLICAS, ids=[c[0] for c in REPLICAS])
+@pytest.mark.parametrize("what,values,frameworks,differ", [pytest.param(*c, marks=pytest.mark.frameworks(*c[2]))
+                                                         for c in REPLICAS], ids=[c[0] for c in REPLICAS])
 def test_from_shards_compares_replicas_bit_for_bit(what, values, frameworks, differ):
     """Two tensors given for one global index must hold the same bits: before the check,
     from_shards built an array whose replicas disagreed (each device took its own shard)."""
@@ -221,6 +223,7 @@ def _show_index(index):
     return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
 
 
+@pytest.mark.frameworks("torch")
 def test_replicas_of_a_strided_view_and_a_scalar_are_compared():
     import torch
 
@@ -275,6 +278,7 @@ def test_replicas_of_padded_types_compare_their_value_bits(dtype):
         bb.from_shards(bad, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_replicas_packed_by_torch_compare_with_unpacked_ones():
     """torch holds fp4 two values a byte (float4_e2m1fn_x2, half the columns); a jax replica of
     the same index holds one a byte: compared value for value, and a difference is named by its
@@ -318,6 +322,7 @@ def test_replicas_name_the_element_whatever_its_width(dtype, unsigned):
         bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
     """Replicas that alias one buffer (one array given for each device; jax replicas put from one
     aligned host buffer) hold the same bits by construction: the comparison does not read them."""
@@ -338,6 +343,7 @@ def test_replicas_over_the_same_memory_are_not_read(monkeypatch):
                        sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_a_replica_that_cannot_be_read_is_named():
     import torch
 
@@ -349,6 +355,7 @@ def test_a_replica_that_cannot_be_read_is_named():
         bb.from_shards(pieces, "jax", sharding=_one_device_sharding())
 
 
+@pytest.mark.frameworks("torch")
 def test_compare_replicas_is_checked_before_any_assembly():
     # the comparison runs in shards.py for every target: torch's DTensor assembly takes one
     # tensor of the index and would drop the other without a word
@@ -373,6 +380,7 @@ def test_keywords_are_checked(call, words):
         call(x)
 
 
+@pytest.mark.frameworks("torch")
 def test_shard_is_frozen_and_compares_by_identity():
     s = _one_shard("torch")
     with pytest.raises(AttributeError):
@@ -445,6 +453,7 @@ def _env(**extra) -> dict:
 EIGHT_DEVICE_TESTS = 82
 
 
+@pytest.mark.frameworks("torch")
 def test_eight_jax_devices_in_a_child():
     env = _env(BF16BRIDGE_SHARDS_CHILD="jax8", XLA_FLAGS="--xla_force_host_platform_device_count=8")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error",
@@ -455,6 +464,7 @@ def test_eight_jax_devices_in_a_child():
     assert f"{EIGHT_DEVICE_TESTS} passed" in out.stdout and "skipped" not in out.stdout, tail
 
 
+@pytest.mark.frameworks("torch")
 def test_dtensor_and_jax_across_two_processes():
     jax_port, torch_port = _free_port(), _free_port()
     env = _env(BF16BRIDGE_SHARDS_CHILD="dtensor")

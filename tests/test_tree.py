@@ -11,6 +11,7 @@ from conftest import bits, type_framework
 Pair = namedtuple("Pair", "w b")
 
 
+@pytest.mark.frameworks("torch")
 def test_state_dict_to_jax_and_back():
     import torch
 
@@ -25,6 +26,7 @@ def test_state_dict_to_jax_and_back():
     assert all(torch.equal(back[k].view(torch.uint16), sd[k].view(torch.uint16)) for k in sd)
 
 
+@pytest.mark.frameworks("torch")
 def test_nested_containers_and_non_tensor_leaves():
     import torch
 
@@ -37,6 +39,7 @@ def test_nested_containers_and_non_tensor_leaves():
     assert type_framework(tree["a"][0]) == "torch"  # the input tree is not modified
 
 
+@pytest.mark.frameworks("torch")
 def test_errors_name_the_leaf():
     import torch
 

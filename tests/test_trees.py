@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from conftest import BF16, bits, make
+from conftest import BF16, bits, fw, make
 
 Pair = namedtuple("Pair", "w b")
 
@@ -35,6 +36,7 @@ def _tensor_leaves(tree, framework):
     return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, cls))
 
 
+@pytest.mark.frameworks("torch")
 def test_flax_nnx_state_keeps_its_variables_with_new_values():
     import jax.numpy as jnp
     import torch
@@ -53,6 +55,7 @@ def test_flax_nnx_state_keeps_its_variables_with_new_values():
     np.testing.assert_array_equal(bits(out["kernel"].value), bits(model.kernel.value))
 
 
+@pytest.mark.libraries("flax")
 def test_a_single_variable_converts_by_its_value():
     import jax.numpy as jnp
     from flax import nnx
@@ -61,6 +64,7 @@ def test_a_single_variable_converts_by_its_value():
     np.testing.assert_array_equal(bits(bb.to_torch(p, on_alias="allow")), bits(p.value))
 
 
+@pytest.mark.libraries("equinox")
 def test_equinox_module_is_walked():
     import equinox as eqx
     import jax
@@ -78,6 +82,7 @@ def test_equinox_module_is_walked():
         np.testing.assert_array_equal(bits(g), bits(w))
 
 
+@pytest.mark.libraries("keras")
 def test_keras_variables_convert_by_their_value():
     import keras
     import torch
@@ -89,6 +94,7 @@ def test_keras_variables_convert_by_their_value():
     np.testing.assert_array_equal(out["weights"][0], np.arange(3, dtype=np.float32))
 
 
+@pytest.mark.libraries("keras")
 @pytest.mark.parametrize("to", ["torch", "jax", "numpy"])
 def test_plan_plans_a_keras_variable_as_convert_converts_it(to):
     # plan once refused what convert (and plan_tree) took by its value
@@ -103,6 +109,7 @@ def test_plan_plans_a_keras_variable_as_convert_converts_it(to):
         bb.plan(object(), to)
 
 
+@pytest.mark.libraries("optree")
 def test_optree_registered_nodes_are_walked():
     import optree
     import torch
@@ -119,6 +126,7 @@ def test_optree_registered_nodes_are_walked():
     np.testing.assert_array_equal(bits(out["p"].w), bits(_bf16((4,))))
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_state_dict_keeps_its_metadata():
     import torch
 
@@ -128,6 +136,7 @@ def test_torch_state_dict_keeps_its_metadata():
     np.testing.assert_array_equal(bits(out["weight"]), bits(sd["weight"]))
 
 
+@pytest.mark.frameworks("torch")
 def test_a_data_leaf_that_cannot_cross_raises_with_its_path_unless_kept():
     tree = {"a": {"labels": np.array(["x", "y"]), "w": _bf16((2,))}}
     with pytest.raises(bb.UnsupportedDtypeError, match=r"\['a'\]\['labels'\]"):
@@ -139,6 +148,7 @@ def test_a_data_leaf_that_cannot_cross_raises_with_its_path_unless_kept():
         bb.convert_tree(tree, "torch", on_unsupported="drop")  # type: ignore[arg-type]
 
 
+@pytest.mark.frameworks("torch")  # fills the plan cache by a walk to torch
 @pytest.mark.parametrize("to", [["torch"], {"torch": 1}, None, 3, "nonsense"], ids=repr)
 @pytest.mark.parametrize("on_unsupported", ["raise", "keep"])
 def test_a_bad_target_is_refused_as_convert_refuses_it_even_with_keep(to, on_unsupported):
@@ -162,6 +172,7 @@ def test_an_array_like_of_no_registered_framework_is_not_passed_through_silently
     assert bb.convert_tree({"x": 3, "s": "label", "n": None}, "torch") == {"x": 3, "s": "label", "n": None}
 
 
+@pytest.mark.frameworks("torch")
 def test_tree_warns_once_per_call_with_a_count():
     j = make("jax", _bf16((4,)))
     with warnings.catch_warnings(record=True) as said:
@@ -172,6 +183,7 @@ def test_tree_warns_once_per_call_with_a_count():
     assert said[0].filename == __file__
 
 
+@pytest.mark.frameworks("torch")
 def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
     j = make("jax", _bf16((4,)))
     ro = bb.aligned_empty(4)
@@ -195,6 +207,7 @@ def test_the_cached_leaf_path_converts_and_says_what_the_first_call_did():
             bb.convert_tree(tree, "torch", on_alias="error")
 
 
+@pytest.mark.frameworks("torch")
 def test_the_cached_leaf_path_runs_plans_that_check_their_result():
     import torch
 
@@ -252,6 +265,7 @@ _PLAIN_AND_NOT = {
 }
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("name", list(_PLAIN_AND_NOT))
 def test_flatten_and_fill_give_what_the_full_walk_gives(name):
     import torch
@@ -279,6 +293,7 @@ def test_flatten_refuses_a_cycle_the_plain_walk_gives_up_on():
         trees.flatten((loop,))
 
 
+@pytest.mark.frameworks("torch")
 def test_plan_tree_says_what_copies_and_what_aliases():
     aligned = bb.aligned_empty(64)
     aligned[...] = _bf16((64,))
@@ -311,6 +326,7 @@ def test_plan_tree_says_which_leaves_drop_their_gradient():
     assert p.to_dict()["drops_grad"] == ["['w']", "['x']"]
 
 
+@pytest.mark.frameworks("torch")
 def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
     import jax
     import torch
@@ -331,6 +347,7 @@ def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
     assert np.asarray(bb.to_jax(np.array([2**32 - 1], np.uint64), fallback="auto")).dtype == np.uint32
 
 
+@pytest.mark.frameworks("torch")
 def test_unwrap_returns_plain_tensors_for_wrapped_values():
     import jax
     import jax.numpy as jnp
@@ -346,6 +363,7 @@ def test_unwrap_returns_plain_tensors_for_wrapped_values():
         out, is_leaf=lambda x: isinstance(x, (nnx.Variable, torch.Tensor))))
 
 
+@pytest.mark.libraries("keras")
 @pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
 def test_to_keras_means_the_running_keras_backend(backend):
     """Keras picks its backend once per process: each backend in a fresh one."""
@@ -366,6 +384,7 @@ def test_to_keras_means_the_running_keras_backend(backend):
     assert out.stdout.split() == [backend, backend], out.stderr[-2000:]
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 def test_plain_dataclasses_are_walked():
     import dataclasses
 
@@ -449,10 +468,17 @@ def test_a_chainmap_keeps_its_maps_and_the_values_they_hide():
 # -- what the walk does not enter: walked, or refused naming the path and the way out ----------
 
 
+def _by_maker(names):
+    """Cases whose name says what makes them (``tf-...``: tensorflow, ``keras-...``: keras on tensorflow,
+    ``torch-...``: torch), each marked as needing it."""
+    marks = {"tf": [pytest.mark.frameworks("tensorflow")], "torch": [pytest.mark.frameworks("torch")],
+             "keras": [pytest.mark.frameworks("tensorflow"), pytest.mark.libraries("keras")]}
+    return [pytest.param(n, marks=marks.get(n.split("-")[0], [])) for n in names]
+
+
 def _hidden_cases():
     """(name, tree maker, what the error says) for objects that hold tensors the walk would not
     reach (once kept as they were, tensors unconverted, and plan_tree counted nothing)."""
-    import tensorflow as tf
     import torch
 
     t = torch.ones(4, dtype=torch.bfloat16)
@@ -465,12 +491,14 @@ def _hidden_cases():
         ("dict-values", lambda: {"a": t}.values(), r"a dict view .* is not walked: pass the dict, or list\(view\)"),
         ("map", lambda: map(lambda v: v, [t]), r"an iterator .* is not walked.*list"),
         ("list-iterator", lambda: iter([t]), r"an iterator .* is not walked"),
-        ("tf-ragged", lambda: tf.ragged.constant([[1.0], []]), r"tensorflow ragged tensor.*rt\.to_tensor\(\)"),
-        ("tf-sparse", lambda: tf.sparse.from_dense([[0.0, 1.0]]), r"tensorflow sparse tensor.*tf\.sparse\.to_dense"),
+        ("tf-ragged", lambda: fw("tensorflow").ragged.constant([[1.0], []]),
+         r"tensorflow ragged tensor.*rt\.to_tensor\(\)"),
+        ("tf-sparse", lambda: fw("tensorflow").sparse.from_dense([[0.0, 1.0]]),
+         r"tensorflow sparse tensor.*tf\.sparse\.to_dense"),
         # (review: named by tf's ShouldUseWrapper; a dataset pointed at tf.nest.flatten, a variant tensor)
-        ("tf-tensorarray", lambda: tf.TensorArray(tf.float32, size=2).write(0, 1.0),
+        ("tf-tensorarray", lambda: fw("tensorflow").TensorArray(fw("tensorflow").float32, size=2).write(0, 1.0),
          r"tensor_array_ops\.TensorArray is a tensorflow TensorArray.*ta\.stack\(\)"),
-        ("tf-dataset", lambda: tf.data.Dataset.range(3), r"is a tensorflow dataset .*for x in ds"),
+        ("tf-dataset", lambda: fw("tensorflow").data.Dataset.range(3), r"is a tensorflow dataset .*for x in ds"),
         ("tf-module", _TfModule, r"tensorflow module object.*module\.variables"),
         ("keras-layer", _KerasLayer, r"Keras layer \(or model\) object.*layer\.weights"),
         # (review: a plain object holding a tensor attribute was kept, the tensor unconverted)
@@ -580,13 +608,15 @@ def _TfModule():
     return m
 
 
-@pytest.mark.parametrize("case", ["torch-module", "set-of-tensors", "frozenset-in-list", "generator", "dict-values",
-                                  "map", "list-iterator", "tf-ragged", "tf-sparse", "tf-tensorarray", "tf-dataset",
-                                  "tf-module", "keras-layer", "plain-object", "namespace-dict", "slots-list",
-                                  "defaultdict-attr", "list-of-dicts-attr", "partial", "private-slot",
-                                  "torch-optimizer", "three-deep", "object-in-attribute",
-                                  "set-and-deque-in-attribute", "behind-a-cycle", "object-array",
-                                  "tensor-dict-key", "weak-value-dict", "one-list-two-attributes"])
+@pytest.mark.frameworks("torch")  # every case holds a torch tensor
+@pytest.mark.parametrize("case", _by_maker(["torch-module", "set-of-tensors", "frozenset-in-list", "generator",
+                                             "dict-values", "map", "list-iterator", "tf-ragged", "tf-sparse",
+                                             "tf-tensorarray", "tf-dataset", "tf-module", "keras-layer",
+                                             "plain-object", "namespace-dict", "slots-list", "defaultdict-attr",
+                                             "list-of-dicts-attr", "partial", "private-slot", "torch-optimizer",
+                                             "three-deep", "object-in-attribute", "set-and-deque-in-attribute",
+                                             "behind-a-cycle", "object-array", "tensor-dict-key", "weak-value-dict",
+                                             "one-list-two-attributes"]))
 @pytest.mark.parametrize("to", ["jax", "numpy"])
 def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its_path(case, to):
     mk, says = {name: (mk, says) for name, mk, says in _hidden_cases()}[case]
@@ -604,6 +634,7 @@ def test_an_object_holding_tensors_the_walk_does_not_enter_is_refused_naming_its
     assert (out["h"][0] is tree["h"][0]) if case == "frozenset-in-list" else (out["h"] is tree["h"])
 
 
+@pytest.mark.frameworks("torch")
 def test_cast_tree_refuses_a_model_object_naming_cast_module():
     import torch
 
@@ -611,6 +642,7 @@ def test_cast_tree_refuses_a_model_object_naming_cast_module():
         bb.cast_tree({"m": torch.nn.Linear(2, 2)}, "bfloat16")
 
 
+@pytest.mark.frameworks("torch")
 def test_a_deque_is_walked_as_a_sequence_keeping_its_type_and_maxlen():
     import torch
 
@@ -633,9 +665,11 @@ def _shared_labels(n, k):
     return types.SimpleNamespace(examples=[types.SimpleNamespace(text="t", labels=labels) for _ in range(n)])
 
 
+@pytest.mark.frameworks("torch")  # each tree is walked to torch
 @pytest.mark.parametrize("value", ["np.float32", "ml_dtypes.bfloat16", "jnp.bfloat16", "torch.bfloat16",
                                    "np.dtype('float32')", "{'a', 1}", "torch.nn.ReLU()",
-                                   "keras.layers.ReLU(name='act')",
+                                   pytest.param("keras.layers.ReLU(name='act')", marks=[
+                                       pytest.mark.frameworks("tensorflow"), pytest.mark.libraries("keras")]),
                                    "range(3)", "print", "{np.int64(1), np.int64(2)}", "{'a': 1}.keys()",
                                    "types.SimpleNamespace(lr=np.float32(1e-3), name='adam', betas=[0.9, 0.99])",
                                    "np", "_Holder", "_Slots(None)", "_MODULE", "_Proxy()",
@@ -648,10 +682,10 @@ def _shared_labels(n, k):
 def test_plain_values_and_dtypes_still_pass_through(value):
     import jax  # noqa: F401 - named by the parameters
     import jax.numpy as jnp  # noqa: F401
-    import keras  # noqa: F401
     import ml_dtypes  # noqa: F401
     import torch  # noqa: F401
 
+    keras = importlib.import_module("keras") if value.startswith("keras") else None  # noqa: F841
     v = eval(value)
     tree = {"v": v, "w": np.zeros(2, np.float32)}
     with warnings.catch_warnings():
@@ -663,6 +697,7 @@ def test_plain_values_and_dtypes_still_pass_through(value):
         assert bb.cast_tree(tree, "bfloat16")[0]["v"] is v
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @pytest.mark.parametrize("tree, to, kw, error", [
     ({"g": "torch-grad"}, "jax", dict(on_grad="error"), bb.UnsupportedTypeError),
     ({"r": "numpy-reversed"}, "torch", dict(copy=False), bb.CopyRequiredError),
@@ -672,7 +707,7 @@ def test_keep_does_not_keep_a_refusal_the_caller_asked_for(tree, to, kw, error):
     import jax.numpy as jnp
     import torch
 
-    make_leaf = {"torch-grad": lambda: torch.ones(3, requires_grad=True),
+    make_leaf = {"torch-grad": lambda: fw("torch").ones(3, requires_grad=True),
                  "numpy-reversed": lambda: np.ones(3, np.float32)[::-1],
                  "jax": lambda: jnp.ones(3, jnp.bfloat16)}
     tree = {k: make_leaf[v]() for k, v in tree.items()}
@@ -706,6 +741,7 @@ def test_keep_says_what_it_kept_that_the_target_cannot_hold():
     assert "1 refused" in str(bb.plan_tree(tree, "jax"))
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 @pytest.mark.parametrize("kind, says", [
     ("ragged", r"RaggedTensor is a tensorflow ragged tensor.*rt\.to_tensor\(\)"),
     ("sparse", r"SparseTensor is a tensorflow sparse tensor.*tf\.sparse\.to_dense\(sp\)"),
@@ -728,6 +764,7 @@ def test_a_tensorflow_composite_is_named_as_tensorflows_with_its_way_out(kind, s
 # -- a plain object whose tensors would come back as they are: kept ---------------------------------
 
 
+@pytest.mark.frameworks("torch")
 def test_a_config_of_numpy_arrays_is_kept_by_a_walk_to_numpy_and_refused_where_its_arrays_would_change():
     # (review: convert_tree(..., to="numpy") refused a config holding numpy arrays it would not change)
     cfg = types.SimpleNamespace(mean=np.zeros(3, np.float32), ids=np.arange(4), inner=types.SimpleNamespace(
@@ -759,19 +796,17 @@ def test_a_config_of_numpy_arrays_is_kept_by_a_walk_to_numpy_and_refused_where_i
 
 
 def _held_tensors():
-    import tensorflow as tf
-    import torch
-
     readonly = _bf16((3,))
     readonly.flags.writeable = False
     return {"numpy-bf16": lambda: make("numpy", _bf16((3,))), "numpy-readonly": lambda: readonly,
             "numpy-int64": lambda: np.arange(3), "torch-bf16": lambda: make("torch", _bf16((3,))),
-            "torch-grad": lambda: torch.ones(3, requires_grad=True), "jax-bf16": lambda: make("jax", _bf16((3,))),
-            "tf-bf16": lambda: make("tensorflow", _bf16((3,))), "tf-variable": lambda: tf.Variable([1.0, 2.0])}
+            "torch-grad": lambda: fw("torch").ones(3, requires_grad=True), "jax-bf16": lambda: make("jax", _bf16((3,))),
+            "tf-bf16": lambda: make("tensorflow", _bf16((3,))),
+            "tf-variable": lambda: fw("tensorflow").Variable([1.0, 2.0])}
 
 
-@pytest.mark.parametrize("held", ["numpy-bf16", "numpy-readonly", "numpy-int64", "torch-bf16", "torch-grad",
-                                  "jax-bf16", "tf-bf16", "tf-variable"])
+@pytest.mark.parametrize("held", _by_maker(["numpy-bf16", "numpy-readonly", "numpy-int64", "torch-bf16", "torch-grad",
+                                             "jax-bf16", "tf-bf16", "tf-variable"]))
 @pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
 def test_an_object_is_kept_exactly_where_convert_hands_each_tensor_it_holds_back_as_it_is(held, to):
     t = _held_tensors()[held]()
@@ -898,6 +933,7 @@ def test_a_container_whose_own_reading_raises_is_refused_as_not_known_with_our_e
         assert bb.convert_tree(tree, "numpy", on_unsupported="keep")["c"] is cfg
 
 
+@pytest.mark.frameworks("torch")
 def test_an_attribute_whose_look_found_no_tensor_is_not_read_again_and_one_that_found_one_is():
     import torch
 
@@ -908,6 +944,7 @@ def test_an_attribute_whose_look_found_no_tensor_is_not_read_again_and_one_that_
     assert bb.registry.look(cfg) == (("c", "d"), (), "")
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_a_kept_config_asks_once_per_kind_of_tensor_whether_it_comes_back_as_it_is(monkeypatch):
     # (review: a full plan and a conversion per held tensor on every call: 5,000 arrays, 15x their cost as leaves)
     conv = sys.modules["bf16bridge.convert"]  # (bb.convert is the function)

@@ -51,6 +51,7 @@ def test_registry_does_not_reach_into_the_route_cache():
     assert "clear_cache" not in source and ".routes" not in source
 
 
+@pytest.mark.frameworks("torch")
 def test_replacing_an_adapter_replans():
     from bf16bridge import registry
     from bf16bridge.adapters.numpy import NumpyAdapter
@@ -74,6 +75,7 @@ def test_replacing_an_adapter_replans():
 # -- what the plan knows, the call says ---------------------------------------------------
 
 
+@pytest.mark.frameworks("torch")
 def test_readonly_memory_is_not_written_through_a_two_step_chain():
     a = aligned_copy(_bf16())
     a.flags.writeable = False
@@ -95,6 +97,7 @@ def test_readonly_memory_is_not_written_through_a_two_step_chain():
     np.testing.assert_array_equal(bits(j), before)
 
 
+@pytest.mark.frameworks("torch")
 def test_the_warning_points_at_the_callers_line():
     j = make("jax", _bf16())
     with warnings.catch_warnings(record=True) as said:
@@ -104,6 +107,7 @@ def test_the_warning_points_at_the_callers_line():
     assert [w.filename for w in said] == [__file__, __file__]
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("src", ["jax", "tensorflow"])
 def test_no_alias_warning_where_nothing_aliases(src):
     x = make(src, _bf16())
@@ -164,6 +168,7 @@ def test_big_endian_bf16_keeps_its_values(dst, all_bf16):
         np.testing.assert_array_equal(bits(y), all_bf16)
 
 
+@pytest.mark.frameworks("torch")
 def test_zero_stride_torch_view_reaches_numpy_as_planned():
     import torch
 
@@ -224,6 +229,7 @@ def test_jax_prng_key_is_refused_clearly():
         bb.to_numpy(jax.random.key(0))
 
 
+@pytest.mark.frameworks("torch")
 def test_torch_nested_tensor_is_refused_clearly():
     import torch
 
@@ -236,6 +242,7 @@ def test_torch_nested_tensor_is_refused_clearly():
             bb.to_numpy(nt)
 
 
+@pytest.mark.frameworks("torch")
 def test_huge_copy_is_refused_before_allocating():
     import torch
 
@@ -255,6 +262,7 @@ def test_huge_copy_is_refused_before_allocating():
 Pair = collections.namedtuple("Pair", "w b")
 
 
+@pytest.mark.frameworks("torch")
 def test_tree_keeps_every_container_type():
     import torch
 
@@ -275,6 +283,7 @@ def test_tree_keeps_every_container_type():
     assert type(tree["dd"]["w"]) is np.ndarray  # the input is not modified
 
 
+@pytest.mark.frameworks("torch")
 def test_tree_of_jax_registered_nodes():
     import dataclasses
 
@@ -309,6 +318,7 @@ def test_tree_does_not_import_jax_to_look_at_a_tree():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.frameworks("torch")
 def test_tree_refuses_a_cycle_and_unbuildable_tuples_and_keeps_string_leaves():
     loop = [_bf16()]
     loop.append(loop)
@@ -342,6 +352,7 @@ def test_submodules_load_on_attribute_access():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+@pytest.mark.frameworks("torch")
 def test_plan_and_step_are_frozen_records():
     import dataclasses
 
@@ -363,6 +374,7 @@ def test_convert_takes_no_unknown_keywords():
 # -- the hot path: a cached plan serves only inputs it fits ---------------------------------
 
 
+@pytest.mark.frameworks("torch")
 def test_cached_zero_copy_plan_does_not_serve_a_readonly_array():
     a = aligned_copy(_bf16())
     first = bb.to_torch(a)
@@ -375,6 +387,7 @@ def test_cached_zero_copy_plan_does_not_serve_a_readonly_array():
     np.testing.assert_array_equal(bits(ro), bits(_bf16()))
 
 
+@pytest.mark.frameworks("torch")
 def test_cached_plan_does_not_serve_a_conjugated_tensor():
     import torch
 
@@ -394,6 +407,7 @@ def test_cached_plan_does_not_serve_an_unaligned_buffer_to_jax():
     np.testing.assert_array_equal(bits(bb.to_jax(unaligned)), bits(unaligned))
 
 
+@pytest.mark.frameworks("tensorflow")
 def test_cached_plan_does_not_serve_an_unaligned_buffer_to_tensorflow():
     # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process: the
     # cached zero-copy plan of an aligned array must never serve an unaligned one (checked by
@@ -411,6 +425,7 @@ def test_cached_plan_does_not_serve_an_unaligned_buffer_to_tensorflow():
             np.testing.assert_array_equal(bits(out), bits(unaligned))
 
 
+@pytest.mark.frameworks("torch")
 def test_cached_plan_follows_jax_x64_and_adapter_replacement():
     import jax
 
@@ -444,6 +459,7 @@ def test_cached_plan_follows_jax_x64_and_adapter_replacement():
                             requires=spec.requires, replace=True)
 
 
+@pytest.mark.frameworks("torch")
 def test_cached_plan_still_warns_and_still_verifies():
     j = make("jax", _bf16())
     for _ in range(3):  # the first call plans; the others take the cached plan
@@ -479,6 +495,7 @@ def _only(action, **kw):
     return lambda: (warnings.resetwarnings(), warnings.filterwarnings(action, category=bb.Bf16BridgeWarning, **kw))
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("src", ["jax", "tensorflow"])
 @pytest.mark.parametrize(("setup", "shown"), [
     (_only("always"), 3),
@@ -497,6 +514,7 @@ def test_the_alias_warning_follows_the_users_filters(src, setup, shown):
     assert _shown(setup, src=src) == shown
 
 
+@pytest.mark.frameworks("torch")
 def test_an_error_filter_raises_on_every_call():
     j = make("jax", _bf16())
     with warnings.catch_warnings():
@@ -506,6 +524,7 @@ def test_an_error_filter_raises_on_every_call():
                 bb.to_torch(j)
 
 
+@pytest.mark.frameworks("torch")
 def test_a_filter_change_is_seen_even_in_the_same_list_of_the_same_length():
     j = make("jax", _bf16())
     with warnings.catch_warnings(record=True) as said:
@@ -526,6 +545,7 @@ def test_a_filter_change_is_seen_even_in_the_same_list_of_the_same_length():
         assert len(said) == 5
 
 
+@pytest.mark.frameworks("torch")
 def test_default_filters_show_the_warning_again_in_each_catch_warnings_as_warnings_does():
     j = make("jax", _bf16())
     for _ in range(2):
@@ -536,6 +556,7 @@ def test_default_filters_show_the_warning_again_in_each_catch_warnings_as_warnin
         assert len(said) == 2
 
 
+@pytest.mark.frameworks("tensorflow", "torch")
 def test_string_leaves_stay_strings_after_numpy_has_seen_their_type():
     with pytest.raises(bb.UnsupportedDtypeError):
         bb.to_torch(np.str_("x"))  # the registry now knows np.str_ as a numpy type
@@ -578,6 +599,7 @@ def no_export_run():
     return subprocess.run([sys.executable, "-c", _NO_EXPORT], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("to", ["jax", "tensorflow", "numpy", "torch"])
 @pytest.mark.parametrize("kind", ["string", "resource", "variant"])
 def test_tf_tensor_without_dlpack_is_refused_not_aborted_after_a_cached_plan(no_export_run, to, kind):
@@ -608,6 +630,7 @@ def _catch_between(j):
             pass
 
 
+@pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("action", ["default", "module"])
 @pytest.mark.parametrize(("calls", "shown"), [
     (_fresh_globals, 3),  # as warnings does: its registry is new each time
