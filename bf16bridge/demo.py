@@ -12,15 +12,35 @@ import numpy as np
 from . import dtypes, registry
 from .adapters.numpy import aligned_empty
 from .convert import convert, plan
-from .errors import InvalidArgumentError
+from .errors import FrameworkNotInstalledError, InvalidArgumentError
 from .tables import aligned_source, table
 from .workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 
 
+def _usable() -> tuple[list[str], list[str]]:
+    """The registered frameworks usable here (an adapter registered later joins in), and a line for
+    each one left out: not installed, or failing to load, with the way to install it."""
+    names, left_out = [], []
+    for name in registry.names():
+        try:
+            registry.get(name)
+        except FrameworkNotInstalledError as err:
+            left_out.append(f"{name}: {err}")
+        else:
+            names.append(name)
+    return names, left_out
+
+
 def _pairs():
-    """Every ordered pair of the registered frameworks (an adapter registered later joins in)."""
-    names = registry.names()
+    """Every ordered pair of the registered frameworks usable here."""
+    names = _usable()[0]
     return [(s, d) for s in names for d in names if s != d]
+
+
+def left_out_note() -> str:
+    """What the demo and the matrix leave out here ("" where every registered framework is usable)."""
+    missing = _usable()[1]
+    return "left out (their pairs are not shown):\n" + "\n".join(f"  {m}" for m in missing) if missing else ""
 
 
 def sample(n: int, seed: int = 0) -> np.ndarray:
@@ -99,14 +119,15 @@ def common_input_rows(n: int = 1 << 19) -> list[dict]:
     inputs = [(f"default {registry.HUB} allocation (np.empty: address {default.ctypes.data % 64} mod 64)", default),
               (f"read-only {registry.HUB} array", read_only)]
     square = sample(64 * 64).reshape(64, 64)
-    for s in registry.names():
+    names = _usable()[0]
+    for s in names:
         transposed = getattr(convert(square, s, copy=True), "T", None)
         if transposed is not None:
             inputs.append((f"transposed 2-D {s} tensor (x.T)", transposed))
     rows = []
     for label, x in inputs:
         source = registry.framework_of(x)
-        for d in registry.names():
+        for d in names:
             if d == source:
                 continue
             p = plan(x, to=d)
@@ -121,9 +142,10 @@ COMMON_COLS = [("input", "input"), ("target", "to"), ("copies", "route"), ("why"
 def matrix_notes() -> str:
     """What the matrix assumes, and which common inputs copy (text; ``matrix("text")`` includes it)."""
     rows = [{**r, "copies": "copy" if r["copies"] else "zero-copy"} for r in common_input_rows()]
+    note = left_out_note()
     return (f"assumes: {MATRIX_ASSUMES}\n\n"
             "common inputs outside that assumption, as bb.plan() routes them here:\n"
-            + _table(rows, COMMON_COLS))
+            + _table(rows, COMMON_COLS) + (f"\n\n{note}" if note else ""))
 
 
 def matrix(fmt: Literal["text", "markdown", "json"] = "text") -> str:
@@ -151,8 +173,15 @@ def demo(mib: float = 32.0, repeat: int = 5) -> tuple[str, bool]:
     n = int(mib * (1 << 20)) // 2
     base = sample(n)
     expect = base.view(np.uint16)
-    lines = [f"bf16bridge demo: {n:,} bf16 values ({mib:g} MiB), every ordered pair of "
-             f"{', '.join(registry.names())}", ""]
+    names, _ = _usable()
+    if len(names) < 2:
+        raise FrameworkNotInstalledError(
+            f"the demo moves a tensor between frameworks, and only {', '.join(names) or 'none'} is usable here:\n"
+            f"{left_out_note()}")
+    lines = [f"bf16bridge demo: {n:,} bf16 values ({mib:g} MiB), every ordered pair of {', '.join(names)}", ""]
+    note = left_out_note()
+    if note:
+        lines += [note, ""]
     rows, ok, longest = [], True, None
     for s, d in _pairs():
         x = aligned_source(base, s)

@@ -32,6 +32,32 @@ def _env(**set_):
     return env
 
 
+@pytest.mark.frameworks("jax")
+def test_matrix_and_demo_leave_out_a_framework_that_is_not_installed_and_say_so():
+    """Without torch (an import that fails, as where it is not installed) the matrix and the demo
+    run over the frameworks that are usable and name the one left out with its extra; both failed
+    outright ("torch is not usable here") for a numpy and jax user."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from bf16bridge import cli\n"
+            "sys.exit(cli.main(sys.argv[1:]))")
+    left = [f for f in PRESENT if f != "torch"]
+    pairs = {(s, d) for s in left for d in left if s != d}
+
+    def run(*args):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    note = "torch: torch is not usable here"
+    out = run("matrix", "--format", "json")
+    rows = json.loads(out.stdout)
+    assert {(r["source"], r["target"]) for r in rows} == pairs and all(r["bit_exact"] for r in rows)
+    assert note in out.stderr and "pip install 'bf16bridge[torch]'" in out.stderr
+    assert note in run("matrix").stdout
+    demo = run("demo", "--mib", "0.01", "--repeat", "1").stdout
+    assert note in demo and f"all {len(pairs)} pairs bit-exact" in demo and "torch ->" not in demo
+
+
 @pytest.mark.frameworks("torch", "jax", "tensorflow")  # the matrix and the demo run every registered framework
 def test_matrix_json_has_twelve_zero_copy_bit_exact_routes():
     rows = json.loads(_cli("matrix", "--format", "json"))
