@@ -357,7 +357,6 @@ def test_cast_tree_refuses_a_torch_tensor_with_no_memory():
 
 
 @pytest.mark.libraries("flax")
-@pytest.mark.libraries("flax")
 def test_flax_linen_variables():
     import jax
     import jax.numpy as jnp
@@ -388,7 +387,6 @@ def test_flax_linen_variables():
     assert y.shape == (1, 2)
 
 
-@pytest.mark.libraries("flax")
 @pytest.mark.libraries("flax")
 def test_flax_nnx_state_keeps_its_variables():
     from flax import nnx

@@ -319,7 +319,6 @@ def _target_cases(draw):
             draw(st.sampled_from(["auto", "bfloat16", "float16", "float32", "float64"])), draw(st.booleans()))
 
 
-@pytest.mark.frameworks("tensorflow", "torch")
 @given(_target_cases())
 def test_load_for_target_does_what_its_report_says(case):
     from bf16bridge.capabilities import probe

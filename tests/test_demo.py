@@ -82,7 +82,6 @@ def test_matrix_text_states_its_assumptions_and_markdown_is_the_table_alone():
     assert markdown.startswith("| from |") and "assumes" not in markdown and len(markdown.splitlines()) == 14
 
 
-@pytest.mark.frameworks("torch")
 def test_demo_does_not_warn_about_its_own_aliases():
     import warnings
 

@@ -105,6 +105,12 @@ def problems(page: Path) -> list[str]:
                            f"'needs package>=version'")
             if b.lang not in RUN | SESSION:
                 out.append(f"{b.where}: a docs-test marker before a {b.lang or 'plain'} block, which never runs")
+            elif m and m["error"] and b.lang in SESSION:
+                out.append(f"{b.where}: a raises marker before a session, which shows its error as output: "
+                           "show the traceback's last line there, or make the block ```python")
+            if m and m["package"] and not _pin_meets(m["package"], m["version"]):
+                out.append(f"{b.where}: needs {m['package']}>={m['version']}, which no CI set has "
+                           "(constraints.txt pins it older, or not at all): the block would never run")
         if b.lang not in RUN | SESSION | OTHER and looks_like_python(b.code):
             out.append(f"{b.where}: a block of language {b.lang or '(none)'!r} that parses as Python: "
                        f"mark it ```python (it then runs) or give its real language")
@@ -113,6 +119,28 @@ def problems(page: Path) -> list[str]:
     if dangling:
         out.append(f"{_rel(page)}: {dangling} docs-test marker(s) not just before a block")
     return out
+
+
+def _pin_meets(package: str, version: str) -> bool:
+    """Whether constraints.txt (the newest set CI installs) pins ``package`` at ``version`` or newer."""
+    from packaging.version import Version
+
+    name = package.lower().replace("_", "-")
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        pin = re.match(r"^([\w.-]+)==(\S+)", line.strip())
+        if pin and pin[1].lower().replace("_", "-") == name:
+            return Version(pin[2]) >= Version(version)
+    return False
+
+
+def _raised_by_last_statement(b: Block, err: BaseException) -> bool:
+    """Whether ``err`` came out of the block's last statement (an earlier mistake of the same type
+    must not pass for the error the page shows)."""
+    last = ast.parse(b.code).body[-1]
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != str(b.path):
+        tb = tb.tb_next
+    return tb is not None and b.line + last.lineno <= tb.tb_lineno <= b.line + (last.end_lineno or last.lineno)
 
 
 def runnable(page: Path) -> list[Block]:
@@ -153,6 +181,9 @@ def run_block(b: Block, ns: dict) -> str:
         except Exception as err:
             if type(err).__name__ != m["error"].rsplit(".", 1)[-1]:
                 raise AssertionError(f"{b.where}: raised {type(err).__name__}, the page says {m['error']}") from err
+            if not _raised_by_last_statement(b, err):
+                raise AssertionError(f"{b.where}: raised {type(err).__name__} before its last statement, which "
+                                     "the page shows raising it") from err
             return f"ran {b.where}: raised {type(err).__name__}, as marked"
         raise AssertionError(f"{b.where}: raised nothing, the page says {m['error']}")
     exec(code, ns)
@@ -218,9 +249,15 @@ if __name__ != "__main__":
         ns["x"] = 3
         with pytest.raises(AssertionError, match="raised nothing"):
             run_block(bs[2], ns)
+        page.write_text("<!-- docs-test: raises NameError -->\n```python\nundefined_name\nassert False\n```\n")
+        with pytest.raises(AssertionError, match="before its last statement"):  # an earlier mistake of that type
+            run_block(runnable(page)[0], {})
         page.write_text("<!-- docs-test: skip () -->\n```python\npass\n```\n\n```\nimport os\n```\n\n"
+                        "<!-- docs-test: needs ml_dtypes>=99.0 -->\n```python\npass\n```\n\n"
+                        "<!-- docs-test: raises KeyError -->\n```pycon\n>>> {}[0]\n```\n\n"
                         "<!-- docs-test: skip (no block after) -->\nprose\n")
-        assert [p.split(": ", 1)[0] for p in problems(page)] == ["page.md:2", "page.md:6", "page.md"]
+        assert [p.split(": ", 1)[0] for p in problems(page)] == [
+            "page.md:2", "page.md:6", "page.md:11", "page.md:16", "page.md"]
 
 
 if __name__ == "__main__":
