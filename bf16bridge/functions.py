@@ -198,17 +198,19 @@ class ForeignCall:
             "bb.bridge (the callee gets copies), or do not write into inputs in the callee (x = x + 1, not "
             "x.add_(1))")
 
-    def backward(self, pullback, cotangents, to: str):
+    def backward(self, pullback, cotangents, to: str, on_grad: str = "warn"):
+        """The callee's gradients for ``cotangents`` (``on_grad``: what a cotangent some tape watches
+        says, a second order that does not cross: "drop" where the caller refuses that itself)."""
         if pullback is None:
             return [None] * len(self.diff)
         callee, fallback = self.callee, self.fallback
-        cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", "warn") for c in cotangents]
+        cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", on_grad) for c in cotangents]
         grads = pullback(cts)
         return [None if g is None else _one(g, to, None, fallback, False, "allow", "drop") for g in grads]
 
-    def recompute_backward(self, leaves, cotangents, to: str):
+    def recompute_backward(self, leaves, cotangents, to: str, on_grad: str = "warn"):
         _, pullback = self.forward(leaves, True, to)
-        return self.backward(pullback, cotangents, to)
+        return self.backward(pullback, cotangents, to, on_grad)
 
     def specs(self, leaves, shapes_dtypes: Callable[[Any], tuple]) -> list:
         """The output leaves' (shape, dtype name), found by one call on zeros of the inputs'

@@ -321,18 +321,28 @@ def children(node):
 
 def _dataclass_children(node):
     """The fields of a plain dataclass instance (one no tree library registered), ``init=False``
-    ones too (a field set but never assigned has no value: not a child), rebuilt as a shallow copy
-    with each field set, as frozen and slotted classes allow. Neither ``__init__`` nor
-    ``__post_init__`` runs again: ``dataclasses.replace`` ran them, so a ``__post_init__`` that
-    scales or coerces a field did it twice, and ``init=False`` fields went back to their defaults
-    (and ``bb.save`` left their tensors out)."""
+    ones too (a field set but never assigned has no value: not a child), rebuilt as a new instance
+    holding the same attributes with each field set, as frozen and slotted classes allow. Neither
+    ``__init__`` nor ``__post_init__`` runs again: ``dataclasses.replace`` ran them, so a
+    ``__post_init__`` that scales or coerces a field did it twice, and ``init=False`` fields went
+    back to their defaults (and ``bb.save`` left their tensors out). Nor the copy protocol: a
+    ``__copy__`` that returns the instance itself would have had it changed in place."""
     if isinstance(node, type) or not dataclasses.is_dataclass(node):
         return None
     names = [f.name for f in dataclasses.fields(node) if hasattr(node, f.name)]
     instance: Any = node  # an instance, not a class (checked above)
 
     def rebuild(values):
-        new = _copy.copy(instance)
+        cls = type(instance)
+        new = object.__new__(cls)
+        state = getattr(instance, "__dict__", None)
+        if state is not None:
+            object.__getattribute__(new, "__dict__").update(state)
+        for klass in cls.__mro__:  # slotted attributes (a class's own __slots__, each base's too)
+            slots = klass.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if slot not in ("__dict__", "__weakref__") and hasattr(instance, slot):
+                    object.__setattr__(new, slot, getattr(instance, slot))
         for name, value in zip(names, values):
             object.__setattr__(new, name, value)
         return new
@@ -376,9 +386,9 @@ def _container(fn, node, path, walk: _Walk):
     if t is dict:
         return {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
     if isinstance(node, collections.ChainMap):
-        # each of its maps (a value a nearer map hides is data too): rebuilt from its items, it became
-        # one map of what it showed
-        return type(node)(*[_walk(fn, m, path, walk) for m in node.maps])
+        # each of its maps, under its place in .maps (a value a nearer map hides is data too, under a
+        # path of its own): rebuilt from its items, it became one map of what it showed
+        return type(node)(*[_walk(fn, m, path + (i,), walk) for i, m in enumerate(node.maps)])
     if isinstance(node, Mapping):
         if not isinstance(node, dict):
             # a mapping a tree library registers (flax's nnx.State, FrozenDict) rebuilt its own way: flax

@@ -441,6 +441,29 @@ def test_a_dataclass_is_rebuilt_without_running_its_init_again():
     assert not hasattr(out, "unset")
     out = bb.convert_tree(x, "numpy")
     assert out.step == 1000 and isinstance(out.ema["w"], np.ndarray) and x.ema["w"].dtype == torch.bfloat16
+    import threading
+
+    @dataclasses.dataclass(frozen=True)
+    class Immutable:  # an immutable value's idiom: copying it is itself
+        w: object
+
+        def __copy__(self):
+            return self
+
+    @dataclasses.dataclass
+    class Locked:  # an attribute its pickling state leaves out
+        w: object
+
+        def __post_init__(self):
+            self._lock = threading.Lock()
+
+        def __getstate__(self):
+            return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    value, locked = Immutable(torch.ones(2, dtype=torch.bfloat16)), Locked(torch.ones(2, dtype=torch.bfloat16))
+    out = bb.convert_tree(value, "numpy")
+    assert out is not value and isinstance(out.w, np.ndarray) and isinstance(value.w, torch.Tensor)
+    assert bb.convert_tree(locked, "numpy")._lock is locked._lock
     cast, report = bb.cast_tree(x, "float32")
     assert [r.path for r in report.leaves] == ["w", "ema.w"] and cast.w.tolist() == [0.0, 2.0, 4.0]
     @dataclasses.dataclass
@@ -465,6 +488,9 @@ def test_a_chainmap_keeps_its_maps_and_the_values_they_hide():
     for got, want in ((out.maps[1]["a"], far), (out.maps[1]["b"], far), (out["a"], near)):
         assert type_framework(got) == "jax"
         np.testing.assert_array_equal(bits(got), bits(want))
+    with tempfile.TemporaryDirectory() as d:  # each map under its place: no two leaves on one key
+        bb.save(chain, os.path.join(d, "c.safetensors"))
+        assert sorted(bb.load(os.path.join(d, "c.safetensors"))) == ["0.a", "1.a", "1.b"]
 
 
 # -- what the walk does not enter: walked, or refused naming the path and the way out ----------

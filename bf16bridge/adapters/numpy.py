@@ -7,7 +7,6 @@ import ctypes
 import math
 import operator
 import sys
-import warnings
 
 import numpy as np
 
@@ -289,8 +288,9 @@ class NumpyAdapter(Adapter):
         _refuse_masked(x)
         # ndarray.astype keeps a scalar a scalar and a subclass its class (np.matrix, whose * is a matrix
         # product: a plain array's is elementwise); the same cast, so the same bits
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn: the rounding defines them
+        # (numpy's and ml_dtypes' casts of NaN and overflow warn through errstate: the rounding defines
+        # them; no catch_warnings, whose restore races another thread's and can leave "ignore" behind)
+        with np.errstate(all="ignore"):
             return x.astype(dtypes.numpy_dtype(dtype))
 
 

@@ -478,18 +478,16 @@ class TensorflowAdapter(Adapter):
                 outs, pullback = call.forward(list(xs), True, "tensorflow")
 
                 def grad(*cts):
-                    if tf.executing_eagerly():
-                        return _first_order_only(call, call.backward(pullback, list(cts), "tensorflow"), xs)
-                    # the gradient traced into a graph (tape.jacobian's pfor, its default): the
-                    # cotangents have no values yet, so the pullback runs when the graph runs
-                    def back(*c):
-                        grads = call.backward(pullback, list(c), "tensorflow")
-                        return [tf.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]
-
-                    gs = tf.py_function(back, list(cts), Tout=[x.dtype for x in xs])
-                    for g, x in zip(gs, xs):
-                        g.set_shape(x.shape)
-                    return _first_order_only(call, [g if d else None for g, d in zip(gs, call.diff)], xs)
+                    if not tf.executing_eagerly():
+                        # the gradient traced into a graph (tape.jacobian's pfor, its default): run there
+                        # through py_function, a gradient of it came back zeros, silently (pfor leaves out
+                        # what refuses it)
+                        raise UnsupportedTypeError(
+                            f"the gradient of the bridged {call.callee} function "
+                            f"{getattr(call.fn, '__qualname__', call.fn)!r} was traced into a graph, as "
+                            "tape.jacobian and tape.batch_jacobian do by default (pfor): pass "
+                            "experimental_use_pfor=False to them (the rows one by one, each an eager gradient)")
+                    return _first_order_only(call, call.backward(pullback, list(cts), "tensorflow"), xs)
 
                 return outs, grad
 
@@ -513,8 +511,12 @@ class TensorflowAdapter(Adapter):
 
             def grad(*cts):
                 def back(*a):
-                    grads = call.recompute_backward(list(a[:n]), list(a[n:]), "tensorflow")
-                    return [tf.zeros_like(x) if g is None else g for x, g in zip(a[:n], grads)]
+                    # py_function records this body under a tape of its own (watching its inputs), which
+                    # a gradient of the gradient asks (an outer tape around the tf.function): refused
+                    # there, not zeros, so the cotangents' conversion need not warn of it
+                    grads = call.recompute_backward(list(a[:n]), list(a[n:]), "tensorflow", "drop")
+                    return _refused_beyond(call, [tf.zeros_like(x) if g is None else g for x, g in zip(a[:n], grads)],
+                                           a)
 
                 gs = tf.py_function(back, [*xs, *cts], Tout=[x.dtype for x in xs])
                 return _first_order_only(call, [g if d else None for g, d in zip(gs, call.diff)], xs)
@@ -564,8 +566,7 @@ def _cast_in_numpy(x, dtype: str):
 
     @tf.custom_gradient
     def cast(t):
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn: the rounding defines them
+        with np.errstate(all="ignore"):  # NaN and overflow casts warn: the rounding defines them
             host = t.numpy().astype(to)
         with tf.device(t.device):
             y = tf.constant(host)
@@ -582,6 +583,22 @@ def _compiled_by_xla() -> bool:
     except ImportError:  # pragma: no cover - every tensorflow tested has it: tensorflow's own error then
         return False
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def _refused_beyond(call, grads: list, inputs) -> list:
+    """``grads`` as they are, through an op whose own gradient (a gradient of the gradient, with
+    respect to any of ``inputs``) raises our error: a foreign backward's second-order part is not
+    seen by tensorflow's autodiff, which would take it as zero."""
+    @tf.custom_gradient
+    def refuse(*ts):
+        def grad(*_):
+            from ..functions import second_order_refused
+
+            raise second_order_refused("tensorflow", call.fn)
+
+        return [tf.identity(t) for t in ts[:len(grads)]], grad
+
+    return list(refuse(*grads, *inputs))
 
 
 def _first_order_only(call, grads, xs):
