@@ -617,8 +617,9 @@ def rounds_as_ml_dtypes(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
 
     a = _rounding_probe(src)
     to = dtypes.numpy_dtype(dst)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ml_dtypes' casts of NaN and overflow warn
+    # NaN and overflow casts warn through errstate (no catch_warnings: from two threads at once, its
+    # restore can leave "ignore" behind for the whole process)
+    with np.errstate(all="ignore"):
         try:
             want = a.astype(to)
         except (TypeError, ValueError):  # no cast of ml_dtypes' between the two (e8m0 -> e4m3fn): none to hold to

@@ -607,18 +607,8 @@ def _first_order_only(call, grads, xs):
     live = [i for i, g in enumerate(grads) if g is not None]
     if not live or not _recording(list(xs)):
         return grads
-
-    @tf.custom_gradient
-    def refuse(*ts):
-        def grad(*_):
-            from ..functions import second_order_refused
-
-            raise second_order_refused("tensorflow", call.fn)
-
-        return [tf.identity(t) for t in ts[:len(live)]], grad
-
     out = list(grads)
-    for i, g in zip(live, refuse(*[grads[i] for i in live], *xs)):
+    for i, g in zip(live, _refused_beyond(call, [grads[i] for i in live], xs)):
         out[i] = g
     return out
 
