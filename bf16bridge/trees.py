@@ -334,7 +334,12 @@ def _dataclass_children(node):
 
     def rebuild(values):
         cls = type(instance)
-        new = object.__new__(cls)
+        try:
+            new = object.__new__(cls)
+        except TypeError as err:  # a dataclass over a builtin type, whose own __new__ it needs
+            raise UnsupportedTypeError(
+                f"cannot rebuild a {cls.__qualname__} (a dataclass over {cls.__mro__[-2].__name__}) with new "
+                "field values; pass its fields as a dict, or register the type with jax.tree_util") from err
         state = getattr(instance, "__dict__", None)
         if state is not None:
             object.__getattribute__(new, "__dict__").update(state)
