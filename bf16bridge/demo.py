@@ -31,15 +31,13 @@ def _usable() -> tuple[list[str], list[str]]:
     return names, left_out
 
 
-def _pairs():
-    """Every ordered pair of the registered frameworks usable here."""
-    names = _usable()[0]
+def _pairs(names: list[str]):
+    """Every ordered pair of ``names``."""
     return [(s, d) for s in names for d in names if s != d]
 
 
-def left_out_note() -> str:
-    """What the demo and the matrix leave out here ("" where every registered framework is usable)."""
-    missing = _usable()[1]
+def left_out_note(missing: list[str]) -> str:
+    """What the demo and the matrix leave out here (``missing``: _usable's lines; "" where none is)."""
     return "left out (their pairs are not shown):\n" + "\n".join(f"  {m}" for m in missing) if missing else ""
 
 
@@ -76,7 +74,7 @@ def matrix_rows(n: int = 1024) -> list[dict]:
     """One row per ordered pair: the route for a contiguous, aligned bf16 tensor."""
     base = sample(n)
     rows = []
-    for s, d in _pairs():
+    for s, d in _pairs(_usable()[0]):
         x = aligned_source(base, s)
         p = plan(x, to=d)
         y = convert(x, d, on_alias="allow")  # the table's writable column says it
@@ -142,7 +140,7 @@ COMMON_COLS = [("input", "input"), ("target", "to"), ("copies", "route"), ("why"
 def matrix_notes() -> str:
     """What the matrix assumes, and which common inputs copy (text; ``matrix("text")`` includes it)."""
     rows = [{**r, "copies": "copy" if r["copies"] else "zero-copy"} for r in common_input_rows()]
-    note = left_out_note()
+    note = left_out_note(_usable()[1])
     return (f"assumes: {MATRIX_ASSUMES}\n\n"
             "common inputs outside that assumption, as bb.plan() routes them here:\n"
             + _table(rows, COMMON_COLS) + (f"\n\n{note}" if note else ""))
@@ -173,17 +171,17 @@ def demo(mib: float = 32.0, repeat: int = 5) -> tuple[str, bool]:
     n = int(mib * (1 << 20)) // 2
     base = sample(n)
     expect = base.view(np.uint16)
-    names, _ = _usable()
+    names, missing = _usable()
+    note = left_out_note(missing)
     if len(names) < 2:
         raise FrameworkNotInstalledError(
             f"the demo moves a tensor between frameworks, and only {', '.join(names) or 'none'} is usable here:\n"
-            f"{left_out_note()}")
+            f"{note}")
     lines = [f"bf16bridge demo: {n:,} bf16 values ({mib:g} MiB), every ordered pair of {', '.join(names)}", ""]
-    note = left_out_note()
     if note:
         lines += [note, ""]
     rows, ok, longest = [], True, None
-    for s, d in _pairs():
+    for s, d in _pairs(names):
         x = aligned_source(base, s)
         p = plan(x, to=d)
         if longest is None or len(p.steps) > len(longest.steps):
