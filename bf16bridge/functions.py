@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, registry, trees
+from . import dtypes, fpenv, registry, trees
 from .adapters._base import Adapter
 from .convert import Fallback, _one, plan
 from .errors import (Bf16BridgeWarning, InputWrittenError, InvalidArgumentError, UnsupportedDtypeError,
@@ -51,7 +51,7 @@ class ForeignCall:
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "out_specs",
-                 "vmap_method", "memo", "caller", "_declared", "flat", "traced")
+                 "vmap_method", "memo", "caller", "_declared", "flat", "traced", "flushed")
 
     def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None, flat=False):
         self.fn = fn
@@ -72,6 +72,10 @@ class ForeignCall:
         self.memo: dict | None = None
         #: whether the caller is being traced (Adapter.traced, asked once a call: its hooks read this)
         self.traced = False
+        #: whether the thread that made the call flushes subnormals (fpenv): the callee, run later on a
+        #: thread of the caller's runtime that does (under jax.jit, in tf.function), computes as it
+        #: would have there, keeping them
+        self.flushed = fpenv.flushes()
 
     # -- the pieces every caller hook uses -----------------------------------------------
     # convert's hot path (_one) with its keywords as positions: copy, fallback, for_compute,
@@ -125,6 +129,12 @@ class ForeignCall:
         return [_one(y, to, None, fallback, False, "allow", "drop") for y in out_leaves]
 
     def forward(self, leaves, want_vjp: bool, to: str):
+        if not self.flushed and fpenv.flushes():  # on a runtime's thread that flushes subnormals
+            with fpenv.keeping():
+                return self._forward(leaves, want_vjp, to)
+        return self._forward(leaves, want_vjp, to)
+
+    def _forward(self, leaves, want_vjp: bool, to: str):
         callee_leaves = self._inputs(leaves)
         callee = registry.get(self.callee)
         # inputs are views of the caller's tensors: a callee writing into one that views immutable
@@ -203,6 +213,12 @@ class ForeignCall:
         says, a second order that does not cross: "drop" where the caller refuses that itself)."""
         if pullback is None:
             return [None] * len(self.diff)
+        if not self.flushed and fpenv.flushes():  # (as forward)
+            with fpenv.keeping():
+                return self._backward(pullback, cotangents, to, on_grad)
+        return self._backward(pullback, cotangents, to, on_grad)
+
+    def _backward(self, pullback, cotangents, to: str, on_grad: str):
         callee, fallback = self.callee, self.fallback
         cts = [None if c is None else _one(c, callee, None, fallback, False, "allow", on_grad) for c in cotangents]
         grads = pullback(cts)

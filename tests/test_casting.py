@@ -148,28 +148,33 @@ def test_every_cast_between_the_floats_gives_ml_dtypes_bits(framework, src, dst,
 
 
 @pytest.mark.frameworks("tensorflow")
-def test_tensorflow_casts_in_numpy_keep_the_gradient_or_say_why_they_cannot():
+@pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "tf.function"])
+def test_tensorflow_casts_in_numpy_keep_the_gradient(in_graph):
     """Where tf.cast gives other bits, the cast is ml_dtypes' in numpy with tf.cast's gradient,
-    eagerly (under a tape too). Inside a tf.function tensorflow's threads flush subnormals for numpy
-    as well (a numpy_function gave tf.cast's zeros): our error there, never the flushed bits."""
+    eagerly and inside a tf.function (under a tape too). There it runs on tensorflow's threads,
+    which flush subnormals for numpy as well (a numpy_function gave tf.cast's zeros): they are kept
+    for the cast (fpenv). Under jit_compile it cannot leave the compiled graph: our error."""
     from bf16bridge.adapters import tensorflow as tf_adapter
 
     import tensorflow as tf
 
+    assert not tf_adapter._rounds_as_ml_dtypes("float32", "float64")  # (else this tests nothing)
     a = np.array([1e-39, -3e-39, 1.5, 2.0], np.float32)
     want = bits(a.astype(np.float64))
     v = tf.Variable(a)
+
+    def cast(x):
+        out = bb.cast_tree({"w": x}, "float64", policy=())[0]["w"]
+        return out, tf.reduce_sum(out * tf.constant([1.0, 2.0, 3.0, 4.0], tf.float64))
+
+    run = tf.function(cast) if in_graph else cast
     with tf.GradientTape() as tape:
-        out = bb.cast_tree({"w": v}, "float64", policy=())[0]["w"]
-        loss = tf.reduce_sum(out * tf.constant([1.0, 2.0, 3.0, 4.0], tf.float64))
+        out, loss = run(v)
     np.testing.assert_array_equal(bits(out), want)
     np.testing.assert_array_equal(tape.gradient(loss, v).numpy(), [1, 2, 3, 4])
-    in_graph = tf.function(lambda x: bb.cast_tree({"w": x}, "float64", policy=())[0]["w"])
-    if tf_adapter._rounds_as_ml_dtypes("float32", "float64"):  # (no tensorflow tested so far)
-        np.testing.assert_array_equal(bits(in_graph(tf.constant(a))), want)
-    else:
-        with pytest.raises(bb.UnsupportedTypeError, match="flush subnormals.*cast outside the tf.function"):
-            in_graph(tf.constant(a))
+    if in_graph:
+        with pytest.raises(bb.UnsupportedTypeError, match="flush subnormals.*jit_compile"):
+            tf.function(cast, jit_compile=True)(tf.constant(a))
 
 
 @pytest.mark.parametrize("kw", [dict(dtype="float64"), dict(dtype="bfloat16", keep="w", keep_dtype="float64")],

@@ -350,6 +350,71 @@ def test_tf_caller_inside_tf_function_forward_and_grad():
     np.testing.assert_array_equal(bits(dw), bits(_callee_vjp("jax", w, x, ct)[0]))
 
 
+#: float32 subnormals (the smallest too) and a normal value: a thread that flushes makes them 0
+_SUBNORMALS = np.array([1e-39, -3e-39, 2.0**-149, 1.0], np.float32)
+
+
+def _scaled(callee):
+    """x * w in the callee's own API: with w of ones, x's subnormals come back only where kept."""
+    return lambda x, w: x * w
+
+
+@pytest.mark.parametrize("callee", ["numpy", "torch"])
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_callee_on_a_runtime_thread_keeps_subnormals_as_called_eagerly(caller, callee):
+    """Under jax.jit and in tf.function the callee runs on XLA's or tensorflow's threads, which flush
+    subnormals (FTZ/DAZ): a numpy or torch callee there computed 1e-39 * 1 as 0, where eagerly it
+    gives 1e-39. The bridge keeps them for the callee (fpenv), forward and, with a torch callee, in
+    its backward (the gradient with respect to w is x)."""
+    import warnings as _w
+
+    x, w = _SUBNORMALS, np.ones(4, np.float32)
+    fn = bb.bridge(callee)(_scaled(callee))
+    X, W = make(caller, x), make(caller, w)
+    want = bits(fn(X, W))  # eagerly, on this thread
+    np.testing.assert_array_equal(want, bits(x))
+    with _w.catch_warnings():
+        _w.simplefilter("ignore", bb.Bf16BridgeWarning)  # numpy has no autodiff: said, not asked here
+        if caller == "jax":
+            import jax
+
+            y = jax.jit(fn)(X, W)
+            g = jax.jit(jax.grad(lambda X, W: fn(X, W).sum(), argnums=1))(X, W) if callee == "torch" else None
+        else:
+            import tensorflow as tf
+
+            @tf.function
+            def step(X, W):
+                with tf.GradientTape() as tape:
+                    tape.watch(W)
+                    y = fn(X, W)
+                    loss = tf.reduce_sum(y)
+                return y, (tape.gradient(loss, W) if callee == "torch" else None)
+
+            y, g = step(X, W)
+    np.testing.assert_array_equal(bits(y), want)
+    if callee == "torch":
+        np.testing.assert_array_equal(bits(g), bits(x))
+
+
+@pytest.mark.frameworks("torch", "jax")
+def test_a_caller_that_flushes_on_purpose_is_left_flushing():
+    """torch.set_flush_denormal(True) on the calling thread: the callee flushes eagerly, and does
+    under jax.jit too (the state of the thread that made the call, not the default, is kept)."""
+    import jax
+    import torch
+
+    fn = bb.bridge("torch")(_scaled("torch"))
+    X, W = make("jax", _SUBNORMALS), make("jax", np.ones(4, np.float32))
+    assert torch.set_flush_denormal(True)
+    try:
+        eager, jitted = fn(X, W), jax.jit(fn)(X, W)
+    finally:
+        torch.set_flush_denormal(False)
+    np.testing.assert_array_equal(np.asarray(eager), [0, 0, 0, 1])
+    np.testing.assert_array_equal(bits(jitted), bits(eager))
+
+
 # -- bad use --------------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ finally:
         # (no cached decision to undo: an ignored warning is not recorded in __warningregistry__)
         warnings.filters.remove(_QUIET_IMPORT)  # type: ignore[attr-defined]
 
-from .. import dtypes, versions
+from .. import dtypes, fpenv, versions
 from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
 from . import _dlpack
 from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches, float_row, rounds_as_ml_dtypes
@@ -554,23 +554,38 @@ def _rounds_as_ml_dtypes(src: str, dst: str) -> bool:
 
 def _cast_in_numpy(x, dtype: str):
     """``x`` cast to row ``dtype`` by ml_dtypes in numpy, where tf.cast gives other bits, with
-    tf.cast's gradient (the cotangent cast back), eagerly: on this Python thread. Not inside a
-    tf.function: its ops run on tensorflow's threads, which flush subnormals for numpy too (a
-    tf.numpy_function's cast there gave tf.cast's zeros)."""
-    if not tf.executing_eagerly():
-        raise UnsupportedTypeError(
-            f"tensorflow {tf.__version__} casts {_name(x.dtype)} to {dtype} with other bits than ml_dtypes here (its "
-            "CPU kernels flush subnormals to zero), and inside a tf.function the cast cannot go through numpy "
-            "instead (tensorflow's threads flush them there too): cast outside the tf.function")
+    tf.cast's gradient (the cotangent cast back). Eagerly on this Python thread; inside a
+    tf.function through a numpy_function, which runs on tensorflow's threads: they flush subnormals
+    for numpy too, so the cast runs with them kept (fpenv), as it would on this thread."""
     to = dtypes.numpy_dtype(dtype)
+
+    def host(a):
+        with np.errstate(all="ignore"):  # NaN and overflow casts warn: the rounding defines them
+            return a.astype(to)
+
+    if tf.executing_eagerly():
+        def run(t):
+            with tf.device(t.device):
+                return tf.constant(host(t.numpy()))
+    else:
+        if _compiled_by_xla():
+            raise UnsupportedTypeError(
+                f"tensorflow {tf.__version__} casts {_name(x.dtype)} to {dtype} with other bits than ml_dtypes here "
+                "(its CPU kernels flush subnormals to zero), and inside tf.function(jit_compile=True) the cast "
+                "cannot go through numpy instead: cast outside the compiled function, or drop jit_compile")
+
+        def kept(a):
+            with fpenv.keeping():
+                return host(a)
+
+        def run(t):
+            y = tf.numpy_function(kept, [t], _tf_dtype(dtype), stateful=False)
+            y.set_shape(t.shape)
+            return y
 
     @tf.custom_gradient
     def cast(t):
-        with np.errstate(all="ignore"):  # NaN and overflow casts warn: the rounding defines them
-            host = t.numpy().astype(to)
-        with tf.device(t.device):
-            y = tf.constant(host)
-        return y, lambda dy: tf.cast(dy, t.dtype)
+        return run(t), lambda dy: tf.cast(dy, t.dtype)
 
     return cast(tf.convert_to_tensor(x))  # a Variable read here, under the caller's tape
 
