@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from ._autograph import plain_python
 from . import dtypes, registry, versions
 from .errors import InvalidArgumentError
 from .machine import CPU, Reader, read_cpu
@@ -452,6 +453,7 @@ _CACHE: dict = {}
 _LOCK = threading.Lock()
 
 
+@plain_python
 def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = False,
           trials: bool = True, devices: bool = True) -> Capabilities:
     """What this machine can do with bf16. Cached (``refresh=True`` probes again).

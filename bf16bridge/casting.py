@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ._autograph import plain_python
 from . import dtypes, registry, trees
 from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
 from .plans import size
@@ -378,6 +379,7 @@ def _head_rule(labels: Sequence[str], candidates: Sequence[bool], ndims: Sequenc
     return _Decide((rule,), labels)
 
 
+@plain_python
 def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | str] | None = None,
               keep_head: bool = False, keep_dtype: str | None = KEEP_DTYPE) -> tuple[T, CastReport]:
     """Cast the floating tensors of a tree to ``dtype``, each in its own framework, keeping
@@ -544,6 +546,7 @@ def _under(name: str, ancestor: str) -> bool:
     return name == ancestor or ancestor == "" or name.startswith(ancestor + ".")
 
 
+@plain_python
 def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_types=DEFAULT_KEEP_TYPES,
                 keep=None, keep_dtype: str | None = KEEP_DTYPE, inplace: bool = True,
                 autocast_kept: bool = True) -> tuple[M, CastReport]:

@@ -8,6 +8,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, overload
 
+from ._autograph import plain_python
 from . import registry, trees
 from .adapters._base import Adapter, UnalignedImport
 from .errors import (Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, DeviceError, InvalidArgumentError,
@@ -80,6 +81,7 @@ def _check(copy, fallback, for_compute, on_alias, on_grad) -> None:
         raise InvalidArgumentError("on_alias='copy' asks for a copy that copy=False forbids; choose one")
 
 
+@plain_python
 def plan(x, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
          for_compute: bool = False) -> Plan:
     """What ``convert(x, to, ...)`` with the same keywords would do, without doing it (a
@@ -107,6 +109,7 @@ def convert(x, to: Literal["tensorflow", "tf"], *, copy: bool | None = ..., fall
 @overload
 def convert(x, to: str, *, copy: bool | None = ..., fallback: Fallback = ...,
             for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> Any: ...
+@plain_python
 def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
     """Move tensor ``x`` to framework ``to`` ("numpy", "torch", "jax", "tensorflow" or an alias).
 
@@ -494,6 +497,7 @@ def _run(p: Plan, value, source: str, copy, dst_a):
     return value
 
 
+@plain_python
 def to_numpy(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
              on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> np.ndarray:
     """``convert(x, "numpy", ...)``"""
@@ -501,6 +505,7 @@ def to_numpy(x, *, copy: bool | None = None, fallback: Fallback = "error", for_c
                    on_alias=on_alias, on_grad=on_grad)
 
 
+@plain_python
 def to_torch(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
              on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> torch.Tensor:
     """``convert(x, "torch", ...)``"""
@@ -508,6 +513,7 @@ def to_torch(x, *, copy: bool | None = None, fallback: Fallback = "error", for_c
                    on_alias=on_alias, on_grad=on_grad)
 
 
+@plain_python
 def to_jax(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
            on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> jax.Array:
     """``convert(x, "jax", ...)``"""
@@ -515,6 +521,7 @@ def to_jax(x, *, copy: bool | None = None, fallback: Fallback = "error", for_com
                    on_alias=on_alias, on_grad=on_grad)
 
 
+@plain_python
 def to_tensorflow(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
                   on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> tf.Tensor:
     """``convert(x, "tensorflow", ...)``"""
@@ -528,6 +535,7 @@ T = TypeVar("T")
 OnUnsupported = Literal["raise", "keep"]
 
 
+@plain_python
 def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
                  for_compute: bool = False, on_alias: OnAlias = "warn", on_grad: OnGrad = "warn",
                  on_unsupported: OnUnsupported = "raise", unwrap: bool = False) -> T:
@@ -667,6 +675,7 @@ def _cannot_cross(x, to, fallback, for_compute) -> bool:
     return False
 
 
+@plain_python
 def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
               for_compute: bool = False) -> TreePlan:
     """What ``convert_tree(tree, to, ...)`` would do, leaf by leaf and in total, without doing it."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._autograph import plain_python
 from . import dtypes, fpenv, registry, trees
 from .adapters._base import Adapter
 from .convert import Fallback, _one, plan
@@ -408,6 +409,7 @@ def _caller_of(leaves, fn) -> str | None:
     return names.pop() if names else None
 
 
+@plain_python
 def bridge(framework: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
            vmap_method: str | None = None) -> Callable[[Callable], BridgedFunction]:
     """Declare the framework a function is written in, so tensors of any other can call it.

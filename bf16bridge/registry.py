@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._autograph import plain_python
 from .adapters._base import Adapter
 from .errors import FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError, UnsupportedTypeError
 
@@ -55,6 +56,7 @@ _DYNAMIC: dict[str, str] = {}
 _GENERATION = 0
 
 
+@plain_python
 def register_adapter(
     name: str,
     module: str | Adapter,
@@ -530,6 +532,7 @@ def _framework_of_type(t: type) -> str | None:
     return None
 
 
+@plain_python
 def framework_of(x) -> str:
     """The name of the framework whose tensor ``x`` is, without importing any framework."""
     name = tensor_framework(x)

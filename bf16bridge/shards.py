@@ -16,6 +16,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from ._autograph import plain_python
 from . import dtypes, kernels, registry
 from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
 from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
@@ -164,6 +165,7 @@ def _show(index: tuple[slice, ...]) -> str:
     return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
 
 
+@plain_python
 def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = None, copy: bool | None = None,
                    fallback: Fallback = "error", on_alias: OnAlias = "warn",
                    on_grad: OnGrad = "warn", compare_replicas: bool = True) -> Any:
@@ -230,6 +232,7 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     return result
 
 
+@plain_python
 def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = None, shape: Sequence[int] | None = None,
                 copy: bool | None = None, on_alias: OnAlias = "warn", compare_replicas: bool = True) -> Any:
     """One sharded tensor of framework ``to`` from shards (a ``Shards``, or ``Shard``s of any

@@ -43,3 +43,46 @@ def test_every_error_keeps_its_message_and_builtin_bases():
     assert isinstance(e, ImportError) and e.msg == "install the torch extra" and e.name == "torch"
     assert isinstance(errors.InvalidArgumentError("x"), TypeError) and isinstance(errors.CheckpointError("x"),
                                                                                    ValueError)
+
+
+# -- tf.function's autograph calls the library as it is -------------------------------------------
+
+def _public_functions():
+    import bf16bridge as bb
+
+    return [n for n in bb.__all__ if inspect.isfunction(getattr(bb, n))]
+
+
+def test_every_public_function_carries_autographs_marker():
+    """autograph rewrites every function a tf.function reaches unless it carries the marker: the
+    library's code was rewritten, and warned about a lazy import it could not transform."""
+    import bf16bridge as bb
+
+    names = _public_functions()
+    assert len(names) >= 20 and "cast_tree" in names and "convert" in names
+    assert [n for n in names if not hasattr(getattr(bb, n), "autograph_info__")] == []
+
+
+@pytest.mark.frameworks("tensorflow")
+def test_a_tf_function_calling_the_library_is_not_rewritten_by_autograph():
+    import os
+    import subprocess
+    import sys
+
+    code = """if True:
+        import numpy as np, tensorflow as tf
+        import bf16bridge as bb
+
+        @tf.function
+        def f(x):
+            out = bb.cast_tree({"w": x}, "float16", policy=())[0]["w"]
+            assert bb.framework_of(out) == "tensorflow"
+            return out
+
+        print(f(tf.constant(np.ones(3, np.float32))).dtype.name)
+    """
+    env = {**os.environ, "AUTOGRAPH_VERBOSITY": "3"}  # (what autograph converts, said once a function)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "float16"
+    assert "AutoGraph" not in run.stderr, run.stderr[-2000:]

@@ -10,12 +10,14 @@ import sys
 
 import numpy as np
 
+from .._autograph import plain_python
 from .. import dtypes
 from ..errors import InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
 from . import _numpy_registry
 from ._base import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
 
 
+@plain_python
 def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
     """An uninitialised C-ordered numpy array whose buffer starts on a 64-byte boundary.
 

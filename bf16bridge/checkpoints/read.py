@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from .._autograph import plain_python
 from .. import kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan, run_plan
@@ -367,11 +368,13 @@ def _kind(mode: int) -> str:
     return "no regular file"
 
 
+@plain_python
 def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - bb.open, as the issue asks
     """Open a safetensors file lazily: ``with bb.open(path) as f: f.get(key, to="torch")``."""
     return Checkpoint(path)
 
 
+@plain_python
 def load(path: str | os.PathLike, to: str = "numpy", *, nested: bool = False, copy: bool | None = None,
          fallback: Fallback = "error") -> dict:
     """Every tensor of a safetensors file, in framework ``to``, as ``{key: tensor}`` in file order

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._autograph import plain_python
 from .. import dtypes, kernels, registry
 from ..adapters.numpy import aligned_empty
 from ..convert import Fallback, convert, plan
@@ -186,6 +187,7 @@ def _nbytes(value, shape: tuple[int, ...], held: str) -> int:
         return math.prod(shape) * dtypes.itemsize(held)
 
 
+@plain_python
 def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = "auto", for_compute: bool = True,
                     device: str = "cpu", nested: bool = False, fallback: Fallback = "error") -> tuple[dict, LoadReport]:
     """Every tensor of a safetensors file in framework ``to``, in the dtype it should be used in there.

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .._autograph import plain_python
 from .. import dtypes, kernels, registry, trees
 from ..adapters.numpy import aligned_empty
 from ..convert import _warn, convert, plan
@@ -170,6 +171,7 @@ def _umask() -> int:
     return 0o022
 
 
+@plain_python
 def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
     """Write ``tree``'s tensors (any framework's, nested) to a safetensors file at ``path``.
 
