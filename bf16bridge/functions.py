@@ -234,16 +234,63 @@ class ForeignCall:
         shapes and dtypes (for callers that must declare results before running: jax under
         transformations, tensorflow graphs)."""
         if self.out_specs is None:
-            zeros = []
-            for x in leaves:
-                shape, dtype = shapes_dtypes(x)
-                zeros.append(np.zeros(shape, dtypes.numpy_dtype(dtype)))
-            outs, _ = self.forward(zeros, False, "numpy")
-            self.out_specs = [registry.get("numpy").shape_dtype(y) for y in outs]
+            inputs = [shapes_dtypes(x) for x in leaves]
+            try:
+                specs = self._specs_at(inputs, np.zeros)
+            except Exception as err:
+                err.add_note(
+                    f"(bf16bridge: the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} "
+                    "is being traced, and a traced caller declares its results before it runs: they are found by "
+                    "this call on zeros of the inputs' shapes and dtypes, which failed. Make the function accept "
+                    "zeros, or call it eagerly)")
+                raise
+            if any(0 in shape for shape, _ in specs) and any(0 not in shape for shape, _ in inputs):
+                # an empty result from non-empty inputs may be one whose shape depends on the values
+                # (a[a > 0] of zeros), and a computation may run no callback whose results are all
+                # empty: the shape is asked again on ones, and differs only where it depends on them
+                self._check_fixed(specs, inputs)
+            self.out_specs = specs
         assert self.out_specs is not None
         if self.caller is not None:
             self._check_held(self.out_specs)
         return self.out_specs
+
+    def _specs_at(self, inputs: list, fill: Callable) -> list:
+        """The output leaves' (shape, dtype name) for inputs of ``inputs``' (shape, dtype name),
+        filled by ``fill`` (np.zeros, np.ones)."""
+        outs, _ = self.forward([fill(shape, dtypes.numpy_dtype(dtype)) for shape, dtype in inputs], False, "numpy")
+        return [registry.get("numpy").shape_dtype(y) for y in outs]
+
+    def _check_fixed(self, specs: list, inputs: list) -> None:
+        try:
+            again = self._specs_at(inputs, np.ones)
+        except Exception:  # noqa: BLE001 - a function that refuses ones says nothing about its shapes
+            return
+        if again != specs:
+            i = next(i for i, (a, b) in enumerate(zip(specs, again)) if a != b) if len(again) == len(specs) else 0
+            raise self._not_declared(i, again[i] if i < len(again) else None, specs[i], "on ones")
+
+    def check_declared(self, outs, to: str) -> None:
+        """Our error where results ``outs`` (tensors of ``to``, from ``forward``) differ in shape or
+        dtype from the declared ones: a traced caller would take them as declared (tensorflow keeps the
+        declared static shape, jax raises its own "Incorrect output shape")."""
+        specs = self.out_specs
+        if specs is None:
+            return
+        shape_dtype = registry.get(to).shape_dtype
+        for i, (y, want) in enumerate(zip(outs, specs)):
+            got = shape_dtype(y)
+            if got != want:
+                raise self._not_declared(i, got, want, "here")
+
+    def _not_declared(self, i: int, got, want, where: str) -> UnsupportedTypeError:
+        show = (lambda sd: "nothing" if sd is None else f"{sd[1]} of shape {tuple(sd[0])}")
+        return UnsupportedTypeError(
+            f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
+            f"{show(got)} {where} (result leaf {i}), but {show(want)} when its results were declared (a traced "
+            f"caller, as {self.caller} is here, declares them before the function runs, by one call on zeros of "
+            "the inputs' shapes): a result whose shape depends on the inputs' values cannot cross a traced call. "
+            "Call the function eagerly, or return a shape fixed by the inputs' shapes (pad it, or return a mask)")
 
     def _check_held(self, specs: list) -> None:
         """Our error for a declared result the caller cannot hold (jax without 64-bit mode and

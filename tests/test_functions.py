@@ -415,6 +415,54 @@ def test_a_caller_that_flushes_on_purpose_is_left_flushing():
     np.testing.assert_array_equal(bits(jitted), bits(eager))
 
 
+def _traced(caller, fn):
+    """``fn`` run as ``caller`` traces it: under jax.jit, or in a tf.function."""
+    if caller == "jax":
+        import jax
+
+        return jax.jit(fn)
+    import tensorflow as tf
+
+    return tf.function(fn)
+
+
+@pytest.mark.filterwarnings("ignore:numpy has no autodiff")  # traced, every float input may want a gradient
+@pytest.mark.parametrize("callee", ["numpy", "torch"])
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_result_whose_shape_depends_on_the_values_is_refused_under_a_trace(caller, callee):
+    """A traced caller declares the results by a call on zeros. a[a > 0] of zeros is empty: jax ran no
+    callback for an all-empty result and handed back [] (the callee's real (3,) result and its side
+    effects gone), tensorflow kept the static shape 0 while the data had 3 values. Asked again on
+    ones, the shape differs: our error at trace time. a[a >= 0] is declared (4,) and gives (3,) when
+    it runs: our error there (inside the runtime's own error type), where tensorflow took it as (4,)."""
+    x = make(caller, np.array([1.0, -2.0, 3.0, 4.0], np.float32))
+    positive = bb.bridge(callee)(lambda a: (a * 2, a[a > 0]))
+    np.testing.assert_array_equal(np.asarray(bb.convert(positive(x)[1], "numpy")), [1, 3, 4])  # eagerly
+    with pytest.raises(bb.UnsupportedTypeError, match=r"\(4,\) on ones \(result leaf 1\), but float32 of shape "
+                                                      r"\(0,\) when its results were declared.*depends on the "
+                                                      "inputs' values"):
+        _traced(caller, positive)(x)
+    nonneg = bb.bridge(callee)(lambda a: a[a >= 0])
+    with pytest.raises(Exception, match=r"shape \(3,\) here \(result leaf 0\), but float32 of shape \(4,\)") as info:
+        bb.convert(_traced(caller, nonneg)(x), "numpy")
+    assert "UnsupportedTypeError" in str(info.value) or isinstance(info.value, bb.UnsupportedTypeError)
+
+
+@pytest.mark.parametrize("caller", ["jax", "tensorflow"])
+def test_a_callee_that_fails_on_zeros_under_a_trace_says_why_it_was_called_so(caller):
+    def inverse(a):
+        if not a.all():
+            raise ZeroDivisionError("a zero")
+        return 1 / a
+
+    fn = bb.bridge("torch")(inverse)
+    x = make(caller, np.array([1.0, 2.0], np.float32))
+    np.testing.assert_array_equal(np.asarray(bb.convert(fn(x), "numpy")), [1.0, 0.5])  # eagerly
+    with pytest.raises(ZeroDivisionError, match="a zero") as info:
+        _traced(caller, fn)(x)
+    assert any("declares its results before it runs" in n and "on zeros" in n for n in info.value.__notes__)
+
+
 # -- bad use --------------------------------------------------------------------------------
 
 

@@ -605,8 +605,14 @@ def _foreign_fn(call, leaves, shape_dtype):
     callback = functools.partial(_callback, call.vmap_method)
     n = len(leaves)
 
+    # results batched by vmap (the other vmap methods) are jax's to check
+    unbatched = call.vmap_method in (None, "sequential")
+
     def fwd_cb(*xs):
-        return call.forward(list(xs), False, "numpy")[0]
+        outs = call.forward(list(xs), False, "numpy")[0]
+        if unbatched:
+            call.check_declared(outs, "numpy")
+        return outs
 
     def bwd_cb(*a):
         given = dict(zip(inexact, a[n:]))

@@ -504,8 +504,12 @@ class TensorflowAdapter(Adapter):
 
         @tf.custom_gradient
         def graph(*xs):
-            outs = tf.py_function(lambda *a: call.forward(list(a), False, "tensorflow")[0], list(xs),
-                                  Tout=[_tf_dtype(d) for _, d in specs])
+            def run(*a):
+                got = call.forward(list(a), False, "tensorflow")[0]
+                call.check_declared(got, "tensorflow")  # (the graph keeps the declared static shapes)
+                return got
+
+            outs = tf.py_function(run, list(xs), Tout=[_tf_dtype(d) for _, d in specs])
             for o, (shape, _) in zip(outs, specs):
                 o.set_shape(shape)
 
