@@ -463,6 +463,69 @@ def test_a_callee_that_fails_on_zeros_under_a_trace_says_why_it_was_called_so(ca
     assert any("declares its results before it runs" in n and "on zeros" in n for n in info.value.__notes__)
 
 
+@pytest.mark.parametrize("callee", ["numpy", "jax", "tensorflow"])
+def test_torch_forward_mode_through_a_bridged_call_is_refused_not_lost(callee):
+    """A dual tensor (torch.autograd.forward_ad) crossed as its primal: the result had no tangent,
+    silently, where torch's own function gives one."""
+    import torch
+    import torch.autograd.forward_ad as fwAD
+
+    fn = bb.bridge(callee)(lambda w: w * 2)
+    with fwAD.dual_level():
+        w = fwAD.make_dual(torch.ones(3), torch.ones(3))
+        with pytest.raises(bb.UnsupportedTypeError, match="dual tensor.*forward_ad.*reverse mode"):
+            fn(w)
+        with pytest.warns(bb.Bf16BridgeWarning, match="forward-mode tangent"):  # convert says it drops it
+            bb.convert(w, "numpy")
+        np.testing.assert_array_equal(bb.convert(w, "numpy", on_grad="drop"), [1, 1, 1])
+        with pytest.raises(bb.UnsupportedTypeError, match="forward-mode tangent"):
+            bb.convert(w, "numpy", on_grad="error")
+        plain = torch.ones(3)  # (no tangent: as ever, at once and without a word)
+        np.testing.assert_array_equal(bits(fn(plain)), bits(torch.full((3,), 2.0)))
+
+
+@pytest.mark.frameworks("tensorflow")
+@pytest.mark.parametrize("callee", ["jax", "torch"])
+def test_tf_forward_accumulator_through_a_bridged_call_is_refused_not_lost(callee):
+    """acc.jvp of a bridged call's result was None (zeros with unconnected_gradients=ZERO): the
+    accumulator watched the input, no tape did, so the callee ran without a gradient rule."""
+    import tensorflow as tf
+
+    fn = bb.bridge(callee)(lambda w: w * 2)
+    w = tf.constant([1.0, 2.0])
+    with tf.autodiff.ForwardAccumulator(w, tf.ones_like(w)):
+        with pytest.raises(bb.UnsupportedTypeError, match="ForwardAccumulator.*reverse mode"):
+            fn(w)
+    v = tf.Variable([1.0, 2.0])
+    with tf.autodiff.ForwardAccumulator(v, tf.ones_like(v)), tf.GradientTape():
+        with pytest.raises(bb.UnsupportedTypeError, match="ForwardAccumulator"):
+            fn(v)
+    np.testing.assert_array_equal(fn(w).numpy(), [2.0, 4.0])  # none active: as ever
+
+
+@pytest.mark.frameworks("torch", "tensorflow")
+def test_torch_caller_tf_callee_asks_the_pullback_twice():
+    """backward(retain_graph=True) then a second backward, or two autograd.grad over one graph:
+    tensorflow's non-persistent tape raised its raw "can only be used to compute one set of
+    gradients" on the second. The tape is persistent, freed with torch's graph."""
+    import tensorflow as tf
+    import torch
+
+    fn = bb.bridge("tensorflow")(lambda w: tf.reduce_sum(tf.sin(w) * w))
+    w = torch.linspace(-1, 1, 4, requires_grad=True)
+    y = fn(w)
+    y.backward(retain_graph=True)
+    once = w.grad.clone()
+    y.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), (2 * once).numpy())
+    w2 = torch.linspace(-1, 1, 4, requires_grad=True)
+    y2 = fn(w2)
+    a, = torch.autograd.grad(y2 * 2, w2, retain_graph=True)
+    b, = torch.autograd.grad(y2 * 3, w2)
+    np.testing.assert_allclose((a / 2).numpy(), (b / 3).numpy(), rtol=1e-6)
+    np.testing.assert_allclose((a / 2).numpy(), once.numpy(), rtol=1e-6)
+
+
 # -- bad use --------------------------------------------------------------------------------
 
 

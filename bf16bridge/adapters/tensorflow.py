@@ -454,7 +454,14 @@ class TensorflowAdapter(Adapter):
     def differentiable_leaves(self, leaves, traced):
         # eagerly (traced: not tf.executing_eagerly(), asked once a call), no tape or accumulator
         # active on this thread (one C call), or none that watches any of them: one question for all
-        if not traced and (_no_tape() or not _recording(leaves)):
+        if not traced and _no_tape():
+            return [False] * len(leaves)
+        if _forward_watched(leaves):
+            raise UnsupportedTypeError(
+                "a bridged function called with a tensor that a tf.autodiff.ForwardAccumulator watches: "
+                "forward-mode tangents do not cross to another framework, and would be lost (acc.jvp gave None); "
+                "take the gradient in reverse mode (tf.GradientTape) instead")
+        if not traced and not _recording(leaves):
             return [False] * len(leaves)
         return [self.differentiable(x) for x in leaves]
 
@@ -530,7 +537,10 @@ class TensorflowAdapter(Adapter):
         return list(graph(*leaves))
 
     def vjp(self, fn, leaves, diff):
-        with tf.GradientTape() as tape:
+        # persistent: a caller may ask the pullback again (torch's backward(retain_graph=True), then a
+        # second; two autograd.grad calls over one graph), as jax's vjp and a torch callee (retain_graph)
+        # allow; the tape lives as long as the pullback, which the caller's graph holds
+        with tf.GradientTape(persistent=True) as tape:
             for x, d in zip(leaves, diff):
                 if d:
                     tape.watch(x)
@@ -641,6 +651,16 @@ def _recording(leaves) -> bool:
     # a tf.Variable is read under the tape by call_foreign: ask about what will be read
     return bool(record.should_record_backprop([tf.identity(x) if isinstance(x, tf.Variable) else x
                                                for x in leaves]))
+
+
+def _forward_watched(leaves) -> bool:
+    """Whether a ForwardAccumulator has a tangent for any of ``leaves`` (a Variable: for its read)."""
+    try:
+        from tensorflow.python.eager import forwardprop_util
+    except ImportError:  # pragma: no cover - every tensorflow tested has it
+        return False
+    reads = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
+    return bool(forwardprop_util.pack_tangents(reads).tangents)
 
 
 def _unrecorded(op, x):

@@ -10,6 +10,7 @@ import operator
 import weakref
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from .. import dtypes, versions
@@ -245,6 +246,7 @@ class TorchAdapter(Adapter):
         return tuple((d, *_narrow_matmul(dt, d)) for d in devices)
 
     name = "torch"
+    grad_words = "requires grad, or has a forward-mode tangent (torch.autograd.forward_ad)"
     dlpack_accepts = STRIDED  # negative strides abort the process in torch.from_dlpack
     label_bitview = "Tensor.view(torch.{dtype})"
     label_import = "torch.from_dlpack"
@@ -301,6 +303,9 @@ class TorchAdapter(Adapter):
         if grad:
             x = x.detach()
             notes = ("the tensor requires grad: its data crosses, detached; gradients do not cross",)
+        elif _dual(x):
+            grad, x = True, x.detach()
+            notes = ("the tensor has a forward-mode tangent: its data crosses, detached; the tangent does not cross",)
         must_copy = None
         if x.is_conj() or x.is_neg():
             must_copy = "the tensor has a pending conj/neg bit, which only a copy can resolve"
@@ -327,7 +332,8 @@ class TorchAdapter(Adapter):
 
     def fast_key(self, x, alignment):
         # describe detaches, restrides or refuses these: the full path
-        if x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape:
+        if (x.requires_grad or x.is_nested or x.layout is not torch.strided or x.is_meta or 1 in x.shape
+                or _forward_ad._current_level >= 0):  # (inside a dual_level: describe asks for a tangent)
             return None
         if type(x) is not torch.Tensor and type(x) is not _Parameter:  # a DTensor, a fake or wrapper subclass:
             return None  # describe decides (a frozen Parameter is a plain tensor: the check below holds for it)
@@ -457,6 +463,11 @@ class TorchAdapter(Adapter):
                 "transform (grad, vmap, jacrev, vjp, ...): its tensors are torch.func's wrappers, which hold "
                 "no data to hand to another framework; call it under torch.autograd instead (loss.backward(), "
                 "torch.autograd.grad), one example at a time for vmap")
+        if _forward_ad._current_level >= 0 and any(_dual(x) for x in leaves):
+            raise UnsupportedTypeError(
+                f"the bridged function {getattr(call.fn, '__qualname__', call.fn)!r} called with a dual tensor "
+                "(torch.autograd.forward_ad): forward-mode tangents do not cross to another framework, and would be "
+                "lost; take the gradient in reverse mode (loss.backward(), torch.autograd.grad) instead")
         if not any(call.diff):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
@@ -829,6 +840,11 @@ def _dispatches(x) -> bool:
 
 
 #: torch.func (functorch) transforms active now (a private probe, where this torch has it)
+def _dual(x) -> bool:
+    """Whether ``x`` has a forward-mode tangent at the current level (only inside a dual_level)."""
+    return _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None
+
+
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 #: a tensor torch.func wrapped (a plain tensor captured by the transformed function is not, and
 #: crosses as any other); where this torch cannot tell, every tensor under a transform counts
