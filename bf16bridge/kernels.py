@@ -128,11 +128,14 @@ def _flat_bits(a: np.ndarray, width: int, what: str) -> np.ndarray:
     return a.reshape(-1).view(bits)
 
 
-def _out(out, shape, dtype, what: str) -> np.ndarray:
+def _out(out, shape, dtype, what: str, src: np.ndarray) -> np.ndarray:
     if out is None:
         return np.empty(shape, dtype=dtype)
     if out.shape != tuple(shape) or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidArgumentError(f"{what}: out must be a writable C-contiguous {dtype} array of shape {tuple(shape)}")
+    if np.may_share_memory(out, src):  # chunks (and threads) write results over inputs not yet read
+        raise InvalidArgumentError(f"{what}: out overlaps the input's memory, which the conversion would overwrite "
+                                   "before reading it; pass a separate array, or leave out= out")
     return out
 
 
@@ -173,7 +176,7 @@ def to_float32(x, *, dtype=None, out=None, chunk: int = CHUNK, backend: str = "a
     if name not in (None, "bfloat16") or _NARROW_DTYPES.get(a.dtype, "bfloat16") != "bfloat16":
         return _widen_narrow(a, name, out, chunk, backend, threads, progress)
     src = _flat_bits(a, 16, "to_float32")
-    result = _out(out, a.shape, _F32, "to_float32")
+    result = _out(out, a.shape, _F32, "to_float32", src)
     dst = result.reshape(-1).view(np.uint32)
     _run(True, backend, src, dst, chunk, threads, _Progress(src.size, "bf16 -> float32", progress))
     return result
@@ -189,7 +192,7 @@ def to_bf16(x, *, out=None, chunk: int = CHUNK, backend: str = "auto", threads: 
     a = np.asarray(x)
     src = _flat_bits(a, 32, "to_bf16")
     bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else _U16
-    result = _out(out, a.shape, bf16, "to_bf16")
+    result = _out(out, a.shape, bf16, "to_bf16", src)
     dst = result.reshape(-1).view(np.uint16)
     _run(False, backend, src, dst, chunk, threads, _Progress(src.size, "float32 -> bf16", progress))
     return result
@@ -661,7 +664,7 @@ def to_dtype(x, dtype, *, saturate: bool = False, out=None, chunk: int = CHUNK, 
     if name == "bfloat16":
         return _to_bf16_from(src, saturate, out, chunk, backend, threads, progress)
     nd = numpy_dtype_of(name)
-    result = _out(out, src.shape, nd if nd is not None else _U8, "to_dtype")
+    result = _out(out, src.shape, nd if nd is not None else _U8, "to_dtype", src)
     kernel = _narrow_kernel(name, _narrow_backend(backend, name, nd), saturate, nd)
     _spread(kernel, False, src.reshape(-1), result.reshape(-1).view(_U8), chunk, threads,
             _Progress(src.size, lambda: f"{src.dtype.name} -> {name}", progress))
@@ -702,7 +705,7 @@ def _widen_narrow(a: np.ndarray, name: str | None, out, chunk, backend, threads,
         raise CopyRequiredError("to_float32 takes a C-contiguous array; pass np.ascontiguousarray(x) (a copy)")
     nd = numpy_dtype_of(name)
     kernel = _narrow_kernel(name, _narrow_backend(backend, name, nd, widen=True), None, nd)
-    result = _out(out, a.shape, _F32, "to_float32")
+    result = _out(out, a.shape, _F32, "to_float32", a)
     _spread(kernel, False, a.reshape(-1).view(_U8), result.reshape(-1).view(_U32), chunk, threads,
             _Progress(a.size, f"{name} -> float32", progress))
     return result
@@ -721,7 +724,7 @@ def _to_bf16_from(src, saturate, out, chunk, backend, threads, progress) -> np.n
         inner(f.view(np.uint32), d)
 
     bf16 = dtypes.bfloat16 if dtypes.bfloat16 is not None else np.dtype(np.uint16)
-    result = _out(out, src.shape, bf16, "to_dtype")
+    result = _out(out, src.shape, bf16, "to_dtype", src)
     _spread(kernel, threaded, src.reshape(-1), result.reshape(-1).view(np.uint16), chunk, threads,
             _Progress(src.size, lambda: f"{src.dtype.name} -> bfloat16", progress))
     return result
@@ -795,7 +798,7 @@ def pack_nibbles(a, *, out=None) -> np.ndarray:
             f"(pad it: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 1)]), and keep the logical length)")
     bits = _nibble_source(a, "pack_nibbles")
     shape = (*a.shape[:-1], a.shape[-1] // 2)
-    result = _out(out, shape, np.dtype(np.uint8), "pack_nibbles")
+    result = _out(out, shape, np.dtype(np.uint8), "pack_nibbles", bits)
     # each pair read as one little-endian uint16, the first value in its low byte (no strided access:
     # about twice as fast as a byte at a time); a copy only for a non-contiguous input
     pairs = np.ascontiguousarray(bits).reshape(-1).view(_PAIR)
@@ -827,7 +830,7 @@ def unpack_nibbles(bits, dtype, *, out=None) -> np.ndarray:
         raise InvalidArgumentError("unpack_nibbles needs an array with a last dimension; got a 0-d array")
     nd = np.dtype(np.uint8) if name == "uint8" else numpy_dtype_of(name)
     result = _out(out, (*b.shape[:-1], b.shape[-1] * 2), nd if nd is not None else np.dtype(np.uint8),
-                  "unpack_nibbles")
+                  "unpack_nibbles", b)
     src = np.ascontiguousarray(b).reshape(-1)
     pairs = result.reshape(-1).view(np.uint8).view(_PAIR)  # as pack_nibbles reads them
     hi = np.empty(min(BLOCK, src.size), np.uint16)
