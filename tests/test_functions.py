@@ -230,6 +230,35 @@ def test_jax_vmap_needs_a_declared_batching_rule():
             jax.vmap(expanded, in_axes=(None, 0))(W, X)
 
 
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("method", ["sequential", "expand_dims", "broadcast_all", "legacy_vectorized"])
+def test_jax_vmap_gradients_under_every_vmap_method(method):
+    """Gradients under vmap, per example and through it, for an elementwise callee that takes batch
+    dimensions: expand_dims and legacy_vectorized gave torch's and jax's raw shape errors (the backward
+    ran with a size-1 batch dimension for the unbatched input); its callback now broadcasts."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal(8), jnp.float32)
+    X = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
+    native = lambda w, x: jnp.tanh(jnp.sin(x) * w)  # noqa: E731
+    fn = bb.bridge("torch", vmap_method=method)(lambda w, x: torch.tanh(torch.sin(x) * w))
+    if not bb.probe().frameworks["jax"].facts["pure_callback vmap_method"][0] and method != "sequential":
+        with pytest.raises(bb.UnsupportedTypeError, match="upgrade jax"):  # (jax 0.4.30: one batching rule)
+            jax.vmap(jax.grad(lambda w, x: fn(w, x).sum()), (None, 0))(w, X)
+        return
+    for transform in (lambda f: jax.vmap(f, (None, 0))(w, X),
+                      lambda f: jax.vmap(jax.grad(lambda w, x: f(w, x).sum()), (None, 0))(w, X),
+                      lambda f: jax.vmap(jax.grad(lambda w, x: f(w, x).sum(), 1), (None, 0))(w, X),
+                      lambda f: jax.grad(lambda w: jax.vmap(f, (None, 0))(w, X).sum())(w),
+                      lambda f: jax.jit(jax.vmap(jax.grad(lambda w, x: f(w, x).sum()), (None, 0)))(w, X)):
+        want, got = np.asarray(transform(native)), np.asarray(transform(fn))
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)  # (torch's sin and tanh, not XLA's)
+
+
 @pytest.mark.frameworks("tensorflow")
 @pytest.mark.parametrize("callee", ["torch", "jax"])
 def test_tf_caller_a_tape_opened_between_two_calls_is_seen(callee):

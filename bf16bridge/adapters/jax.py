@@ -603,6 +603,13 @@ def _foreign_fn(call, leaves, shape_dtype):
     wanted = [i for i, d in enumerate(call.diff) if d]
     inexact = [i for i, a in enumerate(out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
     callback = functools.partial(_callback, call.vmap_method)
+    # the backward's callback: under expand_dims (and legacy_vectorized) an input that vmap does not
+    # batch comes in with a size-1 batch dimension, and its gradient must too; computed from a
+    # cotangent with the full batch it came out full (torch's and jax's raw shape errors). Broadcast,
+    # every gradient is the batch's, which vmap's own transpose then sums for unbatched inputs; a
+    # callee that takes size-1 dimensions (what those methods ask of it) takes full ones
+    back = functools.partial(_callback, "broadcast_all" if call.vmap_method in ("expand_dims", "legacy_vectorized")
+                             else call.vmap_method)
     n = len(leaves)
 
     # results batched by vmap (the other vmap methods) are jax's to check
@@ -630,7 +637,7 @@ def _foreign_fn(call, leaves, shape_dtype):
     # (jax's own says only that a pure_callback has no JVP)
     @jax.custom_jvp
     def bwd(*a):
-        return tuple(callback(bwd_cb, [in_avals[i] for i in wanted], *a))
+        return tuple(back(bwd_cb, [in_avals[i] for i in wanted], *a))
 
     @bwd.defjvp
     def bwd_jvp(primals, tangents):
