@@ -185,7 +185,7 @@ def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | 
         narrow = dtypes.NARROW.get(s.dtype)
         if narrow is not None and narrow in goal and a.narrows and s.host:
             yield 2, Step("narrow", a.name, f"narrow to {narrow}, checked", narrow, True,
-                          f"fallback='auto': every value fits in {narrow}",
+                          f"fallback='auto': narrowed where every value fits in {narrow} (checked)",
                           run=partial(a.narrow, dtype=narrow)), _fresh(a, narrow, s.host)
         if s.carries is None and s.host:
             for w in _widenings(s.dtype):
@@ -337,7 +337,8 @@ def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device:
         narrow = dtypes.NARROW[dtype]
         return ((frozenset([dtype]), None, False),
                 (frozenset([narrow]), f"{narrow} (fallback='auto': {target} cannot hold {dtype} here; "
-                                      f"narrowed after checking that every value fits in {narrow})", False))
+                                      f"narrowed where every value fits in {narrow}, checked when converting: "
+                                      "otherwise UnsupportedDtypeError)", False))
     return _fixed_attempts(dtype, target, fallback)
 
 
@@ -356,10 +357,12 @@ def _fixed_attempts(dtype: str, target: str, fallback: str) -> tuple:
         out += ((frozenset([twin]), f"{twin} ({why}; the same values {how})", False),)
     wide = _widenings(dtype)
     if fallback == "auto" and row.family == "narrow":
-        out += tuple((frozenset([w]), f"{w} (fallback='auto': {why}; {w} holds every {dtype} value exactly)", False)
+        out += tuple((frozenset([w]), f"{w} (fallback='auto': {why}; {w} holds every {dtype} value exactly, "
+                                      "NaN payloads aside)", False)
                      for w in wide)
     elif fallback == "float32" and "float32" in wide:
-        out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly)", False),)
+        out += ((frozenset(["float32"]), f"float32 (fallback='float32': {why}; widened exactly, NaN payloads "
+                                         "aside)", False),)
     elif fallback == "bits" and row.carrier is not None:
         out += ((frozenset([row.carrier]), f"{row.carrier} (fallback='bits': {why}; raw bit patterns)", True),)
     return out

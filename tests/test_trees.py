@@ -339,6 +339,9 @@ def test_auto_narrows_64_bit_integers_for_jax_only_when_every_value_fits():
     assert out["num_batches_tracked"].dtype == np.int32 and int(out["num_batches_tracked"]) == 0
     p = bb.plan(np.array([1, 2], np.int64), "jax", fallback="auto")
     assert p.dtype_out == "int32" and "every value fits" in p.decision
+    # the plan cannot know the values it will meet: it says the narrowing is conditional
+    big = bb.plan(np.array([2**40, 1], np.int64), "jax", fallback="auto")
+    assert "checked when converting: otherwise UnsupportedDtypeError" in big.decision
     edge = np.array([2**31 - 1, -(2**31)], np.int64)
     np.testing.assert_array_equal(np.asarray(bb.to_jax(edge, fallback="auto")), edge)
     for too_big in (np.array([2**31], np.int64), np.array([-(2**31) - 1], np.int64)):
