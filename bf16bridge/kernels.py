@@ -792,7 +792,10 @@ def pack_nibbles(a, *, out=None) -> np.ndarray:
     2i + 1 in the high one. The last dimension halves and must be even. Takes float4_e2m1fn,
     int4 or uint4 arrays (ml_dtypes keeps one value a byte, in the low nibble) or uint8 nibbles."""
     a = np.asarray(a)
-    if a.ndim == 0 or a.shape[-1] % 2:
+    if a.ndim == 0:
+        raise InvalidArgumentError("pack_nibbles packs pairs along the last dimension; got a 0-d array "
+                                   "(pass a.reshape(1) padded to two values: np.pad(a.reshape(1), [(0, 1)]))")
+    if a.shape[-1] % 2:
         raise InvalidArgumentError(
             f"pack_nibbles packs pairs along the last dimension, which must be even; got shape {a.shape} "
             f"(pad it: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 1)]), and keep the logical length)")

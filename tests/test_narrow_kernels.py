@@ -343,6 +343,8 @@ def test_extra_memory_is_bounded_by_a_chunk():
      r"to_float32\(dtype='uint4'\) takes a uint4 array or its uint8 bits"),
     (lambda: kernels.pack_nibbles(np.zeros((2, 3), _dt("int4"))), bb_errors.InvalidArgumentError,
      r"last dimension, which must be even; got shape \(2, 3\) \(pad it"),
+    (lambda: kernels.pack_nibbles(np.zeros((), _dt("int4"))), bb_errors.InvalidArgumentError,  # (its own way out)
+     r"got a 0-d array \(pass a.reshape\(1\) padded"),
     (lambda: kernels.pack_nibbles(np.array([1, 16], np.uint8)), bb_errors.InvalidArgumentError,
      "must hold 0..15; this one holds 16"),
     (lambda: kernels.pack_nibbles(np.zeros(2, _dt("float8_e4m3fn"))), bb_errors.UnsupportedDtypeError,

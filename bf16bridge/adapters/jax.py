@@ -145,7 +145,8 @@ def _host_cast(src_dtype: np.dtype, dst: str) -> bool:
     return src != dst and float_row(src) and float_row(dst) and not _rounds_as_ml_dtypes(src, dst)
 
 
-_DELETED = "this jax array was deleted (donated); it has no data to move"
+_DELETED = ("this jax array was deleted (donated to a jit with donate_argnums, or .delete()); it has no data to "
+            "move: convert the array the donating call returned, or convert (or copy) this one before donating it")
 
 
 def _packs_copy(layout, aligned):
