@@ -480,6 +480,11 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
 # -- modules ---------------------------------------------------------------------------------------
 
 def _adapter_for_module(model):
+    held = registry.held_by_library(model)
+    if held is not None:  # a Keras model, under its torch backend a torch Module too: its weights sit
+        # in the model's own parameter dict, not on its layers, so keep_types would miss its norms
+        raise UnsupportedTypeError(f"cast_module: {held}; cast them with cast_tree(model.weights), whose "
+                                   "name policy keeps the norms by their Keras paths")
     for adapter in registry.imported():
         mods = adapter.submodules(model)
         if mods is not None:

@@ -253,17 +253,26 @@ def register_holder(requires: str, function: str) -> None:
     _HOLDERS[requires] = function
 
 
-def not_a_tensor(x) -> str | None:
-    """What an object that holds tensors but is no tensor of any framework is, and the way out
-    (a torch model, a tensorflow ragged or sparse tensor, a Keras layer: ``register_holder``'s
-    libraries, then ``Adapter.not_a_tensor`` of the frameworks already imported), or None.
-    Imports no framework."""
+def held_by_library(x) -> str | None:
+    """What ``x`` is, and the way out, where a ``register_holder`` library (Keras) says it holds
+    tensors of its own (a Keras layer; also a torch ``nn.Module`` under Keras's torch backend), or None."""
     for requires, function in _HOLDERS.items():
         if requires in sys.modules:
             mod_name, _, fn = function.partition(":")
             why = getattr(importlib.import_module(mod_name), fn)(x)
             if why is not None:
                 return why
+    return None
+
+
+def not_a_tensor(x) -> str | None:
+    """What an object that holds tensors but is no tensor of any framework is, and the way out
+    (a torch model, a tensorflow ragged or sparse tensor, a Keras layer: ``register_holder``'s
+    libraries, then ``Adapter.not_a_tensor`` of the frameworks already imported), or None.
+    Imports no framework."""
+    why = held_by_library(x)
+    if why is not None:
+        return why
     for adapter in imported():
         why = adapter.not_a_tensor(x)
         if why is not None:

@@ -1363,3 +1363,36 @@ def test_cast_tree_under_jit_gives_ml_dtypes_bits_or_says_why_it_cannot():
             traced(jnp.asarray(a))
     else:
         np.testing.assert_array_equal(np.asarray(traced(jnp.asarray(a))).view(np.uint16), want)
+
+
+@pytest.mark.libraries("keras")
+@pytest.mark.frameworks("torch")
+def test_cast_module_of_a_keras_model_under_its_torch_backend_points_to_cast_tree():
+    """Under Keras's torch backend a Keras model is a torch Module whose weights sit in the model's own
+    parameter dict, not on its layers: keep_types missed its LayerNormalization, whose gamma and beta
+    were cast to bf16 without a word. Refused, naming cast_tree(model.weights), as on the other backends."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os
+        os.environ["KERAS_BACKEND"] = "torch"
+        import keras, bf16bridge as bb
+        inp = keras.Input((8,))
+        x = keras.layers.LayerNormalization(name="layer_normalization")(keras.layers.Dense(16)(inp))
+        model = keras.Model(inp, keras.layers.Dense(4)(x))
+        try:
+            bb.cast_module(model, "bfloat16")
+        except bb.UnsupportedTypeError as err:
+            print("refused:", err)
+        print([str(w.value.dtype) for w in model.weights])
+        out, report = bb.cast_tree(model.weights, "bfloat16")
+        print([r.action for r in report.leaves])
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and len(lines) == 3, run.stderr[-2000:]
+    assert lines[0].startswith("refused: cast_module: ") and "cast_tree(model.weights)" in lines[0]
+    assert set(eval(lines[1])) == {"torch.float32"}  # nothing was cast before the refusal
+    assert eval(lines[2]).count("kept") == 2  # the norm's gamma and beta, by their Keras paths
