@@ -147,13 +147,15 @@ class Capabilities:
         arithmetic (the CPU, or a device the framework reports).
         """
         if widen_to not in ("float32", "bits"):
-            raise ValueError(f"widen_to must be 'float32' or 'bits'; got {widen_to!r}")
+            raise InvalidArgumentError(f"widen_to must be 'float32' or 'bits'; got {widen_to!r}")
+        if not isinstance(device, str):
+            raise InvalidArgumentError(f"device must be a str ('cpu', 'cuda:0', ...); got {device!r}")
         target = registry.resolve(target)
         held = self._cannot_hold(target)
         if held:
             return Decision(widen_to, f"{target} cannot hold bf16 here: {held}")
         if for_compute:
-            if device == "cpu":
+            if _on_cpu(device):  # ("cpu:0" and "CPU" too: they were taken as an unknown device, and kept bf16)
                 if not self.cpu.bf16_compute:
                     return Decision(widen_to, f"for compute on this CPU, which has no bf16 arithmetic "
                                               f"({self.cpu.why}); float32 holds every bf16 value exactly")
@@ -161,8 +163,10 @@ class Capabilities:
             dev = self._device(device)
             if dev is not None and dev.bf16_compute is False:
                 return Decision(widen_to, f"for compute on {dev.name}, which has no bf16 arithmetic ({dev.why})")
-            why = dev.why if dev is not None else "its bf16 support was not probed"
-            return Decision("bfloat16", f"{target} holds bf16 on {device} ({why})")
+            if dev is None:
+                return Decision("bfloat16", f"{target} holds bf16; no framework here reports a device {device!r}, "
+                                            "so its bf16 arithmetic is not known: the data stays bf16")
+            return Decision("bfloat16", f"{target} holds bf16 on {device} ({dev.why})")
         return Decision("bfloat16", f"{target} holds bf16 here" + (
             f" ({self.numpy.bf16_storage_why})" if target == "numpy" else ""))
 
@@ -512,3 +516,9 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
         with _LOCK:
             _CACHE[(*key, trials, devices)] = caps
     return caps
+
+
+def _on_cpu(device: str) -> bool:
+    """Whether ``device`` names the CPU ("cpu", "cpu:0", "CPU"; the adapters say "cpu")."""
+    name, _, index = device.lower().partition(":")
+    return name == "cpu" and (not index or index.isdecimal())

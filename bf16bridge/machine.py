@@ -196,6 +196,11 @@ def read_cpu(reader: Reader) -> CPU:
                 found.add("bf16")
         flags_t = tuple(f for f in _ARM_FLAGS if f in found)
         bf16 = "bf16" in flags_t
-        why = f"FEAT_BF16 present ({source})" if bf16 else f"no FEAT_BF16 ({source})"
+        if bf16:
+            why = f"FEAT_BF16 present ({source})"
+        elif source == "cpuinfo" and not info:  # nothing read: no cpuinfo, no HWCAP2, no sysctl (Windows)
+            why = "could not read the CPU features (no /proc/cpuinfo, HWCAP2 or sysctl)"
+        else:
+            why = f"no FEAT_BF16 ({source})"
         return CPU(arch, system, reader.cpu_count(), flags_t, bf16, why)
     return CPU(arch, system, reader.cpu_count(), (), False, f"bf16 arithmetic on {arch} is not known to this probe")

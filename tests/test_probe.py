@@ -60,6 +60,8 @@ X86_PLAIN = "fpu sse avx2 avx512f"
     (FakeReader("aarch64", "fp asimd", hwcap2=1 << 14), True, "FEAT_BF16 present (HWCAP2)"),
     (FakeReader("aarch64", "fp asimd", hwcap2=0), False, "no FEAT_BF16 (HWCAP2)"),
     (FakeReader("riscv64", ""), False, "not known"),
+    # nothing readable (said "no FEAT_BF16 (cpuinfo)", a fact it never read)
+    (type("Unread", (FakeReader,), {"cpuinfo": lambda self: ""})("aarch64"), False, "could not read the CPU features"),
 ])
 def test_cpu_bf16_compute(reader, compute, why):
     caps = bb.probe(reader=reader)
@@ -69,6 +71,24 @@ def test_cpu_bf16_compute(reader, compute, why):
     assert d.dtype == ("bfloat16" if compute else "float32")
     assert (why in d.reason) and d.reason
     assert caps.decide("numpy").dtype == "bfloat16"  # storage alone never needs widening
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", "CPU", "Cpu:1"])
+def test_for_compute_on_the_cpu_by_any_spelling_is_the_cpu(device):
+    """cpu:0 and CPU were taken as an unknown device: bf16 on a CPU without bf16 arithmetic."""
+    caps = bb.probe(reader=FakeReader("x86_64", X86_PLAIN))
+    d = caps.decide("numpy", for_compute=True, device=device)
+    assert d.dtype == "float32" and "no AVX512_BF16" in d.reason
+
+
+def test_decide_says_what_it_does_not_know_and_refuses_bad_arguments():
+    caps = bb.probe(reader=FakeReader("x86_64", X86_PLAIN))
+    d = caps.decide("numpy", for_compute=True, device="mps:0")
+    assert d.dtype == "bfloat16" and "no framework here reports a device 'mps:0'" in d.reason
+    with pytest.raises(bb.InvalidArgumentError, match="widen_to must be"):
+        caps.decide("numpy", widen_to="float16")
+    with pytest.raises(bb.InvalidArgumentError, match="device must be a str"):
+        caps.decide("numpy", for_compute=True, device=0)
 
 
 def test_arm_flags_recorded():
