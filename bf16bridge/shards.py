@@ -97,13 +97,15 @@ class Layout:
                         devices: Sequence[str] = ()) -> Layout:
         """The layout of DTensor-style placements (one per mesh axis; see ``placements``)."""
         if len(placements) != len(mesh_axes):
-            raise InvalidArgumentError(f"{len(placements)} placements for a mesh of {len(mesh_axes)} axes")
+            raise InvalidArgumentError(f"{len(placements)} placements for a mesh of {len(mesh_axes)} axes: pass one "
+                                       "per mesh axis (Shard(d) or Replicate())")
         spec: list[list[str]] = [[] for _ in range(ndim)]
         partial = []
         for axis, (kind, dim) in zip(mesh_axes, placements):
             if kind == "shard":
                 if dim is None or not -ndim <= dim < ndim:
-                    raise InvalidArgumentError(f"placement Shard({dim}) on mesh axis {axis!r} of a {ndim}-d tensor")
+                    raise InvalidArgumentError(f"placement Shard({dim}) on mesh axis {axis!r} of a {ndim}-d tensor: "
+                                               f"shard a dimension from {-ndim} to {ndim - 1}")
                 spec[dim % ndim].append(axis)
             elif kind == "partial":
                 partial.append(axis)

@@ -985,6 +985,23 @@ if CHILD == "jax8":
                 with pytest.raises(InvalidArgumentError, match=words):
                     bb.from_shards([Shard(index, "cpu", bad)], "torch", sharding=(mesh, [TorchShard(0)]), shape=(16,))
 
+        def test_dtensor_from_shards_checks_the_placements_given(self, fake_rank):
+            """Placements passed with sharding=(mesh, placements): a wrong count built a DTensor whose
+            placements do not match its mesh, and Shard(2) of a 2-d tensor was a raw IndexError."""
+            import torch
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor import Shard as TorchShard
+
+            mesh = init_device_mesh("cpu", (4, 2))
+            part = [Shard((slice(0, 4), slice(0, 4)), "cpu", torch.ones(4, 4, dtype=torch.bfloat16))]
+            for placements, words in [([TorchShard(0)], "1 placements for a mesh of 2 axes: pass one per mesh axis"),
+                                      ([TorchShard(0)] * 3, "3 placements for a mesh of 2 axes"),
+                                      ([TorchShard(2), Replicate()], r"Shard\(2\) .* of a 2-d tensor: shard a dim"),
+                                      ([TorchShard(-3), Replicate()], r"Shard\(-3\)")]:
+                with pytest.raises(InvalidArgumentError, match=words):
+                    bb.from_shards(part, "torch", sharding=(mesh, placements), shape=(16, 4))
+
 
 # -- two processes: torch.distributed (gloo) and jax.distributed (run as a script) -----------------------
 

@@ -668,6 +668,11 @@ class TorchAdapter(Adapter):
                     f"{dict(zip(layout.mesh_axes, layout.mesh_shape))}: build a mesh of that shape")
             placements = tuple(_placement(kind, dim) for kind, dim in layout.placements())
         kinds = tuple(_kind(p) for p in placements)
+        # placements given by the caller: one per mesh axis, each Shard(d) within the tensor's dimensions
+        # (the layout's own checks; a wrong count built a DTensor its mesh does not match, a Shard(2) of a
+        # 2-d tensor was a raw IndexError)
+        shards.Layout.from_placements(tuple(mesh.mesh_dim_names or range(mesh.ndim)), tuple(mesh.shape), kinds,
+                                      len(shape))
         if any(k == "partial" for k, _ in kinds):
             raise UnsupportedTypeError("a Partial placement holds partial sums, not shards of one array: "
                                        "use Shard(d) or Replicate()")
