@@ -671,8 +671,8 @@ class TorchAdapter(Adapter):
         # placements given by the caller: one per mesh axis, each Shard(d) within the tensor's dimensions
         # (the layout's own checks; a wrong count built a DTensor its mesh does not match, a Shard(2) of a
         # 2-d tensor was a raw IndexError)
-        shards.Layout.from_placements(tuple(mesh.mesh_dim_names or range(mesh.ndim)), tuple(mesh.shape), kinds,
-                                      len(shape))
+        axes = tuple(mesh.mesh_dim_names or map(str, range(mesh.ndim)))
+        shards.Layout.from_placements(axes, tuple(mesh.shape), kinds, len(shape))
         if any(k == "partial" for k, _ in kinds):
             raise UnsupportedTypeError("a Partial placement holds partial sums, not shards of one array: "
                                        "use Shard(d) or Replicate()")
