@@ -450,7 +450,7 @@ def _env(**extra) -> dict:
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 82
+EIGHT_DEVICE_TESTS = 83
 
 
 @pytest.mark.frameworks("torch")
