@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None, *, native_log_level: int | None = None) 
     except Bf16BridgeError as err:  # ours name the input and the way out: no traceback needed
         print(f"bf16bridge {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except MemoryError as err:  # a size asked for (--mib, --set) that this machine cannot hold
+        print(f"bf16bridge {args.command}: error: out of memory ({type(err).__name__}: {err}); ask for a smaller "
+              "size (--mib, --set)", file=sys.stderr)
+        return 2
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -124,13 +128,13 @@ def _mib(text: str) -> float:
 
 
 def _repeat(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not text.isdecimal() or int(text) < 1:  # (isdigit: "²" too, which int() refuses)
         raise argparse.ArgumentTypeError(f"a whole number >= 1 (the median of the timed runs), not {text!r}")
     return int(text)
 
 
 def _seed(text: str) -> int:
-    if not text.isdigit():
+    if not text.isdecimal():
         raise argparse.ArgumentTypeError(f"a whole number >= 0, not {text!r}")
     return int(text)
 
@@ -218,6 +222,15 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
         parser.error(f"--output {args.output}: no such directory; create it or write elsewhere")
     if args.output and os.path.isdir(args.output):
         parser.error(f"--output {args.output} is a directory; name a file in it")
+    if args.output:  # before the run, which would otherwise end in a raw error and lose its results
+        existed = os.path.exists(args.output)
+        try:
+            with open(args.output, "a"):
+                pass
+        except OSError as err:
+            parser.error(f"--output {args.output}: cannot write there ({err.strerror}); write elsewhere")
+        if not existed:
+            os.remove(args.output)
     if args.recheck:
         # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
         # the one asked for
@@ -232,7 +245,7 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
         params = {}
         for item in args.set:
             name, _, value = item.partition("=")
-            if not value.isdigit():
+            if not value.isdecimal():
                 parser.error(f"--set takes NAME=INTEGER; got {item!r}")
             if name in params:
                 parser.error(f"--set {name} given twice")
@@ -309,7 +322,7 @@ def user_log_level(environ=os.environ) -> int | None:
     levels = []
     if "TF_CPP_MIN_LOG_LEVEL" in environ:
         value = environ["TF_CPP_MIN_LOG_LEVEL"].strip()
-        levels.append(min(int(value), 3) if value.isdigit() else 0)
+        levels.append(min(int(value), 3) if value.isdecimal() else 0)
     if "JAX_LOGGING_LEVEL" in environ:
         levels.append(_JAX_LEVELS.get(environ["JAX_LOGGING_LEVEL"].strip().upper(), 0))
     return min(levels) if levels else None

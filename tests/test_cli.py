@@ -170,6 +170,11 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
     (["demo", "--mib", "1e-9"], ["not '1e-9'"]),  # no whole bf16 value: an empty run
     (["parity", "--seed", "-1"], ["argument --seed: a whole number >= 0, not '-1'"]),
     (["parity", "--set", "k=16", "--set", "k=32"], ["--set k given twice"]),
+    # "²" is a digit to str.isdigit and no number to int(): a raw ValueError
+    (["parity", "--set", "k=\u00b2"], ["--set takes NAME=INTEGER; got 'k=\u00b2'"]),
+    (["demo", "--repeat", "\u00b2"], ["argument --repeat: a whole number >= 1"]),
+    # an --output that cannot be written: said before the run (it ended in a raw error, the results lost)
+    (["parity", "--output", "/proc/r.json"], ["--output /proc/r.json: cannot write there"]),
     (["parity", "--recheck", "r.json", "--ops", "exp", "--seed", "0"],
      ["--recheck judges saved results again and runs nothing; --ops, --seed would change nothing"]),
     (["parity", "--recheck", "r.json", "--frameworks", "torch,jax", "--set", "k=1"], ["--frameworks, --set would"]),
@@ -279,6 +284,16 @@ def test_parity_output_that_fails_says_why(tmp_path, capsys):
         "FAILED: nothing was compared (no case had results from two frameworks)"]
 
 
+@pytest.mark.parametrize("argv", [["demo", "--mib", "1e9", "--repeat", "1"],
+                                  ["parity", "--ops", "matmul", "--frameworks", "numpy,jax", "--set", "k=99999999999"]])
+def test_a_size_this_machine_cannot_hold_is_our_usage_error(capsys, argv):
+    """A raw numpy MemoryError (its traceback, and status 1: 'a case failed') before."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bf16bridge {argv[0]}: error: out of memory") and "smaller size" in err, err
+    assert "Traceback" not in err
+
+
 def test_probe_suggests_the_command_line_not_a_python_call():
     out = _run("probe", env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
@@ -321,6 +336,7 @@ def _tensorflow_banners() -> set:
     ({"TF_CPP_MIN_LOG_LEVEL": "2"}, 2),
     ({"TF_CPP_MIN_LOG_LEVEL": "7"}, 3),
     ({"TF_CPP_MIN_LOG_LEVEL": "x"}, 0),
+    ({"TF_CPP_MIN_LOG_LEVEL": "\u00b2"}, 0),  # (a raw ValueError, for every command)
     ({"JAX_LOGGING_LEVEL": "error"}, 2),
     ({"JAX_LOGGING_LEVEL": "DEBUG", "TF_CPP_MIN_LOG_LEVEL": "3"}, 0),  # the more verbose wins
 ])
