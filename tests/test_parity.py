@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import bf16bridge as bb
 from bf16bridge import parity
 from bf16bridge.parity import metrics, render, runner
-from bf16bridge.parity.compare import rounding_multiple
+from bf16bridge.parity import rounding_multiple
 from conftest import BF16
 from strategies import numpy_holds
 

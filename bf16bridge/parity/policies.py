@@ -21,8 +21,8 @@ class PolicyError(Bf16BridgeError, ValueError):
 
 
 #: reference(k)'s default cap: a result whose error is more than this many times what its dtype's
-#: rounding allows fails, however close the others are (a fault they all share). Correct bf16 and
-#: float32 results measured stay within about 3 (docs/parity.md, "reference(k)'s cap")
+#: rounding allows fails, however close the others are (a fault they all share). Correct matmuls of
+#: random data stay well inside it (tests/test_parity.py; docs/parity.md, "reference(k)'s cap")
 REFERENCE_CAP = 16.0
 
 
