@@ -1012,7 +1012,9 @@ def test_real_rounding_passes_reference_k_and_its_cap(dtype, k, kind):
     scaled = parity.compare(res, reference=ref, condition=cond, policy="reference(2)")
     plain = parity.compare(res, reference=ref, policy="reference(2)")
     for r in scaled.references + (plain.references if dtype == "bfloat16" else ()):
-        assert rounding_multiple(r) <= parity.policies.REFERENCE_CAP * 0.75, (r.name, rounding_multiple(r))
+        # bf16 results rounded once from float32 sums: near 1; float32 ones: a few units, more with k
+        room = 0.25 if dtype == "bfloat16" else 1.0
+        assert rounding_multiple(r) <= parity.policies.REFERENCE_CAP * room, (r.name, rounding_multiple(r))
         assert str(r.ulp_unit) == dtype
     for fw, y in res.items():  # a result beside itself: only the cap can fail it
         for c in (cond, None) if dtype == "bfloat16" else (cond,):
