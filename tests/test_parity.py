@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import ml_dtypes
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 import bf16bridge as bb
 from bf16bridge import parity
 from bf16bridge.parity import metrics, render, runner
+from bf16bridge.parity import rounding_multiple
 from conftest import BF16
 from strategies import numpy_holds
 
@@ -295,11 +297,55 @@ def test_a_reference_of_another_shape_is_refused_not_paired_out_of_order():
     (lambda: parity.allclose(True), parity.PolicyError, "rtol=True"),
     (lambda: parity.reference(None), parity.PolicyError, "finite number k >= 1"),
     (lambda: parity.reference(float("inf")), parity.PolicyError, "finite number k >= 1"),
+    (lambda: parity.reference(2, cap=float("nan")), parity.PolicyError, "cap needs a finite number >= 1"),
+    (lambda: parity.reference(2, cap="none"), parity.PolicyError, "or None (no absolute bound"),
 ])
 def test_arguments_that_do_not_fit_are_our_errors(call, error, says):
     with pytest.raises(error) as err:
         call()
     assert isinstance(err.value, bb.Bf16BridgeError) and says in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda a: parity.compare({"torch": {"logits": a}, "jax": {"logits": a}}),
+     "result 1 ('torch') is a dict of 1 tensor(s) (['logits']), not one tensor"),
+    (lambda a: parity.compare((a, a), (a, a)), "result 1 ('tuple') is a tuple of 2 tensor(s) ([0], [1])"),
+    (lambda a: parity.compare(a, a, reference={"logits": a.astype(np.float64)}),
+     "reference= is a dict of 1 tensor(s) (['logits'])"),
+    (lambda a: parity.compare(a, a, reference=a.astype(np.float64), condition=[a, a, a, a, a]),
+     "condition= is a list of 5 tensor(s) ([0], [1], [2], [3] and 1 more)"),
+])
+def test_a_tree_of_results_is_refused_naming_it_and_the_way_out(call, says):
+    """A model's outputs (a dict, a tuple) are not one tensor: the error names the result (or the
+    reference), what it holds, and the ways out, not "builtins.dict is not a tensor" (and, for a
+    tuple, not numpy.asarray(x), which would stack the outputs into one array)."""
+    with pytest.raises(bb.UnsupportedTypeError) as err:
+        call(np.ones(3, BF16))
+    msg = str(err.value)
+    assert says in msg, msg
+    assert "leaf by leaf" in msg and "parity.compare_outputs(reference, candidate)" in msg
+    assert "numpy.asarray" not in msg
+    # something holding no tensor is not a tree of results: the bridge's own error, its advice
+    with pytest.raises(bb.UnsupportedTypeError, match="numpy.asarray"):
+        parity.compare([1.0, 2.0], [1.0, 2.0])
+
+
+@pytest.mark.frameworks("torch")
+def test_a_result_that_requires_grad_is_compared_without_a_warning():
+    """A comparison reads values: compare, like compare_outputs, takes a torch result that requires
+    grad (the usual result of a model under test) detached, without warning that its gradient does
+    not cross (warnings are errors here)."""
+    import torch
+
+    x = torch.randn(4, 4, dtype=torch.bfloat16, requires_grad=True)
+    y = x * 2
+    ref = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = parity.compare(y, y.detach().clone(), reference=ref, condition=ref.abs() + 1)
+        out = parity.compare_outputs(ref, y)
+    assert rep.identical_fraction == 1.0 and rep.pairs[0].passed and out.max_abs > 0
+    assert y.requires_grad and y.grad_fn is not None  # the caller's tensor is as it was
 
 
 def test_float64_results_near_the_top_of_the_range_compare_without_overflow():
@@ -337,7 +383,8 @@ def test_reference_with_condition_tames_cancellation():
     ("allclose(1e-2, 1e-5, equal_nan=false)", parity.allclose(1e-2, 1e-5, equal_nan=False)),
     ("allclose(0.1, 0, false)", parity.allclose(0.1, 0, equal_nan=False)),
     ("reference(2)", parity.reference(2)), ("reference(k=3)", parity.reference(3)),
-    ("reference()", parity.reference(2)),
+    ("reference()", parity.reference(2)), ("reference(2, cap=none)", parity.reference(2, cap=None)),
+    ("reference(k=3, cap=32)", parity.reference(3, cap=32)), ("reference(1.5, 20)", parity.reference(1.5, cap=20)),
     ("torch", parity.FRAMEWORK_DEFAULTS["torch"]), ("tf", parity.FRAMEWORK_DEFAULTS["tensorflow"]),
 ])
 def test_policy_texts_mean_what_they_say(text, want):
@@ -353,7 +400,8 @@ def test_policy_texts_mean_what_they_say(text, want):
     ("allclose(1, 2, true, 4)", "at most 3"), ("allclose(tol=0.1)", "not 'tol'"),
     ("allclose(atol=0.1, 0.2)", "positional argument after"), ("allclose(rtol=1, rtol=2)", "given twice"),
     ("allclose(-1)", ">= 0"), ("allclose(nan)", "finite"), ("allclose(0.1", "unknown policy"),
-    ("reference(0.5)", "k >= 1"), ("exact(1)", "at most 0"), ("close(1)", "unknown policy"), ("", "unknown policy"),
+    ("reference(0.5)", "k >= 1"), ("reference(2, cap=0.5)", "cap needs a finite number >= 1"),
+    ("reference(2, cap=inf)", "finite"), ("reference(2, cap=x)", "number"), ("exact(1)", "at most 0"), ("close(1)", "unknown policy"), ("", "unknown policy"),
 ])
 def test_policy_texts_that_do_not_fit_are_refused(text, why):
     with pytest.raises(parity.PolicyError, match=re.escape(why)) as err:
@@ -526,7 +574,7 @@ def test_cli_html_and_markdown(tmp_path):
 # -- nothing compared never passes silently ------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["ulp(1)", "exact", "allclose(0.1)", "torch", "reference(2)"])
+@pytest.mark.parametrize("policy", ["ulp(1)", "exact", "allclose(0.1)", "torch", "reference(2, cap=none)"])
 def test_one_result_and_a_reference_is_not_a_comparison(policy):
     ref = np.linspace(1, 2, 16)
     off = (ref + 4.0).astype(BF16)  # off by 4.0 everywhere
@@ -888,6 +936,93 @@ def test_reference_k_holds_no_result_to_less_than_its_own_dtypes_rounding():
     rep = parity.compare({"f64": ref.copy(), "bf16": bf, "trunc": trunc}, reference=ref, policy="reference(1.5)")
     assert [r.passed for r in rep.references] == [True, True, False]
     assert rep.smallest["reference_k"] == pytest.approx(rep.references[2].rms_error / rep.references[2].rounding_rms)
+
+
+# -- reference(k)'s cap: a fault every result shares fails --------------------------------------
+
+def _shared_faults() -> tuple:
+    ref = np.random.default_rng(0).standard_normal(1000)
+    off = (ref * 1.1).astype(BF16)  # 10% off: some 26 bf16 ULPs, the same in both results
+    zero = np.zeros(1000, BF16)
+    return ref, {"equally wrong": {"torch": off, "jax": off.copy()}, "all zero": {"torch": zero, "jax": zero.copy()}}
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["no condition", "condition"])
+@pytest.mark.parametrize("case", ["equally wrong", "all zero"])
+def test_a_fault_every_result_shares_fails_reference_k(case, scaled):
+    """reference(k) ranks each result against the best one, so two results as wrong as each other
+    passed it, "yes" printed beside a 26-ULP error. Its cap fails them: each is far more than its
+    dtype's rounding allows (RMS error over the rounding floor; with condition=, the largest error
+    over u * condition), and the report says what passing means and why they failed."""
+    ref, cases = _shared_faults()
+    cond = np.abs(ref) if scaled else None
+    rep = parity.compare(cases[case], reference=ref, condition=cond, policy="reference(2)")
+    assert not rep.passed and [r.passed for r in rep.references] == [False, False]
+    x = cases[case]["torch"].astype(np.float64)
+    if scaled:  # by hand: max |x - ref| / (2**-8 |ref|)
+        want = float(np.max(np.abs(x - ref) / (2.0 ** -8 * np.abs(ref))))
+    else:  # RMS error over the RMS error of the reference correctly rounded to bf16
+        floor = np.sqrt(np.mean((metrics.round_to(ref, BF16) - ref) ** 2))
+        want = float(np.sqrt(np.mean((x - ref) ** 2)) / floor)
+    assert want > parity.policies.REFERENCE_CAP
+    for r in rep.references:
+        assert rounding_multiple(r) == pytest.approx(want, rel=1e-9)
+    assert rep.smallest["reference_cap"] == pytest.approx(want, rel=1e-9)
+    text = str(rep)
+    assert "passed means: RMS error at most 2x the best result's" in text
+    assert f"at most 16x what its dtype's rounding allows" in text and "a fault those results share" in text
+    assert f"reference(1, cap={want:.3g})" in text  # the smallest that passes
+    for page in (render.markdown(rep), render.html(rep)):
+        assert "a fault those results share" in page
+    # a cap above it passes them; without a cap they pass, and the report says what that pass means
+    assert parity.compare(cases[case], reference=ref, condition=cond, policy=parity.reference(2, cap=want * 1.01)).passed
+    loose = parity.compare(cases[case], reference=ref, condition=cond, policy="reference(2, cap=none)")
+    assert loose.passed and loose.policy == "reference(2, cap=none)"
+    assert "relative to the best result only (cap=none), so an error every result shares passes" in str(loose)
+    # one result alone, allowed to stand alone, is judged by the cap too
+    alone = parity.compare({"torch": cases[case]["torch"]}, reference=ref, condition=cond, policy="reference(2)",
+                           allow_missing=True)
+    assert not alone.passed
+
+
+def _matmul(fw: str, a, b):
+    if fw == "numpy":  # ml_dtypes' bf16 matmul gives float32: rounded back to the inputs' dtype
+        return (a @ b).astype(a.dtype)
+    return bb.convert(a, fw) @ bb.convert(b, fw)
+
+
+@pytest.mark.frameworks("torch", "jax")
+@pytest.mark.parametrize("kind", ["normal", "wide", "cancel"])
+@pytest.mark.parametrize("k", [16, 256, 4096])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_real_rounding_passes_reference_k_and_its_cap(dtype, k, kind):
+    """Correct results of matmuls of random data in torch, jax and numpy (bf16 ones accumulated in
+    float32 and rounded once; float32 ones accumulated in float32) pass reference(k)'s cap with room
+    to spare: with condition=, every one; without it, the bf16 ones (a float32 result of a long dot
+    product may be many float32 rounding floors off: docs/parity.md says to give condition=)."""
+    from bf16bridge.parity import ops
+
+    rng = np.random.default_rng(k)
+    a, b = ops._values(rng, (32, k), kind), ops._values(rng, (k, 32), kind)
+    if dtype == "float32":
+        a, b = a.astype(F32), b.astype(F32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref, cond = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    res = {fw: _matmul(fw, a, b) for fw in ("torch", "jax", "numpy")}
+    scaled = parity.compare(res, reference=ref, condition=cond, policy="reference(2)")
+    plain = parity.compare(res, reference=ref, policy="reference(2)")
+    for r in scaled.references + (plain.references if dtype == "bfloat16" else ()):
+        # bf16 results rounded once from float32 sums: near 1; float32 ones: a few units, more with k
+        room = 0.25 if dtype == "bfloat16" else 1.0
+        assert rounding_multiple(r) <= parity.policies.REFERENCE_CAP * room, (r.name, rounding_multiple(r))
+        assert str(r.ulp_unit) == dtype
+    for fw, y in res.items():  # a result beside itself: only the cap can fail it
+        for c in (cond, None) if dtype == "bfloat16" else (cond,):
+            assert parity.compare({fw: y, "again": y}, reference=ref, condition=c, policy="reference(2)").passed
+    if dtype == "bfloat16":  # torch and jax round their float32 sums once: reference(2) in full, both ways
+        pair = {n: res[n] for n in ("torch", "jax")}
+        for c in (cond, None):
+            assert parity.compare(pair, reference=ref, condition=c, policy="reference(2)").passed
 
 
 def _torch_isclose_says(a, b, rtol=1.6e-2, atol=1e-5):

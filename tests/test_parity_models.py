@@ -113,6 +113,23 @@ def test_nonfinite_counted_apart_and_rows_holding_nan_left_out():
     assert rep.failures() == ("3 NaN/inf in the candidate where the reference holds another value",)
 
 
+
+def test_a_logits_threshold_where_no_row_had_finite_logits_says_so():
+    """With logits= given and every row left out (NaN or +inf on a side), top1 and KL are not
+    measured: a threshold on them fails, saying no row had finite logits, not that logits= was not
+    given; without logits= it says that."""
+    r = np.array([[1.0, np.inf, 0.0], [np.nan, 1.0, 2.0]], F32)
+    c = np.array([[5.0, 0.0, 9.0], [1.0, 2.0, 3.0]], ml_dtypes.bfloat16)
+    rep = parity.compare_outputs(r, c, logits=True)
+    assert rep.top1 is None and rep.leaves[0].rows_skipped == 2
+    assert rep.failures(top1_min=0.99, kl_max=0.1) == (
+        "top1_min=0.99 asks for top1: no row had finite logits (2 skipped: NaN or +inf on either side, or no "
+        "finite logit)",
+        "kl_max=0.1 asks for kl_max: no row had finite logits (2 skipped: NaN or +inf on either side, or no "
+        "finite logit)")
+    assert parity.compare_outputs(r, c).failures(top1_min=0.99) == (
+        "top1_min=0.99 asks for top1, measured only with logits= (none given)",)
+
 # -- trees ---------------------------------------------------------------------------------------
 
 Out = namedtuple("Out", "logits hidden")

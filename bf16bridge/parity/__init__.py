@@ -7,13 +7,14 @@
     rep = bb.parity.run("matmul", frameworks=["torch", "jax", "tensorflow"])
 """
 
-from .compare import Against, Element, Pair, Report, assert_parity, compare
+from .compare import Against, Element, Pair, Report, assert_parity, compare, rounding_multiple
 from .outputs import (LeafOutput, OutputMismatchError, OutputReport, OutputsDifferError, assert_outputs_close,
                       check_cast, compare_outputs)
 from .policies import FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference, ulp
 
 __all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "PolicyError", "Report", "allclose",
-           "assert_parity", "compare", "exact", "parse", "recheck", "reference", "run", "suite", "ulp", "OPS",
+           "assert_parity", "compare", "exact", "parse", "recheck", "reference", "rounding_multiple", "run", "suite",
+           "ulp", "OPS",
            "LeafOutput", "OutputMismatchError", "OutputReport", "OutputsDifferError", "assert_outputs_close",
            "check_cast", "compare_outputs"]
 

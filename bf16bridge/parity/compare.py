@@ -160,6 +160,27 @@ def _names(results, names):
     return out, list(results)
 
 
+def _one_tensor(what: str, x) -> np.ndarray:
+    """One result (or the reference) as a numpy array; a tree of tensors (a model's dict or tuple of
+    outputs) is refused naming ``what`` and the way out, not as one tensor of no framework."""
+    from .. import trees
+    from ..errors import UnsupportedTypeError
+
+    try:
+        return metrics.ensure_numpy(x)
+    except UnsupportedTypeError as err:
+        paths: list = []
+        trees.map_leaves(lambda leaf, path: paths.append(trees.where(path)), x)
+        if not paths:
+            raise
+        held = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+        raise UnsupportedTypeError(
+            f"compare: {what} is a {type(x).__name__} of {len(paths)} tensor(s) ({held}), not one "
+            "tensor; compare one output at a time, leaf by leaf (compare({'torch': y_torch['logits'], 'jax': "
+            "y_jax['logits']})), or, to judge a whole tree of outputs against a reference's (a model against "
+            "its bf16 cast), parity.compare_outputs(reference, candidate)") from err
+
+
 def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     """How two results differ, judged by ``pol``."""
     if a.shape != b.shape:
@@ -289,6 +310,24 @@ def _against(name, x, held, ref64, cond, nonfinite, kind: str) -> Against:
     )
 
 
+def rounding_multiple(r: Against) -> float:
+    """How many times what its own dtype's rounding allows one result's error against the reference
+    is: with ``condition=``, its largest error in units of u * condition (a correct result of a
+    backward-stable computation stays near or below 1, cancellation or not); without, its RMS error
+    over the RMS error of the reference correctly rounded to its dtype (1 for a correctly rounded
+    result; 0 for an exact one; infinite for an error where that floor is 0). reference(k)'s ``cap``
+    bounds it, so a fault every result shares fails. Without a condition scale it is no sound
+    bound: a correct result of an ill-conditioned computation (cancellation, a long float32 sum)
+    may be many rounding floors off."""
+    if r.shape_mismatch:
+        return float("inf")
+    if r.max_normalised is not None:
+        return r.max_normalised
+    if r.rounding_rms > 0:
+        return r.rms_error / r.rounding_rms
+    return 0.0 if r.rms_error == 0 else float("inf")
+
+
 def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     """Whether one pair passes the policy (None: the policy judges against the reference).
     ``a``, ``b``: the results as given (allclose judges their values, not as rounded to one dtype)."""
@@ -330,7 +369,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     if len(values) < 2 and reference is None or not values and not not_run:  # not_run: the report says why
         raise InvalidArgumentError(f"compare needs two results or more, or one and a reference; got {len(values)} "
                                    "result(s)" + (" and a reference" if reference is not None else ""))
-    arrays = [metrics.ensure_numpy(v) for v in values]
+    arrays = [_one_tensor(f"result {i + 1} ({n!r})", v) for i, (n, v) in enumerate(zip(labels, values))]
     pairs = []
     for i in range(len(arrays)):
         for j in range(i + 1, len(arrays)):
@@ -338,7 +377,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     refs: list = []
     outlier, why = None, None
     if reference is not None:
-        ref_a = metrics.ensure_numpy(reference)
+        ref_a = _one_tensor("reference=", reference)
         shape = tuple(ref_a.shape)
         if arrays and not any(tuple(c.shape) == shape for c in arrays):
             raise InvalidArgumentError(
@@ -349,7 +388,7 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
         ref = metrics.to_float64(ref_a).reshape(-1)
         cond = None
         if condition is not None:
-            cond_a = metrics.ensure_numpy(condition)
+            cond_a = _one_tensor("condition=", condition)
             if tuple(cond_a.shape) != shape:
                 raise InvalidArgumentError(f"compare: condition= has shape {tuple(cond_a.shape)}, the reference "
                                            f"{shape}; pass the condition scale of each element of the reference")
@@ -374,7 +413,8 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     if pol.kind == "reference":
         best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
         refs = [replace(r, passed=(r.rms_error <= pol.n * max(best, r.rounding_rms) and not r.nonfinite_mismatches
-                                   and not r.shape_mismatch)) for r in refs]
+                                   and not r.shape_mismatch
+                                   and (pol.cap is None or rounding_multiple(r) <= pol.cap))) for r in refs]
         passed = all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
     else:
         passed = all(p.passed for p in pairs) and not any(r.shape_mismatch for r in refs)
@@ -428,8 +468,9 @@ def _smallest(pairs, refs) -> dict:
         out["ulp"] = out["allclose_rtol_at_atol_0"] = out["allclose_atol_at_rtol_0"] = None
     if refs:
         best = max(min(r.rms_error for r in refs), 1e-300)
-        out["reference_k"] = None if any(r.shape_mismatch for r in refs) else max(
-            1.0, max(r.rms_error / max(best, r.rounding_rms) for r in refs))
+        odd = any(r.shape_mismatch for r in refs)
+        out["reference_k"] = None if odd else max(1.0, max(r.rms_error / max(best, r.rounding_rms) for r in refs))
+        out["reference_cap"] = None if odd else max(1.0, max(rounding_multiple(r) for r in refs))
     return out
 
 

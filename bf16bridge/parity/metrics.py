@@ -228,12 +228,14 @@ def ulp_of(x: np.ndarray, kind: str) -> np.ndarray:
 
 
 def ensure_numpy(x):
-    """Any framework's tensor as a numpy array, bits kept (through the bridge)."""
+    """Any framework's tensor as a numpy array, bits kept (through the bridge). A comparison reads
+    values: a tensor that requires grad crosses detached, and one over memory numpy sees read-only
+    crosses as it is, without a warning (as compare_outputs takes them)."""
     if isinstance(x, np.ndarray):
         return x
     from ..convert import convert
 
-    return convert(x, "numpy")
+    return convert(x, "numpy", on_grad="drop", on_alias="allow")
 
 
 def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None, np.ndarray | None]:

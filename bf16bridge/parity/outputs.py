@@ -135,7 +135,11 @@ class OutputReport(_Measures):
                 raise InvalidArgumentError(f"threshold {name}={bound!r}: give a number (None to leave it out)")
             attr, kind = THRESHOLDS[name]
             value = getattr(self, attr)
-            if value is None:
+            if value is None and any(leaf.axis is not None for leaf in self.leaves):
+                skipped = sum(leaf.rows_skipped for leaf in self.leaves)
+                out.append(f"{name}={bound:g} asks for {attr}: no row had finite logits ({skipped} skipped: NaN or "
+                           "+inf on either side, or no finite logit)")
+            elif value is None:
                 out.append(f"{name}={bound:g} asks for {attr}, measured only with logits= (none given)")
             elif math.isnan(value) or (value > bound if kind == "max" else value < bound):
                 out.append(f"{attr} {value:.6g} {'>' if kind == 'max' else '<'} {name}={bound:g}")

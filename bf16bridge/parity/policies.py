@@ -20,6 +20,12 @@ class PolicyError(Bf16BridgeError, ValueError):
     """A parity policy that cannot be read or makes no sense (the message lists the valid ones)."""
 
 
+#: reference(k)'s default cap: a result whose error is more than this many times what its dtype's
+#: rounding allows fails, however close the others are (a fault they all share). Correct matmuls of
+#: random data stay well inside it (tests/test_parity.py; docs/parity.md, "reference(k)'s cap")
+REFERENCE_CAP = 16.0
+
+
 @dataclass(frozen=True)
 class Policy:
     kind: str  # exact | ulp | allclose | reference
@@ -46,6 +52,10 @@ class Policy:
     widen: tuple = ()
     #: by_dtype: the rtol a pair whose larger rtol is 0 gets (jax passes no 0 on: numpy's 1e-7)
     rtol_when_0: float = 0.0
+    #: reference: how far each result's error may be from what its own dtype's rounding allows
+    #: (``compare.rounding_multiple``), whatever the best result does: a fault every result shares
+    #: fails it. None: no such bound (each result judged against the best one only)
+    cap: float | None = REFERENCE_CAP
 
     def tolerances(self, a: str, b: str) -> tuple[float, float]:
         """(rtol, atol) for results of the dtypes named ``a`` and ``b``."""
@@ -65,7 +75,9 @@ class Policy:
             return f"ulp({self.n:g}" + (", signed_zeros=true)" if self.signed_zeros else ")")
         if self.kind == "allclose":
             return f"allclose(rtol={self.rtol:g}, atol={self.atol:g}{nan})"
-        return f"reference({self.n:g})"
+        if self.cap == REFERENCE_CAP:
+            return f"reference({self.n:g})"
+        return f"reference({self.n:g}, cap={'none' if self.cap is None else format(self.cap, 'g')})"
 
 
 def _number(x) -> bool:
@@ -97,12 +109,18 @@ def allclose(rtol: float, atol: float = 0.0, *, equal_nan: bool = True) -> Polic
     return Policy("allclose", rtol=rtol, atol=atol, equal_nan=equal_nan)
 
 
-def reference(k: float = 2.0) -> Policy:
+def reference(k: float = 2.0, *, cap: float | None = REFERENCE_CAP) -> Policy:
     """Each candidate's RMS error against the float64 reference at most k times the best candidate's,
-    or k times what correct rounding to its own dtype may err, whichever is larger."""
+    or k times what correct rounding to its own dtype may err, whichever is larger; and, unless
+    ``cap=None``, its error at most ``cap`` times what its dtype's rounding allows (with condition=:
+    max |error| / (u * condition); without: RMS error / the rounding floor): a fault every result
+    shares fails, which the first rule alone passes."""
     if not (_number(k) and k >= 1):
         raise PolicyError(f"reference(k) needs a finite number k >= 1 (1: every result as close as the best); got {k!r}")
-    return Policy("reference", n=k)
+    if cap is not None and not (_number(cap) and cap >= 1):
+        raise PolicyError(f"reference(k, cap): cap needs a finite number >= 1 (1: no result beyond its dtype's "
+                          f"rounding), or None (no absolute bound: a fault every result shares passes); got {cap!r}")
+    return Policy("reference", n=k, cap=cap)
 
 
 _NARROW_FLOATS = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
@@ -159,11 +177,12 @@ _SIGNATURES = {
     "exact": (),
     "ulp": (("n", 1), ("signed_zeros", False)),
     "allclose": (("rtol", None), ("atol", 0.0), ("equal_nan", True)),
-    "reference": (("k", 2.0),),
+    "reference": (("k", 2.0), ("cap", REFERENCE_CAP)),
 }
 
 _USAGE = ("use exact, ulp(N) (N a whole number), ulp(N, signed_zeros=true), allclose(RTOL, ATOL) "
-          "(or allclose(rtol=R, atol=A, equal_nan=false)), reference(K), torch, jax or tensorflow")
+          "(or allclose(rtol=R, atol=A, equal_nan=false)), reference(K) (or reference(K, cap=C), cap=none), torch, "
+          "jax or tensorflow")
 
 
 def _bad(spec, why: str) -> PolicyError:
@@ -177,6 +196,8 @@ def _value(spec, name: str, text: str):
         if text in ("false", "0", "no"):
             return False
         raise _bad(spec, f"{name} takes true or false, not {text!r}")
+    if name == "cap" and text == "none":
+        return None
     try:
         x = float(text)
     except ValueError:
@@ -247,6 +268,6 @@ def parse(spec) -> Policy:
             return ulp(got["n"], signed_zeros=got["signed_zeros"])
         if kind == "allclose":
             return allclose(got["rtol"], got["atol"], equal_nan=got["equal_nan"])
-        return reference(got["k"])
+        return reference(got["k"], cap=got["cap"])
     except PolicyError as err:
         raise _bad(spec, str(err)) from err

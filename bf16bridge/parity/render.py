@@ -6,7 +6,8 @@ import html as _html
 
 from ..tables import table
 from .metrics import BIN_LABELS, KINDS
-from .policies import FRAMEWORK_DEFAULTS
+from .compare import rounding_multiple
+from .policies import FRAMEWORK_DEFAULTS, REFERENCE_CAP, parse
 
 
 def _g(x) -> str:
@@ -61,10 +62,33 @@ def _smallest(rep) -> str:
     else:
         parts.append("no ulp or allclose tolerance (NaN/inf positions or shapes differ)")
     if s.get("reference_k") is not None:
-        parts.append(f"reference({s['reference_k']:.3g})")
+        cap = s.get("reference_cap") or 0.0  # the default cap passes: not named
+        parts.append(f"reference({s['reference_k']:.3g}" + (f", cap={cap:.3g})" if cap > REFERENCE_CAP else ")"))
     elif "reference_k" in s:
         parts.append("no reference(k) (a result's shape differs from the reference's)")
     return "; ".join(parts)
+
+
+def _reference_rule(rep) -> str | None:
+    """What "passed" means under reference(k), and each result's error in its dtype's roundings: a
+    result passes beside others as wrong as it unless the cap bounds it, and the report says so."""
+    if not rep.references or not rep.policy.startswith("reference("):
+        return None
+    pol = parse(rep.policy)
+    scaled = any(r.max_normalised is not None for r in rep.references)
+    how = "max |error| / (u * condition)" if scaled else "RMS error / its rounding floor"
+    each = ", ".join(f"{r.name} {_g(rounding_multiple(r))}" for r in rep.references)
+    rule = f"passed means: RMS error at most {pol.n:g}x the best result's (or its dtype's rounding floor, if larger)"
+    if pol.cap is None:
+        return (f"{rule}; relative to the best result only (cap=none), so an error every result shares passes; "
+                f"error in its dtype's roundings ({how}): {each}")
+    line = f"{rule}, and at most {pol.cap:g}x what its dtype's rounding allows ({how}): {each}"
+    if any(not r.shape_mismatch and rounding_multiple(r) > pol.cap for r in rep.references):
+        line += (" (beyond the cap: a fault those results share, or an algorithm less accurate than its dtype "
+                 "allows: raise cap where that is expected)" if scaled else
+                 " (beyond the cap: a fault those results share, or an ill-conditioned computation, whose correct "
+                 "results may be many rounding floors off: give condition=, or raise cap)")
+    return line
 
 
 def _title(rep) -> str:
@@ -136,6 +160,7 @@ def text(rep) -> str:
         lines += ["", "against the float64 reference (u = 2**-8, bf16's unit roundoff):"]
         lines += ["  " + line for line in _table(*_ref_rows(rep))]
         lines.append(f"outlier: {rep.outlier} ({rep.outlier_why})" if rep.outlier else f"outlier: none ({rep.outlier_why})")
+        lines += [rule] if (rule := _reference_rule(rep)) else []
     lines += ["", *_worst_lines(rep)] if any(p.worst for p in rep.pairs) else []
     if rep.worst_regions:
         lines += ["", _region_head(rep) + ":", *_region_lines(rep)]
@@ -162,6 +187,7 @@ def markdown(reports) -> str:
         if rep.references:
             out += [""] + _md_table(*_ref_rows(rep))
             out += ["", f"Outlier: {rep.outlier or 'none'} ({rep.outlier_why})."]
+            out += ["", rule + "."] if (rule := _reference_rule(rep)) else []
         if rep.worst_regions:
             out += ["", f"Worst regions, {_region_head(rep)}:", ""]
             out += _md_table(*_region_rows(rep))
@@ -222,6 +248,8 @@ def html(reports) -> str:
                 parts.append(f"<p>ULP histogram, {esc(p.label)}</p>{_svg_histogram(p)}")
         if rep.references:
             parts.append(f"<p>Outlier: {esc(str(rep.outlier or 'none'))} ({esc(str(rep.outlier_why))})</p>")
+            if rule := _reference_rule(rep):
+                parts.append(f"<p>{esc(rule)}</p>")
         if rep.worst_regions:
             parts.append(f"<p>Worst regions, {esc(_region_head(rep))}</p>")
             parts.append(_html_table(*_region_rows(rep)))
