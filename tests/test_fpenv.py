@@ -51,14 +51,32 @@ def test_keeping_on_a_thread_that_keeps_them_changes_nothing():
     assert not fpenv.flushes()
 
 
-def test_another_threads_flushing_is_its_own(flushing):
-    seen = []
-    with fpenv.keeping():
-        t = threading.Thread(target=lambda: seen.append(fpenv.flushes()))
-        t.start()
-        t.join()
-    assert seen == [False]  # a new thread starts with the default environment either way
-    assert fpenv.flushes()
+def test_keeping_changes_this_thread_alone(flushing):
+    """Another thread that flushes (set in itself) still flushes while this one, flushing too, keeps
+    subnormals inside keeping()."""
+    import torch
+
+    ready, checked, seen = threading.Event(), threading.Event(), []
+
+    def other():
+        torch.set_flush_denormal(True)  # this thread's flags only
+        ready.set()
+        checked.wait(30)
+        seen.append(fpenv.flushes())
+        torch.set_flush_denormal(False)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert ready.wait(30)
+    try:
+        with fpenv.keeping():
+            assert not fpenv.flushes()
+            checked.set()
+            t.join(30)
+    finally:
+        checked.set()
+        t.join(30)
+    assert seen == [True] and fpenv.flushes()
 
 
 def test_where_it_cannot_reset_it_says_so_once_and_runs(flushing, monkeypatch):
