@@ -662,6 +662,16 @@ def test_the_first_call_of_a_process_may_come_under_a_jax_trace():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.split()[-3:] == (["[3.0,", "-4.0,", "6.5]"] if "bridge" in first else ["[1.5,", "-2.0,", "3.25]"])
+    # and what it found holds eagerly after: its narrow-dtype trials once ran on tracers there, and every
+    # fp8 row was taken as one jax cannot hold, for the whole process
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, ml_dtypes, bf16bridge as bb
+        jax.jit(bb.bridge('numpy')(lambda a: a * 2))(jnp.ones(2))
+        a = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+        print((np.asarray(bb.convert(a, to="jax")).view(np.uint8) == a.view(np.uint8)).all())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "True", out.stderr[-3000:]
 
 
 @pytest.mark.frameworks("torch")  # the framework imported late: torch (torch.compile)

@@ -113,7 +113,10 @@ def _lowers(names):
     return ok
 
 
-_HELD, _CANNOT, _DLPACK_OUT, _DLPACK_IN, _VIEWS, _PUT_COPIES, _ASARRAY_COPIES = _narrow_rows()
+# evaluated at once where this module is first imported under a trace (a first bridged call or convert
+# inside jax.jit): there device_put gave tracers, and every narrow row was taken as not held, for good
+with jax.ensure_compile_time_eval():
+    _HELD, _CANNOT, _DLPACK_OUT, _DLPACK_IN, _VIEWS, _PUT_COPIES, _ASARRAY_COPIES = _narrow_rows()
 #: dtypes whose hand-offs with numpy are zero-copy as for any other (aligned, contiguous)
 _SHARED = frozenset(dtypes.ALL) | (_HELD - _PUT_COPIES)
 
