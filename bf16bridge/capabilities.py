@@ -519,6 +519,7 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
 
 
 def _on_cpu(device: str) -> bool:
-    """Whether ``device`` names the CPU ("cpu", "cpu:0", "CPU"; the adapters say "cpu")."""
-    name, _, index = device.lower().partition(":")
+    """Whether ``device`` names the CPU ("cpu", "cpu:0", "CPU"; tensorflow's "/CPU:0" and
+    "/job:localhost/replica:0/task:0/device:CPU:0"; the adapters say "cpu")."""
+    name, _, index = device.lower().rpartition("device:")[2].lstrip("/").partition(":")
     return name == "cpu" and (not index or index.isdecimal())

@@ -273,6 +273,8 @@ def _describe(x) -> tuple[Any, str, tuple]:
 
 
 def _nbytes(x, shape, name: str) -> int:
+    if any(d is None for d in shape):  # traced with a dimension not known yet (a tf.function's None): said
+        return 0  # by the report's notes
     if name in dtypes.ROWS:
         return math.prod(shape) * dtypes.itemsize(name)
     n = getattr(x, "nbytes", None)  # a dtype the bridge does not carry: as the framework says
@@ -474,7 +476,10 @@ def cast_tree(tree: T, dtype="bfloat16", *, keep=None, policy: Iterable[Rule | s
 
     it = iter(results)
     out_tree = trees.map_leaves(lambda x, path: next(it), tree, strict=True, as_is=_not_cast)
-    return out_tree, CastReport(target, tuple(rows))
+    unknown = [label for _, label, _, _, shape in found if any(d is None for d in shape)]
+    notes = (f"{len(unknown)} leaves ({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}) have a "
+             "dimension not known while traced (None): their bytes count 0",) if unknown else ()
+    return out_tree, CastReport(target, tuple(rows), notes)
 
 
 # -- modules ---------------------------------------------------------------------------------------

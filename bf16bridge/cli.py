@@ -223,14 +223,7 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
     if args.output and os.path.isdir(args.output):
         parser.error(f"--output {args.output} is a directory; name a file in it")
     if args.output:  # before the run, which would otherwise end in a raw error and lose its results
-        existed = os.path.exists(args.output)
-        try:
-            with open(args.output, "a"):
-                pass
-        except OSError as err:
-            parser.error(f"--output {args.output}: cannot write there ({err.strerror}); write elsewhere")
-        if not existed:
-            os.remove(args.output)
+        _writable(parser, args.output)
     if args.recheck:
         # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
         # the one asked for
@@ -283,6 +276,22 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
         if args.format != "text":  # the report is data; the verdict goes where a person sees it
             print(summary, file=sys.stderr)
     return 0 if reports and all(r.passed for r in reports) and any(r.pairs for r in reports) else 1
+
+
+def _writable(parser: argparse.ArgumentParser, path: str) -> None:
+    """A usage error unless ``path`` can be written, changing nothing there: a file or link that is
+    there is asked (a link's target); where nothing is, one is made and removed again."""
+    if os.path.lexists(path):
+        target = os.path.realpath(path)
+        if os.access(target if os.path.exists(target) else os.path.dirname(target), os.W_OK):
+            return
+        parser.error(f"--output {path}: cannot write there (permission denied); write elsewhere")
+    try:
+        with open(path, "x"):
+            pass
+    except OSError as err:
+        parser.error(f"--output {path}: cannot write there ({err.strerror}); write elsewhere")
+    os.remove(path)
 
 
 def _summary(reports, policy: str) -> str:

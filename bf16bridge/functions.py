@@ -33,8 +33,8 @@ from ._autograph import plain_python
 from . import dtypes, fpenv, registry, trees
 from .adapters._base import Adapter
 from .convert import Fallback, _one, plan
-from .errors import (Bf16BridgeWarning, InputWrittenError, InvalidArgumentError, UnsupportedDtypeError,
-                     UnsupportedTypeError)
+from .errors import (Bf16BridgeError, Bf16BridgeWarning, InputWrittenError, InvalidArgumentError,
+                     UnsupportedDtypeError, UnsupportedTypeError)
 
 __all__ = ["bridge", "BridgedFunction", "ForeignCall", "second_order_refused"]
 
@@ -237,6 +237,8 @@ class ForeignCall:
             inputs = [shapes_dtypes(x) for x in leaves]
             try:
                 specs = self._specs_at(inputs, np.zeros)
+            except Bf16BridgeError:
+                raise  # ours name what is wrong, which is no matter of zeros
             except Exception as err:
                 err.add_note(
                     f"(bf16bridge: the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} "
@@ -264,6 +266,8 @@ class ForeignCall:
     def _check_fixed(self, specs: list, inputs: list) -> None:
         try:
             again = self._specs_at(inputs, np.ones)
+        except Bf16BridgeError:
+            raise  # ours: a non-tensor result that differs on ones is a value-dependence too (_check_declared)
         except Exception:  # noqa: BLE001 - a function that refuses ones says nothing about its shapes
             return
         if again != specs:

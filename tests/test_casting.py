@@ -1396,3 +1396,23 @@ def test_cast_module_of_a_keras_model_under_its_torch_backend_points_to_cast_tre
     assert lines[0].startswith("refused: cast_module: ") and "cast_tree(model.weights)" in lines[0]
     assert set(eval(lines[1])) == {"torch.float32"}  # nothing was cast before the refusal
     assert eval(lines[2]).count("kept") == 2  # the norm's gamma and beta, by their Keras paths
+
+
+@pytest.mark.frameworks("tensorflow")
+def test_cast_tree_in_a_tf_function_with_an_unknown_dimension():
+    """A tf.function traced with a None dimension: the byte count was a raw TypeError (int * None); the
+    cast is made, and the report says its bytes are not known."""
+    import tensorflow as tf
+
+    reports = []
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def f(x):
+        out, report = bb.cast_tree({"w": x}, "float64", policy=())
+        reports.append(report)
+        return out["w"]
+
+    a = np.array([1e-39, -3e-39, 1.5], np.float32)
+    np.testing.assert_array_equal(bits(f(tf.constant(a))), bits(a.astype(np.float64)))
+    assert reports[0].leaves[0].action == "cast" and reports[0].bytes_before == 0
+    assert reports[0].notes == ("1 leaves (w) have a dimension not known while traced (None): their bytes count 0",)

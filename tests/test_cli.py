@@ -295,6 +295,20 @@ def test_a_size_this_machine_cannot_hold_is_our_usage_error(capsys, argv):
     assert "Traceback" not in err
 
 
+def test_the_output_check_changes_nothing_there(tmp_path, capsys):
+    """--output is checked before the run without touching what is there: a file keeps its content, a
+    dangling link stays a link (the check once removed it and left an empty file at its target), and
+    nothing is left where nothing was."""
+    kept, link, fresh = tmp_path / "kept.json", tmp_path / "link.json", tmp_path / "fresh.json"
+    kept.write_text("mine")
+    link.symlink_to(tmp_path / "target.json")
+    for path in (kept, link, fresh):
+        assert cli.main(["parity", "--output", str(path), "--set", "k=x"]) == 2  # a usage error after the check
+        assert "--set takes NAME=INTEGER" in capsys.readouterr().err
+    assert kept.read_text() == "mine" and link.is_symlink() and not (tmp_path / "target.json").exists()
+    assert not fresh.exists()
+
+
 def test_probe_suggests_the_command_line_not_a_python_call():
     out = _run("probe", env=_env())
     assert out.returncode == 0, out.stderr[-3000:]

@@ -475,6 +475,17 @@ def test_a_result_whose_shape_depends_on_the_values_is_refused_under_a_trace(cal
     with pytest.raises(Exception, match=r"shape \(3,\) here \(result leaf 0\), but float32 of shape \(4,\)") as info:
         bb.convert(_traced(caller, nonneg)(x), "numpy")
     assert "UnsupportedTypeError" in str(info.value) or isinstance(info.value, bb.UnsupportedTypeError)
+    # empty on zeros and on ones: jax would run no callback (every result empty), so it cannot be checked
+    # when it runs: our error at once; tensorflow runs it, and checks it there
+    above_one = bb.bridge(callee)(lambda a: a[a > 1])
+    with pytest.raises(Exception, match="gives no tensor result with any element" if caller == "jax" else
+                       r"shape \(2,\) here \(result leaf 0\), but float32 of shape \(0,\)"):
+        bb.convert(_traced(caller, above_one)(x), "numpy")
+    # a non-tensor result that differs on ones is our error too (the call on ones once swallowed it, and jax
+    # handed back ([], 0) for ([1, 3, 4], 3))
+    counted = bb.bridge(callee)(lambda a: (a[a > 0], int((a > 0).sum())))
+    with pytest.raises(bb.UnsupportedTypeError, match="around its tensors, but .* when its results were declared"):
+        _traced(caller, counted)(x)
 
 
 @pytest.mark.filterwarnings("ignore:numpy has no autodiff")  # traced, every float input may want a gradient

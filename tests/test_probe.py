@@ -73,7 +73,8 @@ def test_cpu_bf16_compute(reader, compute, why):
     assert caps.decide("numpy").dtype == "bfloat16"  # storage alone never needs widening
 
 
-@pytest.mark.parametrize("device", ["cpu", "cpu:0", "CPU", "Cpu:1"])
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", "CPU", "Cpu:1", "/CPU:0", "/device:CPU:0",
+                                    "/job:localhost/replica:0/task:0/device:CPU:0"])
 def test_for_compute_on_the_cpu_by_any_spelling_is_the_cpu(device):
     """cpu:0 and CPU were taken as an unknown device: bf16 on a CPU without bf16 arithmetic."""
     caps = bb.probe(reader=FakeReader("x86_64", X86_PLAIN))

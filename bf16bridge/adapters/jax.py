@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 
 import jax
@@ -603,6 +604,14 @@ class JaxAdapter(Adapter):
 def _foreign_fn(call, leaves, shape_dtype):
     """A jax function of the input leaves that runs ``call`` in callbacks, with its vjp."""
     out_avals = [jax.ShapeDtypeStruct(s, dtypes.numpy_dtype(d)) for s, d in call.specs(leaves, shape_dtype)]
+    if not any(math.prod(a.shape) for a in out_avals) and any(math.prod(x.shape) for x in leaves):
+        # jax runs no callback whose results are all empty (or none): the function would never run, and
+        # x[x > 1], empty on zeros and on ones, came back [] for [1, 2, 3], unchecked
+        raise UnsupportedTypeError(
+            f"the bridged {call.callee} function {getattr(call.fn, '__qualname__', call.fn)!r} gives no tensor result "
+            "with any element when its results are declared (on zeros of the inputs' shapes, and on ones), and under "
+            "a jax transformation jax then never runs it: neither the function (its side effects) nor a check that "
+            "its results stay empty for these inputs would run. Call it eagerly, or return a non-empty tensor too")
     in_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     wanted = [i for i, d in enumerate(call.diff) if d]
     inexact = [i for i, a in enumerate(out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
