@@ -502,6 +502,11 @@ def test_a_callee_that_fails_on_zeros_under_a_trace_says_why_it_was_called_so(ca
     with pytest.raises(ZeroDivisionError, match="a zero") as info:
         _traced(caller, fn)(x)
     assert any("declares its results before it runs" in n and "on zeros" in n for n in info.value.__notes__)
+    import jax.numpy as jnp  # an error of ours there is no matter of zeros: no note
+
+    with pytest.raises(bb.UnsupportedTypeError, match="returned a jax tensor") as info:
+        _traced(caller, bb.bridge("numpy")(lambda a: jnp.asarray(a)))(x)
+    assert not any("on zeros" in n for n in getattr(info.value, "__notes__", ()))  # (jax adds one of its own)
 
 
 @pytest.mark.frameworks("torch")
