@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import copy as _copy
 import dataclasses
+import inspect
 import io
 import struct
 import sys
@@ -299,7 +300,19 @@ def _has_array_protocol(node) -> bool:
 
 
 def unwrap(node):
-    """The tensor a variable-like wrapper holds in ``.value`` (keras.Variable, nnx.Param), or None."""
+    """The tensor a variable-like wrapper holds in ``.value`` (keras.Variable, nnx.Param), or None.
+    A wrapper that also has a ``get_value()`` accessor is read through it: flax 0.12 deprecates
+    ``.value`` (a DeprecationWarning a read, in the user's run), and under a warnings filter of
+    "error" the read raised, the wrapper was taken for no wrapper, and ``bb.save`` of an nnx State
+    wrote keys ``kernel.value`` instead of ``kernel``, silently."""
+    cls = type(node)
+    if callable(getattr(cls, "get_value", None)) and isinstance(inspect.getattr_static(cls, "value", None), property):
+        try:
+            value = node.get_value()
+        except Exception:  # noqa: BLE001 - an accessor that wants arguments, or fails: .value below
+            value = None
+        if value is not None and not callable(value) and registry.tensor_framework(value) is not None:
+            return value
     try:
         value = getattr(node, "value", None)
     except Exception:  # noqa: BLE001 - a property that fails: not a wrapper we can read

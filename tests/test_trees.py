@@ -64,6 +64,27 @@ def test_a_single_variable_converts_by_its_value():
     np.testing.assert_array_equal(bits(bb.to_torch(p, on_alias="allow")), bits(p.value))
 
 
+@pytest.mark.libraries("flax")
+def test_an_nnx_state_is_read_the_same_under_any_warnings_filter(tmp_path):
+    """flax 0.12 deprecates Variable.value: read under a filter of "error" (pytest -W error), it raised,
+    the Param was taken for no wrapper, and bb.save wrote keys 'kernel.value' and 'bias.value', silently;
+    under the default filter each read warned in the user's run. Read through get_value(), neither."""
+    import warnings
+
+    import jax.numpy as jnp
+    from flax import nnx
+
+    state = nnx.state(nnx.Linear(3, 2, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (any warning raised: a deprecated read too)
+        bb.save(state, tmp_path / "s.safetensors")
+        out = bb.convert_tree(state, "numpy", on_alias="allow")
+        one = bb.convert(nnx.Param(jnp.ones(2, jnp.bfloat16)), "numpy", on_alias="allow")
+    with bb.open(tmp_path / "s.safetensors") as f:
+        assert sorted(f.keys()) == ["bias", "kernel"]
+    assert len(_tensor_leaves(out, "numpy")) == 2 and one.dtype.name == "bfloat16"
+
+
 @pytest.mark.libraries("equinox")
 def test_equinox_module_is_walked():
     import equinox as eqx
