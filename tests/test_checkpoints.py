@@ -398,6 +398,25 @@ def test_a_bare_tensor_has_no_key(tmp_path):
         bb.save(np.zeros(2), tmp_path / "m.safetensors")
 
 
+@pytest.mark.libraries("equinox")
+def test_an_equinox_modules_arrays_save_and_its_functions_are_named(tmp_path):
+    """eqx.filter(model, eqx.is_array), equinox's way to keep the arrays, leaves None where a function
+    was: refused as a leaf, though jax takes it as an empty subtree; and the module itself was refused
+    at its activation with a way out it could not take."""
+    import equinox as eqx
+    import jax
+
+    mlp = eqx.nn.MLP(4, 2, 8, depth=1, key=jax.random.PRNGKey(0))
+    with pytest.raises(bb.InvalidArgumentError, match=r"at \['activation'\]: .*eqx.filter\(model, eqx.is_array\)"):
+        bb.save(mlp, tmp_path / "m.safetensors")
+    with pytest.warns(bb.Bf16BridgeWarning, match=r"without 2 empty containers of the tree \(\['activation'\], "
+                      r"\['final_activation'\]\): .*a pytree's None"):
+        bb.save(eqx.filter(mlp, eqx.is_array), tmp_path / "m.safetensors")
+    got = bb.load(tmp_path / "m.safetensors")
+    assert sorted(got) == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]
+    np.testing.assert_array_equal(got["layers.0.weight"], np.asarray(mlp.layers[0].weight))
+
+
 def test_an_empty_container_has_no_key_and_is_not_in_the_file_and_save_says_so(tmp_path):
     # docs/checkpoints.md says so: a file holds tensors under keys, not the tree's containers; an
     # optimizer state saved before its first step lost its structure without a word (review)

@@ -51,6 +51,9 @@ def _refuse_values(node, path: tuple, empty: list) -> None:
             if not keys and path:
                 empty.append(path)
             for k, v in zip(keys, values):
+                if v is None:  # a pytree's None is an empty subtree, as jax takes it (eqx.filter's
+                    empty.append(path + (k,))  # left-out fields): said as an empty container is
+                    continue
                 _refuse_values(v, path + (k,), empty)
             return
         why = registry.not_a_tensor(node)  # a model with weights, a tf ragged tensor: what it is, the way out
@@ -65,7 +68,8 @@ def _refuse_values(node, path: tuple, empty: list) -> None:
         raise InvalidArgumentError(
             f"at {trees.where(path)}: {what} is neither a tensor nor a container bf16bridge walks (dicts, "
             "lists, tuples, deques, dataclasses, jax pytrees); a checkpoint holds tensors only: convert it "
-            "or leave it out")
+            "or leave it out" + ("; for a module of a tree library, save its arrays alone (equinox: "
+                                 "eqx.filter(model, eqx.is_array))" if callable(node) else ""))
 
 
 def leaves(tree) -> tuple[list[tuple[str, Any]], list[tuple]]:

@@ -212,7 +212,8 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
         n = len(empty)
         _warn(f"bb.save writes {path} without {n} empty container{'' if n == 1 else 's'} of the tree "
               f"({', '.join(map(trees.where, empty[:3]))}{f' and {n - 3} more' if n > 3 else ''}): a file holds "
-              "tensors under keys, and an empty container has none, so bb.load does not give it back; "
+              "tensors under keys, and an empty container (or a pytree's None) has none, so bb.load does not "
+              "give it back; "
               "rebuild it after loading, or leave it out of what you save")
     directory = os.path.dirname(os.path.abspath(path))
     # the temporary name stays within a directory entry's 255 bytes whatever the target's length
