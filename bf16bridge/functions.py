@@ -126,8 +126,16 @@ class ForeignCall:
             "tensor must not depend on the inputs' values; return it as a tensor")
 
     def _outputs(self, out_leaves, to):
-        fallback = self.fallback
-        return [_one(y, to, None, fallback, False, "allow", "drop") for y in out_leaves]
+        fallback, out = self.fallback, []
+        for i, y in enumerate(out_leaves):
+            try:
+                out.append(_one(y, to, None, fallback, False, "allow", "drop"))
+            except Bf16BridgeError as err:  # which function and result, and where a fallback goes
+                raise type(err)(
+                    f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}, result leaf "
+                    f"{i}, to {to}: {err} (for a bridged call, fallback= goes to bb.bridge(..., fallback=...))"
+                ) from err
+        return out
 
     def forward(self, leaves, want_vjp: bool, to: str):
         if not self.flushed and fpenv.flushes():  # on a runtime's thread that flushes subnormals

@@ -609,8 +609,10 @@ def test_a_result_the_caller_cannot_hold_gives_our_error():
     import torch
 
     assert not jax.config.jax_enable_x64
-    fn = bb.bridge("torch")(lambda x: x.to(torch.float64))
-    with pytest.raises(bb.UnsupportedDtypeError, match="jax_enable_x64"):
+    fn = bb.bridge("torch")(lambda x: (x, x.to(torch.float64)))
+    # eagerly too, which function, which result, and where a fallback goes (convert's bare error before)
+    with pytest.raises(bb.UnsupportedDtypeError, match=r"the bridged torch function '.*<lambda>', result leaf 1, to "
+                                                       r"jax: .*jax_enable_x64.*bb.bridge\(\.\.\., fallback="):
         fn(make("jax", _data((3,), 1)))
 
 
