@@ -107,7 +107,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    help="pass a case although a framework did not run it or fewer than two results were "
                         "compared (a run that compared nothing at all still fails)")
     q.add_argument("--policy", default="ulp(1)",
-                   help="exact, ulp(N), allclose(RTOL,ATOL), reference(K) or reference(K, cap=C), torch, jax or tensorflow")
+                   help="exact, ulp(N), allclose(RTOL,ATOL), reference(K) or reference(K, cap=C), torch, jax "
+                        "or tensorflow")
     q.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an op size, e.g. k=1024 (matmul's inner dimension), rows=128, cols=512, seq=128")
     q.add_argument("--seed", type=_seed, default=None, help="the seed of the inputs, a whole number >= 0 (default 0)")

@@ -844,12 +844,12 @@ def _dispatches(x) -> bool:
     return getattr(type(x), "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__
 
 
-#: torch.func (functorch) transforms active now (a private probe, where this torch has it)
 def _dual(x) -> bool:
     """Whether ``x`` has a forward-mode tangent at the current level (only inside a dual_level)."""
     return _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None
 
 
+#: torch.func (functorch) transforms active now (a private probe, where this torch has it)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 #: a tensor torch.func wrapped (a plain tensor captured by the transformed function is not, and
 #: crosses as any other); where this torch cannot tell, every tensor under a transform counts
