@@ -456,6 +456,7 @@ class TensorflowAdapter(Adapter):
         # active on this thread (one C call), or none that watches any of them: one question for all
         if not traced and _no_tape():
             return [False] * len(leaves)
+        leaves = _read(leaves)  # (a Variable read once, for both questions)
         if _forward_watched(leaves):
             raise UnsupportedTypeError(
                 "a bridged function called with a tensor that a tf.autodiff.ForwardAccumulator watches: "
@@ -474,7 +475,7 @@ class TensorflowAdapter(Adapter):
         # (an eager tensor, the usual leaf, is no variable: told by its type, no isinstance each)
         for x in leaves:
             if type(x) is not _EAGER_TENSOR:
-                leaves = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
+                leaves = _read(leaves)
                 break
         if not call.traced:  # eagerly
             if not any(call.diff):
@@ -649,8 +650,7 @@ def _recording(leaves) -> bool:
     except ImportError:  # pragma: no cover - a tensorflow without it: assume a tape
         return True
     # a tf.Variable is read under the tape by call_foreign: ask about what will be read
-    return bool(record.should_record_backprop([tf.identity(x) if isinstance(x, tf.Variable) else x
-                                               for x in leaves]))
+    return bool(record.should_record_backprop(_read(leaves)))
 
 
 def _forward_watched(leaves) -> bool:
@@ -659,8 +659,13 @@ def _forward_watched(leaves) -> bool:
         from tensorflow.python.eager import forwardprop_util
     except ImportError:  # pragma: no cover - every tensorflow tested has it
         return False
-    reads = [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
-    return bool(forwardprop_util.pack_tangents(reads).tangents)
+    return bool(forwardprop_util.pack_tangents(_read(leaves)).tangents)
+
+
+def _read(leaves) -> list:
+    """``leaves`` with each tf.Variable read (tf.identity), as call_foreign reads them under the
+    caller's tape: what a tape or an accumulator watches is the read."""
+    return [tf.identity(x) if isinstance(x, tf.Variable) else x for x in leaves]
 
 
 def _unrecorded(op, x):
