@@ -67,3 +67,38 @@ def test_bridge_against_workaround(src, dst, torch_device, jax_device, record_pr
     record_property("bridge_dtype", "bfloat16")
     record_property("workaround_dtype", "float32" if dst == "numpy" else "bfloat16")
     assert str(y.dtype).endswith("bfloat16")
+
+
+SMALL = 1024  # elements: a per-call cost, not a bandwidth
+PAIRS_RAW = [("torch", "jax"), ("jax", "torch")]
+
+
+@pytest.mark.parametrize("src,dst", PAIRS_RAW, ids=[f"{s}->{d}" for s, d in PAIRS_RAW])
+def test_overhead_against_raw_dlpack(src, dst, torch_device, jax_device, record_property):
+    """A small device tensor: ``bb.convert`` against the framework's own DLPack import, the call
+    a user would write without the bridge (it has no bf16 checks, no plan, no notes). Both
+    zero-copy, so the ratio is the bridge's per-call cost. Recorded, not asserted."""
+    import jax.numpy as jnp
+    import torch
+
+    u16 = np.arange(SMALL, dtype=np.uint16) + 0x3F00
+    x = make(src, u16, torch_device, jax_device)
+    sync(x)
+    raw_call = jnp.from_dlpack if dst == "jax" else torch.from_dlpack
+    calls = 2000 if DEVICE == "cuda" else 500
+
+    def many(fn):
+        def run():
+            for _ in range(calls):
+                fn(x)
+        return run
+
+    t_bridge = best_time(many(lambda v: bb.convert(v, dst, on_alias="allow")), 3) / calls
+    t_raw = best_time(many(raw_call), 3) / calls
+    y, r = bb.convert(x, dst, on_alias="allow"), raw_call(x)
+    assert ptr(y) == ptr(x) == ptr(r)
+    np.testing.assert_array_equal(host_bits(y), u16)
+    record_property("elements", SMALL)
+    record_property("bridge_us", round(t_bridge * 1e6, 2))
+    record_property("raw_us", round(t_raw * 1e6, 2))
+    record_property("bridge_over_raw", round(t_bridge / t_raw, 2))
