@@ -174,6 +174,39 @@ def test_a_bad_logits_axis_is_refused(logits, error):
         parity.compare_outputs(np.ones((2, 3), F32), np.ones((2, 3), F32), logits=logits)
 
 
+def _hf_outputs(scale):
+    """A Hugging Face style output dict: logits (2 rows of 3 classes) beside hidden states."""
+    logits = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 0.0]], F32)
+    return {"logits": logits * np.array([[1], [scale]], F32), "hidden": np.array([[4.0, -4.0]], F32) * scale}
+
+
+@pytest.mark.parametrize("logits", ["logits", "['logits']", {"logits": -1}, {"['logits']": 1}])
+def test_logits_can_name_the_logits_leaf_of_an_output_dict(logits):
+    """Only the named leaf is logits: KL and top-1 over its rows; the hidden states are compared
+    as values, not as a softmax (logits=-1 would take them for 1 row of 2 classes)."""
+    r, c = _hf_outputs(1.0), _hf_outputs(-1.0)  # row 2 of the logits flips sign: its top class moves
+    rep = parity.compare_outputs(r, c, logits=logits)
+    by = {leaf.path: leaf for leaf in rep.leaves}
+    assert by["['hidden']"].axis is None and by["['hidden']"].top1 is None
+    assert by["['logits']"].axis == (logits["['logits']"] if isinstance(logits, dict) and "['logits']" in logits
+                                     else -1)
+    assert by["['logits']"].rows == 2
+    assert rep.rows == 2 and rep.top1 == 0.5 and rep.kl_mean > 0
+    everything = parity.compare_outputs(r, c, logits=-1)
+    assert everything.rows == 3 and everything.top1 == pytest.approx(1 / 3)  # the hidden row counted too
+
+
+@pytest.mark.parametrize("logits, says", [
+    ("scores", "logits= names 'scores', which is no leaf of the outputs; their leaves are ['logits'], ['hidden']"),
+    ({"logits": "last"}, "the class axis is an int"),
+    ({"logits": True}, "the class axis is an int"),
+    ({0: -1}, "names leaves by their path (a str)"),
+])
+def test_a_logits_leaf_that_is_not_there_is_refused_naming_the_leaves(logits, says):
+    with pytest.raises(bb.errors.InvalidArgumentError, match=re.escape(says)):
+        parity.compare_outputs(_hf_outputs(1.0), _hf_outputs(1.0), logits=logits)
+
+
 def test_nothing_to_compare_is_refused():
     with pytest.raises(parity.OutputMismatchError, match="reference holds no tensor"):
         parity.compare_outputs({"a": 1}, {"a": 1})

@@ -209,13 +209,37 @@ def _host64(x, path: str, side: str) -> tuple[np.ndarray, str]:
 
 
 def _axis(logits) -> int | None:
+    """The class axis of ``logits=`` given for every leaf (False, True or an int)."""
     if logits is False or logits is None:
         return None
     if logits is True:
         return -1
     if isinstance(logits, (int, np.integer)):
         return int(logits)
-    raise InvalidArgumentError(f"logits must be False, True (the last axis) or a class axis (an int); got {logits!r}")
+    raise InvalidArgumentError(
+        f"logits must be False, True (the last axis), a class axis (an int), the path of the logits leaf (a str, "
+        f"as the report names it, or a top-level key), or a dict of such paths to class axes; got {logits!r}")
+
+
+def _axes(logits, paths) -> dict:
+    """Each leaf's class axis (None: not logits) from ``logits=``: one for every leaf, or the
+    leaves it names, by their path as the report prints it ("['logits']") or a top-level key."""
+    if not isinstance(logits, (str, dict)):
+        axis = _axis(logits)
+        return {p: axis for p in paths}
+    chosen = {logits: -1} if isinstance(logits, str) else logits
+    out: dict = {p: None for p in paths}
+    for key, axis in chosen.items():
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"logits= names leaves by their path (a str); got the key {key!r}")
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise InvalidArgumentError(f"logits={{{key!r}: {axis!r}}}: the class axis is an int (-1: the last)")
+        path = key if key in out else f"[{key!r}]"
+        if path not in out:
+            raise InvalidArgumentError(
+                f"logits= names {key!r}, which is no leaf of the outputs; their leaves are {', '.join(paths)}")
+        out[path] = int(axis)
+    return out
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -264,9 +288,13 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
     missing, extra or of another shape raises OutputMismatchError naming it. Each leaf is
     widened exactly to float64 on the host (bf16 and fp8 candidates too). ``logits``: False,
     True (the class axis is the last) or the class axis: every leaf is then logits, and KL
-    divergence and top-1 agreement are measured along that axis (float64 log-softmax)."""
-    axis = _axis(logits)
+    divergence and top-1 agreement are measured along that axis (float64 log-softmax). Or only
+    some leaves are logits (a model's output dict): the path of one, as the report names it
+    ("['logits']") or its top-level key ("logits"), class axis last; or a dict of such paths to
+    class axes ({"logits": -1, "['aux'][0]": 1})."""
     ref, cand = _leaves(reference, "reference"), _leaves(candidate, "candidate")
+    axes = _axes(logits, list(ref))
+    any_logits = any(a is not None for a in axes.values())
     missing = [p for p in ref if p not in cand]
     extra = [p for p in cand if p not in ref]
     if missing or extra:
@@ -304,6 +332,7 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
             max_rel=float(rel_each.max()) if d.size else 0.0,
             rel_norm=own.rel_norm(), cosine=own.cosine(),
             new_nonfinite=int(np.count_nonzero(~cf & differ)), nonfinite_mismatches=int(np.count_nonzero(differ)))
+        axis = axes[path]
         if axis is not None:
             lg = _logits(r, c, axis, path)
             leaf["axis"] = axis
@@ -320,8 +349,8 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
         leaves=tuple(rows_out), max_abs=max(x.max_abs for x in rows_out), max_rel=max(x.max_rel for x in rows_out),
         rel_norm=sums.rel_norm(), cosine=sums.cosine(), new_nonfinite=tot["new_nonfinite"],
         nonfinite_mismatches=tot["nonfinite_mismatches"], rows=int(rows),
-        kl_mean=kl_sum / rows if axis is not None and rows else None, kl_max=kl_max,
-        top1=agree / rows if axis is not None and rows else None)
+        kl_mean=kl_sum / rows if any_logits and rows else None, kl_max=kl_max,
+        top1=agree / rows if any_logits and rows else None)
 
 
 class _Sums:
