@@ -137,13 +137,16 @@ class ForeignCall:
                 ) from err
         return out
 
-    def forward(self, leaves, want_vjp: bool, to: str):
+    def forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
+        """The callee's results for ``leaves`` as tensors of ``to`` (and its pullback, with ``want_vjp``).
+        ``borrowed``: the framework whose immutable buffers the leaves view whatever their type says (the
+        numpy views of jax's own buffers a jax callback is handed): a callee's write into any is our error."""
         if not self.flushed and fpenv.flushes():  # on a runtime's thread that flushes subnormals
             with fpenv.keeping():
-                return self._forward(leaves, want_vjp, to)
-        return self._forward(leaves, want_vjp, to)
+                return self._forward(leaves, want_vjp, to, borrowed)
+        return self._forward(leaves, want_vjp, to, borrowed)
 
-    def _forward(self, leaves, want_vjp: bool, to: str):
+    def _forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
         callee_leaves = self._inputs(leaves)
         callee = registry.get(self.callee)
         # inputs are views of the caller's tensors: a callee writing into one that views immutable
@@ -156,10 +159,10 @@ class ForeignCall:
             else:
                 out_leaves, pullback = self._flat_fn(*callee_leaves), None
         except Exception as err:
-            if watched is not None and (bad := self._written(callee, watched, leaves)):
+            if watched is not None and (bad := self._written(callee, watched, leaves, borrowed)):
                 err.add_note(str(bad))  # the callee's own error first, and what it did before it
             raise
-        if watched is not None and (bad := self._written(callee, watched, leaves)):
+        if watched is not None and (bad := self._written(callee, watched, leaves, borrowed)):
             raise bad
         caller = registry.get(to)
         kept: list[int] = []
@@ -196,18 +199,20 @@ class ForeignCall:
             own[i] = callee.copy(own[i])
         return own
 
-    def _written(self, callee, watched, leaves) -> InputWrittenError | None:
+    def _written(self, callee, watched, leaves, borrowed: str | None = None) -> InputWrittenError | None:
         """Our error for the callee's in-place writes into inputs that view the caller's immutable
         or read-only memory (None when there were none: a write into a copy, or into the caller's
-        own writable memory, is the callee's business, as it would be natively)."""
+        own writable memory, is the callee's business, as it would be natively). ``borrowed``: as
+        ``forward``'s."""
         written = callee.written(watched)
         if not written:
             return None
-        bad = [i for i in written if _views_immutable(leaves[i], self.callee, self.fallback)]
+        bad = list(written) if borrowed else [i for i in written if _views_immutable(leaves[i], self.callee,
+                                                                                     self.fallback)]
         if not bad:
             return None
         paths = _leaf_paths(self.skeleton)
-        source = registry.framework_of(leaves[bad[0]])
+        source = borrowed or registry.framework_of(leaves[bad[0]])
         return InputWrittenError(
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} wrote in place "
             f"into its input {', '.join(paths[i] for i in bad)}, a zero-copy view of the caller's {source} "
@@ -233,8 +238,8 @@ class ForeignCall:
         grads = pullback(cts)
         return [None if g is None else _one(g, to, None, fallback, False, "allow", "drop") for g in grads]
 
-    def recompute_backward(self, leaves, cotangents, to: str, on_grad: str = "warn"):
-        _, pullback = self.forward(leaves, True, to)
+    def recompute_backward(self, leaves, cotangents, to: str, on_grad: str = "warn", borrowed: str | None = None):
+        _, pullback = self.forward(leaves, True, to, borrowed)
         return self.backward(pullback, cotangents, to, on_grad)
 
     def specs(self, leaves, shapes_dtypes: Callable[[Any], tuple]) -> list:
@@ -303,6 +308,17 @@ class ForeignCall:
             f"caller, as {self.caller} is here, declares them before the function runs, by one call on zeros of "
             "the inputs' shapes): a result whose shape depends on the inputs' values cannot cross a traced call. "
             "Call the function eagerly, or return a shape fixed by the inputs' shapes (pad it, or return a mask)")
+
+    def not_batched(self, i: int, got, want) -> UnsupportedTypeError:
+        """Our error for a result of another shape or dtype than the batch's, under a vectorized vmap
+        method (the callee is handed the whole batch and must return batched results)."""
+        show = (lambda sd: "nothing" if sd is None else f"{sd[1]} of shape {tuple(sd[0])}")
+        return UnsupportedTypeError(
+            f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
+            f"{show(got)} under vmap (vmap_method={self.vmap_method!r}, result leaf {i}), where the batch's result "
+            f"is {show(want)}: with that method the function is handed the whole batch (a batch dimension on its "
+            "inputs) and must return results with the batch dimension jax asks for. Return batched results, or "
+            "pass vmap_method='sequential' (one call per batch element)")
 
     def _check_held(self, specs: list) -> None:
         """Our error for a declared result the caller cannot hold (jax without 64-bit mode and

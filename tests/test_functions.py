@@ -5,6 +5,7 @@ the callee's own vector-Jacobian product, in every direction."""
 from __future__ import annotations
 
 import collections
+import re
 import warnings
 
 import numpy as np
@@ -200,6 +201,62 @@ def test_jax_caller_under_jit_forward_and_grad():
     np.testing.assert_array_equal(bits(y), bits(_layer("torch")(make("torch", w), make("torch", x))))
     g = jax.jit(jax.grad(lambda W, X: (fn(W, X) * C).sum()))(W, X)
     np.testing.assert_array_equal(bits(g), bits(_callee_vjp("torch", w, x, ct)[0]))
+
+
+@pytest.mark.frameworks("torch")
+def test_jax_callbacks_on_the_cpu_hand_the_callee_jaxs_own_buffers():
+    """On the CPU with jax >= 0.8.1 the callee under jit runs in a buffer_callback: its inputs are
+    jax's buffers themselves (the caller's array here), not the host copies jax.pure_callback makes,
+    forward and backward; results and gradients are the callee's own, bit for bit. An older jax
+    (the oldest set) takes pure_callback, and the same results."""
+    import jax
+    import torch
+
+    from bf16bridge import versions
+    from bf16bridge.adapters import jax as jax_adapter
+
+    assert jax_adapter.BUFFER_CALLBACK is (versions.release(jax.__version__) >= (0, 8, 1))
+    assert bb.probe().frameworks["jax"].facts["buffer_callback"][0] is jax_adapter.BUFFER_CALLBACK
+    seen = []
+
+    def layer(w, x):
+        seen.append((w.data_ptr(), x.data_ptr()))
+        return torch.tanh(x @ w)
+
+    w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
+    W, X, C = (make("jax", v) for v in (w, x, ct))
+    fn = bb.bridge("torch")(layer)
+    y = jax.jit(fn)(W, X)
+    np.testing.assert_array_equal(bits(y), bits(_layer("torch")(make("torch", w), make("torch", x))))
+    at_call = seen[-1]
+    g = jax.jit(jax.grad(lambda W, X: (fn(W, X) * C).sum()))(W, X)
+    np.testing.assert_array_equal(bits(g), bits(_callee_vjp("torch", w, x, ct)[0]))
+    mine = (W.unsafe_buffer_pointer(), X.unsafe_buffer_pointer())
+    if jax_adapter.BUFFER_CALLBACK:
+        assert at_call == mine and seen[-1] == mine, (at_call, seen[-1], mine)
+    else:
+        assert at_call != mine  # pure_callback's host copies
+
+
+@pytest.mark.frameworks("torch")
+def test_batched_results_of_another_shape_are_our_error():
+    """Under vmap with a vectorized method the callee's batched results are not checked against the
+    declared ones before they reach jax: one of another shape is our error naming the function (written
+    into jax's buffer it would have been broadcast, or left unwritten)."""
+    import jax
+    import torch
+
+    fn = bb.bridge("torch", vmap_method="broadcast_all")(lambda x: torch.sin(x).sum(0))  # sums the batch too
+    X = make("jax", _data((5, 4), 6))
+    if not bb.probe().frameworks["jax"].facts["pure_callback vmap_method"][0]:
+        with pytest.raises(bb.UnsupportedTypeError, match="upgrade jax"):  # (jax 0.4.30: one batching rule)
+            jax.vmap(fn)(X)
+        return
+    with pytest.raises(Exception, match=re.escape(
+            "<lambda>' returned bfloat16 of shape (4,) under vmap (vmap_method='broadcast_all', result leaf 0), "
+            "where the batch's result is bfloat16 of shape (5,): with that method the function is handed the "
+            "whole batch")):
+        jax.block_until_ready(jax.vmap(fn)(X))
 
 
 @pytest.mark.frameworks("torch")

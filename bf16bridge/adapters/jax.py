@@ -455,6 +455,13 @@ class JaxAdapter(Adapter):
                     if _VMAP_METHOD else
                     f"jax {jax.__version__}'s pure_callback has no vmap_method: under vmap a bridged function "
                     "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
+                "buffer_callback": (BUFFER_CALLBACK, (
+                    "under a jax transformation a bridged callee on the CPU runs in "
+                    "jax.experimental.buffer_callback, on jax's own buffers (no copies); on a GPU in "
+                    "jax.pure_callback, on host copies" if BUFFER_CALLBACK else
+                    f"jax {jax.__version__} has no buffer_callback the bridge uses (from 0.8.1): under a jax "
+                    "transformation a bridged callee runs in jax.pure_callback, on host copies of its inputs and "
+                    "results")),
                 "aligned buffers": (_ALIGNED, (
                     "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer"
                     if _ALIGNED else
@@ -615,33 +622,35 @@ def _foreign_fn(call, leaves, shape_dtype):
     in_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     wanted = [i for i, d in enumerate(call.diff) if d]
     inexact = [i for i, a in enumerate(out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
-    callback = functools.partial(_callback, call.vmap_method)
-    # the backward's callback: under expand_dims (and legacy_vectorized) an input that vmap does not
-    # batch comes in with a size-1 batch dimension, and its gradient must too; computed from a
-    # cotangent with the full batch it came out full (torch's and jax's raw shape errors). Broadcast,
-    # every gradient is the batch's, which vmap's own transpose then sums for unbatched inputs; a
-    # callee that takes size-1 dimensions (what those methods ask of it) takes full ones
-    back = functools.partial(_callback, "broadcast_all" if call.vmap_method in ("expand_dims", "legacy_vectorized")
-                             else call.vmap_method)
     n = len(leaves)
 
     # results batched by vmap (the other vmap methods) are jax's to check
     unbatched = call.vmap_method in (None, "sequential")
 
     def fwd_cb(*xs):
-        outs = call.forward(list(xs), False, "numpy")[0]
+        outs = call.forward(list(xs), False, "numpy", "jax")[0]  # (jax's buffers, whatever type they come as)
         if unbatched:
             call.check_declared(outs, "numpy")
         return outs
 
     def bwd_cb(*a):
         given = dict(zip(inexact, a[n:]))
-        grads = call.recompute_backward(list(a[:n]), [given.get(i) for i in range(len(out_avals))], "numpy")
+        grads = call.recompute_backward(list(a[:n]), [given.get(i) for i in range(len(out_avals))], "numpy",
+                                        borrowed="jax")
         return [np.zeros(in_avals[i].shape, in_avals[i].dtype) if grads[i] is None else grads[i] for i in wanted]
+
+    forward = _HostCall(call, call.vmap_method, fwd_cb, out_avals)
+    # the backward's callback: under expand_dims (and legacy_vectorized) an input that vmap does not
+    # batch comes in with a size-1 batch dimension, and its gradient must too; computed from a
+    # cotangent with the full batch it came out full (torch's and jax's raw shape errors). Broadcast,
+    # every gradient is the batch's, which vmap's own transpose then sums for unbatched inputs; a
+    # callee that takes size-1 dimensions (what those methods ask of it) takes full ones
+    backward = _HostCall(call, "broadcast_all" if call.vmap_method in ("expand_dims", "legacy_vectorized")
+                         else call.vmap_method, bwd_cb, [in_avals[i] for i in wanted])
 
     @jax.custom_vjp
     def f(*xs):
-        return callback(fwd_cb, out_avals, *xs)
+        return forward(*xs)
 
     def f_fwd(*xs):
         return f(*xs), xs
@@ -650,7 +659,7 @@ def _foreign_fn(call, leaves, shape_dtype):
     # (jax's own says only that a pure_callback has no JVP)
     @jax.custom_jvp
     def bwd(*a):
-        return tuple(back(bwd_cb, [in_avals[i] for i in wanted], *a))
+        return tuple(backward(*a))
 
     @bwd.defjvp
     def bwd_jvp(primals, tangents):
@@ -675,26 +684,86 @@ def _foreign_fn(call, leaves, shape_dtype):
 _VMAP_METHOD = "vmap_method" in inspect.signature(jax.pure_callback).parameters
 
 
-def _callback(vmap_method, fn, avals, *args):
-    if _VMAP_METHOD:
-        kw = {} if vmap_method is None else {"vmap_method": vmap_method}
-    elif vmap_method in (None, "sequential"):
-        kw = {}  # this jax's one batching rule: once per batch element
-    else:
-        raise UnsupportedTypeError(
-            f"vmap_method={vmap_method!r}: jax {jax.__version__}'s pure_callback has no vmap_method; its one "
-            "batching rule runs the function once per batch element: pass vmap_method='sequential', or "
-            "upgrade jax (pip install -U jax) for the others")
-    try:
-        return jax.pure_callback(fn, avals, *args, **kw)
-    except NotImplementedError as err:
-        if "vmap" not in str(err):
-            raise
-        raise UnsupportedTypeError(
-            "a bridged function called from jax under vmap needs a batching rule: "
-            "bb.bridge(..., vmap_method='sequential') runs it once per batch element "
-            "(see jax.pure_callback's vmap_method)"
-        ) from err
+try:  # jax >= 0.6.1; from 0.8.1 (a failing callback left the runtime's host-callback state unbalanced before)
+    from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:  # pragma: no cover - jax 0.4.30 (the oldest tested)
+    _buffer_callback = None
+#: whether a callback on the CPU runs on jax's own buffers (buffer_callback): pure_callback copies
+#: every input and result through host arrays of its own, about 100 us a call here, more than a small
+#: callee takes
+BUFFER_CALLBACK = _buffer_callback is not None and versions.release(jax.__version__) >= (0, 8, 1)
+
+
+class _HostCall:
+    """One callback of a bridged call (its forward, or its backward): ``fn`` takes numpy arrays and
+    gives numpy results of ``avals``' shapes and dtypes, and runs when jax runs the computation.
+
+    On the CPU (jax >= 0.8.1) it runs in a ``buffer_callback``: the inputs are numpy views of jax's
+    own buffers (no copy; a callee's in-place write is seen, as eagerly, and is our
+    InputWrittenError), and each result is written into jax's result buffer once it has been checked
+    to be exactly the declared shape and dtype (a copy into it would broadcast or cast, silently).
+    Elsewhere (a GPU, whose buffers are device memory; an older jax) it runs in ``pure_callback``,
+    which hands it host copies. The branches are built once and kept: jax caches traced branches and
+    compiled callbacks by their identity, and new ones on every call would compile every call."""
+
+    def __init__(self, call, vmap_method, fn, avals):
+        self.call, self.vmap_method, self.fn, self.avals = call, vmap_method, fn, avals
+        self.kw = self._vmap_keywords()
+        self._pure = functools.partial(self._pure_callback)
+        self._buffers = functools.partial(self._buffer_callback)
+        self._filler = self._fill  # one object: jax keys its compiled callback on it
+
+    def _vmap_keywords(self):
+        vmap_method = self.vmap_method
+        if _VMAP_METHOD:
+            return {} if vmap_method is None else {"vmap_method": vmap_method}
+        if vmap_method in (None, "sequential"):
+            return {}  # this jax's one batching rule: once per batch element
+        return None  # refused when called (under the trace, as before)
+
+    def __call__(self, *args):
+        if self.kw is None:
+            raise UnsupportedTypeError(
+                f"vmap_method={self.vmap_method!r}: jax {jax.__version__}'s pure_callback has no vmap_method; its "
+                "one batching rule runs the function once per batch element: pass vmap_method='sequential', or "
+                "upgrade jax (pip install -U jax) for the others")
+        try:
+            if BUFFER_CALLBACK:
+                return jax.lax.platform_dependent(*args, cpu=self._buffers, default=self._pure)
+            return self._pure(*args)
+        except NotImplementedError as err:
+            if "vmap" not in str(err):
+                raise
+            raise UnsupportedTypeError(
+                "a bridged function called from jax under vmap needs a batching rule: "
+                "bb.bridge(..., vmap_method='sequential') runs it once per batch element "
+                "(see jax.pure_callback's vmap_method)"
+            ) from err
+
+    def _pure_callback(self, *args):
+        return jax.pure_callback(self.fn, self.avals, *args, **self.kw)
+
+    def _buffer_callback(self, *args):
+        assert _buffer_callback is not None
+        return _buffer_callback(self._filler, self.avals, **self.kw)(*args)
+
+    def _fill(self, ctx, out, *buffers):
+        """buffer_callback's callback: ``fn`` on jax's input buffers, its results into jax's result buffers."""
+        # views of jax's buffers (writable numpy arrays: a read-only one would reach a torch callee as a
+        # copy), which ``fn`` (forward(..., borrowed="jax")) treats as jax's immutable arrays
+        results = self.fn(*[np.asarray(b) for b in buffers])
+        shape_dtype = registry.get("numpy").shape_dtype
+        if len(results) != len(out):  # (the results' tree is checked before: a guard, never left unwritten)
+            i = min(len(results), len(out))
+            raise self.call._not_declared(i, shape_dtype(results[i]) if i < len(results) else None,
+                                          shape_dtype(np.asarray(out[i])) if i < len(out) else None, "here")
+        for i, (o, r) in enumerate(zip(out, results)):
+            dst, r = np.asarray(o), np.asarray(r)
+            if r.shape != dst.shape or r.dtype != dst.dtype:  # (batched by vmap: not checked before)
+                if dst.shape != tuple(self.avals[i].shape):  # a batch's result
+                    raise self.call.not_batched(i, shape_dtype(r), shape_dtype(dst))
+                raise self.call._not_declared(i, shape_dtype(r), shape_dtype(dst), "here")
+            np.copyto(dst, r, casting="no")
 
 
 def _device_name(dev) -> str:
