@@ -699,8 +699,8 @@ class _HostCall:
     gives numpy results of ``avals``' shapes and dtypes, and runs when jax runs the computation.
 
     On the CPU (jax >= 0.8.1) it runs in a ``buffer_callback``: the inputs are numpy views of jax's
-    own buffers (no copy; a callee's in-place write is seen, as eagerly, and is our
-    InputWrittenError), and each result is written into jax's result buffer once it has been checked
+    own buffers (no copy; read-only for a numpy callee, as eagerly; a torch callee's in-place write
+    is seen, as eagerly, and is our InputWrittenError), and each result is written into jax's result buffer once it has been checked
     to be exactly the declared shape and dtype (a copy into it would broadcast or cast, silently).
     Elsewhere (a GPU, whose buffers are device memory; an older jax) it runs in ``pure_callback``,
     which hands it host copies. The branches are built once and kept: jax caches traced branches and
@@ -712,6 +712,7 @@ class _HostCall:
         self._pure = functools.partial(self._pure_callback)
         self._buffers = functools.partial(self._buffer_callback)
         self._filler = self._fill  # one object: jax keys its compiled callback on it
+        self.readonly = registry.get(call.callee).marks_readonly
 
     def _vmap_keywords(self):
         vmap_method = self.vmap_method
@@ -749,9 +750,15 @@ class _HostCall:
 
     def _fill(self, ctx, out, *buffers):
         """buffer_callback's callback: ``fn`` on jax's input buffers, its results into jax's result buffers."""
-        # views of jax's buffers (writable numpy arrays: a read-only one would reach a torch callee as a
-        # copy), which ``fn`` (forward(..., borrowed="jax")) treats as jax's immutable arrays
-        results = self.fn(*[np.asarray(b) for b in buffers])
+        # views of jax's buffers, which ``fn`` (forward(..., borrowed="jax")) treats as jax's immutable
+        # arrays: read-only where the callee's tensors can say so (numpy's, which then refuse a write);
+        # writable for the others (a read-only one would reach torch as a copy, which cannot be marked),
+        # whose writes are watched
+        inputs = [np.asarray(b) for b in buffers]
+        if self.readonly:
+            for a in inputs:
+                a.flags.writeable = False
+        results = self.fn(*inputs)
         shape_dtype = registry.get("numpy").shape_dtype
         if len(results) != len(out):  # (the results' tree is checked before: a guard, never left unwritten)
             i = min(len(results), len(out))
