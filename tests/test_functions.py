@@ -5,7 +5,10 @@ the callee's own vector-Jacobian product, in every direction."""
 from __future__ import annotations
 
 import collections
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -216,7 +219,8 @@ def test_jax_callbacks_on_the_cpu_hand_the_callee_jaxs_own_buffers():
     from bf16bridge.adapters import jax as jax_adapter
 
     assert jax_adapter.BUFFER_CALLBACK is (versions.release(jax.__version__) >= (0, 8, 1))
-    assert bb.probe().frameworks["jax"].facts["buffer_callback"][0] is jax_adapter.BUFFER_CALLBACK
+    uses = jax_adapter.BUFFER_CALLBACK and len(jax.devices("cpu")) == 1
+    assert bb.probe().frameworks["jax"].facts["buffer_callback"][0] is uses
     seen = []
 
     def layer(w, x):
@@ -232,10 +236,44 @@ def test_jax_callbacks_on_the_cpu_hand_the_callee_jaxs_own_buffers():
     g = jax.jit(jax.grad(lambda W, X: (fn(W, X) * C).sum()))(W, X)
     np.testing.assert_array_equal(bits(g), bits(_callee_vjp("torch", w, x, ct)[0]))
     mine = (W.unsafe_buffer_pointer(), X.unsafe_buffer_pointer())
-    if jax_adapter.BUFFER_CALLBACK:
+    if uses:
         assert at_call == mine and seen[-1] == mine, (at_call, seen[-1], mine)
     else:
         assert at_call != mine  # pure_callback's host copies
+
+
+MULTI_DEVICE_CHILD = """
+import numpy as np, jax, jax.numpy as jnp, torch, warnings, bf16bridge as bb
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+calls = []
+@bb.bridge("torch")
+def f(x):
+    calls.append(tuple(x.shape))
+    return torch.sin(x) * 2
+x = jax.device_put(jnp.arange(16.0).reshape(8, 2), NamedSharding(Mesh(np.array(jax.devices()), ("x",)), P("x", None)))
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # (the SPMD partitioner's notes about the callback's one device)
+    y = jax.block_until_ready(jax.jit(f)(x))
+    n = len(calls)
+    jax.block_until_ready(jax.jit(f)(x))
+assert np.array_equal(np.asarray(y), np.asarray(torch.sin(torch.arange(16.0).reshape(8, 2)) * 2))
+fact = bb.probe().frameworks["jax"].facts["buffer_callback"]
+print(n, len(calls) - n, len(jax.devices()), fact[0], fact[1])
+"""
+
+
+@pytest.mark.frameworks("torch")
+def test_over_several_cpu_devices_a_traced_call_runs_the_callee_once():
+    """With several CPU devices, a buffer_callback runs once on every device, each with the whole
+    array: the callee ran 4 times a call over 4 devices. There the bridge keeps pure_callback (once a
+    call), and the probe's jax fact says why."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    r = subprocess.run([sys.executable, "-c", MULTI_DEVICE_CHILD], env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, again, devices, uses, why = r.stdout.split(" ", 4)
+    assert devices == "4" and again == "1", r.stdout  # once a call (the first also declares its results)
+    assert int(first) == 2 and uses == "False" and why.startswith("4 CPU devices"), r.stdout
 
 
 @pytest.mark.frameworks("torch")

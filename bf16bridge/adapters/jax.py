@@ -455,13 +455,14 @@ class JaxAdapter(Adapter):
                     if _VMAP_METHOD else
                     f"jax {jax.__version__}'s pure_callback has no vmap_method: under vmap a bridged function "
                     "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
-                "buffer_callback": (BUFFER_CALLBACK, (
+                "buffer_callback": (_buffers_here(), (
                     "under a jax transformation a bridged callee on the CPU runs in "
                     "jax.experimental.buffer_callback, on jax's own buffers (no copies); on a GPU in "
-                    "jax.pure_callback, on host copies" if BUFFER_CALLBACK else
-                    f"jax {jax.__version__} has no buffer_callback the bridge uses (from 0.8.1): under a jax "
-                    "transformation a bridged callee runs in jax.pure_callback, on host copies of its inputs and "
-                    "results")),
+                    "jax.pure_callback, on host copies" if _buffers_here() else
+                    f"jax {jax.__version__} has no buffer_callback the bridge uses (from 0.8.1)" if not BUFFER_CALLBACK
+                    else f"{len(jax.devices('cpu'))} CPU devices (a buffer_callback would run on each)")
+                    + ("" if _buffers_here() else ": under a jax transformation a bridged callee runs in "
+                       "jax.pure_callback, on host copies of its inputs and results")),
                 "aligned buffers": (_ALIGNED, (
                     "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer"
                     if _ALIGNED else
@@ -694,6 +695,14 @@ except ImportError:  # pragma: no cover - jax 0.4.30 (the oldest tested)
 BUFFER_CALLBACK = _buffer_callback is not None and versions.release(jax.__version__) >= (0, 8, 1)
 
 
+@functools.cache
+def _buffers_here() -> bool:
+    """Whether bridged callbacks on the CPU take buffer_callback here: jax has it, and one CPU device
+    (over several, a computation with sharded inputs runs a buffer_callback once on every device, each
+    with the whole array: the callee ran N times a call; pure_callback runs once, on one device)."""
+    return BUFFER_CALLBACK and len(jax.devices("cpu")) == 1
+
+
 class _HostCall:
     """One callback of a bridged call (its forward, or its backward): ``fn`` takes numpy arrays and
     gives numpy results of ``avals``' shapes and dtypes, and runs when jax runs the computation.
@@ -729,7 +738,7 @@ class _HostCall:
                 "one batching rule runs the function once per batch element: pass vmap_method='sequential', or "
                 "upgrade jax (pip install -U jax) for the others")
         try:
-            if BUFFER_CALLBACK:
+            if _buffers_here():
                 return jax.lax.platform_dependent(*args, cpu=self._buffers, default=self._pure)
             return self._pure(*args)
         except NotImplementedError as err:
