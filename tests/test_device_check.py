@@ -33,6 +33,7 @@ CHECKS = {
     "test_torch_caller_jax_callee_grad": "grad_mismatches",
     "test_jax_caller_torch_callee": "callee_ran_on",
     "test_jax_caller_torch_callee_grad": "grad_mismatches",
+    "test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order": "path",
     "test_framework_present[torch]": "installed",
     "test_framework_present[jax]": "installed",
     "test_framework_present[tensorflow]": "installed",
@@ -57,6 +58,8 @@ CHECKS = {
     "test_bridge_against_workaround[jax->numpy]": "ratio",
     "test_overhead_against_raw_dlpack[torch->jax]": "bridge_over_raw",
     "test_overhead_against_raw_dlpack[jax->torch]": "bridge_over_raw",
+    "test_bridged_call_under_jit_against_pure_callback[1024]": "pure_callback_over_bridge",
+    "test_bridged_call_under_jit_against_pure_callback[1048576]": "pure_callback_over_bridge",
     "test_shards_to_torch_zero_copy": "pointers_equal",
     "test_shards_back_to_jax_no_copy": "pointers_equal",
     "test_shards_to_host_target": "copy=True",
@@ -222,10 +225,14 @@ def test_routes_doc_holds_the_saved_gpu_run():
     start, end = doc.index(mod.DOCS_OPEN), doc.index(mod.DOCS_CLOSE) + len(mod.DOCS_CLOSE)
     assert doc[start:end] == mod.docs_block(data, "benchmarks/results/device-gpu.json")
     tests = {t["name"]: t["records"] for t in data["tests"]}
-    assert tests["test_jax_caller_torch_callee_grad"]["callee_ran_on"] == "cpu"
+    jit = tests["test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order"]
+    assert jit["path"] == "buffer_callback" and jit["callee_ran_on"] == jit["grad_callee_ran_on"] == "gpu:0"
+    assert jit["callee_stream_is_torchs_default"] is False and jit["mismatches"] == 0
+    assert tests["test_jax_caller_torch_callee_grad"]["callee_ran_on"] == "gpu:0"
     assert tests["test_jax_caller_torch_callee"]["callee_ran_on"] == tests["test_torch_caller_jax_callee_grad"][
         "callee_ran_on"] == "gpu:0"
-    assert "so that callee runs\non the CPU" in doc and "A torch caller's jax callee runs on the GPU either way" in doc
+    assert "runs on the GPU, on jax's device buffers with its work queued on the\ncomputation's stream" in doc
+    assert "A torch caller's jax callee runs on the GPU either way" in doc
 
 
 def test_docs_mode_writes_only_a_finished_gpu_run(tmp_path):

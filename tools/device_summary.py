@@ -33,6 +33,7 @@ EXPECTED = (
     "test_torch_caller_jax_callee_grad",
     "test_jax_caller_torch_callee",
     "test_jax_caller_torch_callee_grad",
+    "test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order",
     "test_framework_present",
     "test_probe_reports_the_device",
     "test_registry_present",

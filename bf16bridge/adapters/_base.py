@@ -451,6 +451,23 @@ class Adapter:
         callers that read a tensor without describing it (cast_tree)."""
         return None
 
+    def device_streams(self) -> tuple:
+        """Callee side: the device platforms ("cuda") on whose streams this framework can queue its
+        work when another runtime hands it device buffers and a stream (a jax computation's callback:
+        ``on_device_stream``); () where it cannot (the default): such a callee gets host copies."""
+        return ()
+
+    def on_device_stream(self, platform: str, index: int, stream: int) -> contextlib.AbstractContextManager:
+        """A context in which this framework's work on device ``index`` of ``platform`` is queued on
+        ``stream`` (the foreign runtime's raw stream handle, a cudaStream_t), in order with that runtime's
+        own work: no synchronisation, and nothing read before the runtime's earlier work is done."""
+        raise NotImplementedError(f"{self.name} queues no work on another runtime's stream")  # pragma: no cover
+
+    def write_into(self, dst, src) -> None:
+        """Write tensor ``src`` into tensor ``dst`` (same shape and dtype, checked by the caller), on the
+        current stream: a result into the buffer another runtime gave for it."""
+        raise NotImplementedError(f"{self.name} writes into no foreign buffer")  # pragma: no cover
+
     def watch_writes(self, leaves: list):
         """Callee side: what shows, after the callee ran, that it wrote in place into these input
         leaves (this framework's tensors, as the callee got them); None where writes cannot be seen

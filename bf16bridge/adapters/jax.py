@@ -455,13 +455,14 @@ class JaxAdapter(Adapter):
                     if _VMAP_METHOD else
                     f"jax {jax.__version__}'s pure_callback has no vmap_method: under vmap a bridged function "
                     "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
-                "buffer_callback": (_buffers_here(), (
+                "buffer_callback": (_buffers_here("cpu"), (
                     "under a jax transformation a bridged callee on the CPU runs in "
-                    "jax.experimental.buffer_callback, on jax's own buffers (no copies); on a GPU in "
-                    "jax.pure_callback, on host copies" if _buffers_here() else
+                    "jax.experimental.buffer_callback, on jax's own buffers (no copies); on one CUDA GPU too, "
+                    "for a callee that queues its work on jax's stream (torch with CUDA); elsewhere in "
+                    "jax.pure_callback, on host copies" if _buffers_here("cpu") else
                     f"jax {jax.__version__} has no buffer_callback the bridge uses (from 0.8.1)" if not BUFFER_CALLBACK
                     else f"{len(jax.devices('cpu'))} CPU devices (a buffer_callback would run on each)")
-                    + ("" if _buffers_here() else ": under a jax transformation a bridged callee runs in "
+                    + ("" if _buffers_here("cpu") else ": under a jax transformation a bridged callee runs in "
                        "jax.pure_callback, on host copies of its inputs and results")),
                 "aligned buffers": (_ALIGNED, (
                     "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer"
@@ -628,17 +629,20 @@ def _foreign_fn(call, leaves, shape_dtype):
     # results batched by vmap (the other vmap methods) are jax's to check
     unbatched = call.vmap_method in (None, "sequential")
 
-    def fwd_cb(*xs):
-        outs = call.forward(list(xs), False, "numpy", "jax")[0]  # (jax's buffers, whatever type they come as)
+    # each callback takes its inputs as tensors of ``to`` and gives its results as them: numpy on the
+    # host, the callee's own on a device whose buffers it takes (_HostCall); a gradient jax wants that
+    # the callee has not is None, written as zeros
+    def fwd_cb(to, *xs):
+        outs = call.forward(list(xs), False, to, "jax")[0]  # (jax's buffers, whatever type they come as)
         if unbatched:
-            call.check_declared(outs, "numpy")
+            call.check_declared(outs, to)
         return outs
 
-    def bwd_cb(*a):
+    def bwd_cb(to, *a):
         given = dict(zip(inexact, a[n:]))
-        grads = call.recompute_backward(list(a[:n]), [given.get(i) for i in range(len(out_avals))], "numpy",
+        grads = call.recompute_backward(list(a[:n]), [given.get(i) for i in range(len(out_avals))], to,
                                         borrowed="jax")
-        return [np.zeros(in_avals[i].shape, in_avals[i].dtype) if grads[i] is None else grads[i] for i in wanted]
+        return [grads[i] for i in wanted]
 
     forward = _HostCall(call, call.vmap_method, fwd_cb, out_avals)
     # the backward's callback: under expand_dims (and legacy_vectorized) an input that vmap does not
@@ -696,32 +700,43 @@ BUFFER_CALLBACK = _buffer_callback is not None and versions.release(jax.__versio
 
 
 @functools.cache
-def _buffers_here() -> bool:
-    """Whether bridged callbacks on the CPU take buffer_callback here: jax has it, and one CPU device
-    (over several, a computation with sharded inputs runs a buffer_callback once on every device, each
-    with the whole array: the callee ran N times a call; pure_callback runs once, on one device)."""
-    return BUFFER_CALLBACK and len(jax.devices("cpu")) == 1
+def _buffers_here(platform: str) -> bool:
+    """Whether bridged callbacks on ``platform`` ("cpu", "cuda") take buffer_callback here: jax has it,
+    and one device of that platform (over several, a computation with sharded inputs runs a
+    buffer_callback once on every device, each with the whole array: the callee ran N times a call;
+    pure_callback runs once, on one device)."""
+    if not BUFFER_CALLBACK:
+        return False
+    try:
+        return len(jax.devices(platform)) == 1
+    except RuntimeError:  # no such backend here
+        return False
 
 
 class _HostCall:
-    """One callback of a bridged call (its forward, or its backward): ``fn`` takes numpy arrays and
-    gives numpy results of ``avals``' shapes and dtypes, and runs when jax runs the computation.
+    """One callback of a bridged call (its forward, or its backward): ``fn(to, *inputs)`` takes
+    tensors of ``to`` and gives results of ``avals``' shapes and dtypes as tensors of ``to`` (None:
+    zeros), and runs when jax runs the computation.
 
-    On the CPU (jax >= 0.8.1) it runs in a ``buffer_callback``: the inputs are numpy views of jax's
-    own buffers (no copy; read-only for a numpy callee, as eagerly; a torch callee's in-place write
-    is seen, as eagerly, and is our InputWrittenError), and each result is written into jax's result buffer once it has been checked
-    to be exactly the declared shape and dtype (a copy into it would broadcast or cast, silently).
-    Elsewhere (a GPU, whose buffers are device memory; an older jax) it runs in ``pure_callback``,
-    which hands it host copies. The branches are built once and kept: jax caches traced branches and
+    On the CPU (jax >= 0.8.1, one CPU device) it runs in a ``buffer_callback``: the inputs are numpy
+    views of jax's own buffers (no copy; read-only for a numpy callee, as eagerly; a torch callee's
+    in-place write is seen, as eagerly, and is our InputWrittenError), and each result is written into
+    jax's result buffer once it has been checked to be exactly the declared shape and dtype (a copy
+    into it would broadcast or cast, silently). On one CUDA GPU, for a callee that can queue its work
+    on jax's stream (``Adapter.device_streams``: torch), likewise on the device: the callee's tensors
+    are views of jax's device buffers, its work is queued on the computation's stream, in order with
+    it. Elsewhere (an older jax, several devices, another callee) it runs in ``pure_callback``, which
+    hands it host copies. The branches are built once and kept: jax caches traced branches and
     compiled callbacks by their identity, and new ones on every call would compile every call."""
 
     def __init__(self, call, vmap_method, fn, avals):
         self.call, self.vmap_method, self.fn, self.avals = call, vmap_method, fn, avals
         self.kw = self._vmap_keywords()
+        self.callee = registry.get(call.callee)
+        self.readonly = self.callee.marks_readonly
         self._pure = functools.partial(self._pure_callback)
-        self._buffers = functools.partial(self._buffer_callback)
-        self._filler = self._fill  # one object: jax keys its compiled callback on it
-        self.readonly = registry.get(call.callee).marks_readonly
+        self._on_host = functools.partial(self._buffer_callback, self._fill)
+        self._on_gpu = functools.partial(self._buffer_callback, self._fill_device)
 
     def _vmap_keywords(self):
         vmap_method = self.vmap_method
@@ -737,9 +752,14 @@ class _HostCall:
                 f"vmap_method={self.vmap_method!r}: jax {jax.__version__}'s pure_callback has no vmap_method; its "
                 "one batching rule runs the function once per batch element: pass vmap_method='sequential', or "
                 "upgrade jax (pip install -U jax) for the others")
+        branches = {}
+        if _buffers_here("cpu"):
+            branches["cpu"] = self._on_host
+        if "cuda" in self.callee.device_streams() and _buffers_here("cuda"):
+            branches["cuda"] = self._on_gpu
         try:
-            if _buffers_here():
-                return jax.lax.platform_dependent(*args, cpu=self._buffers, default=self._pure)
+            if branches:
+                return jax.lax.platform_dependent(*args, **branches, default=self._pure)
             return self._pure(*args)
         except NotImplementedError as err:
             if "vmap" not in str(err):
@@ -751,14 +771,18 @@ class _HostCall:
             ) from err
 
     def _pure_callback(self, *args):
-        return jax.pure_callback(self.fn, self.avals, *args, **self.kw)
+        return jax.pure_callback(self._host_results, self.avals, *args, **self.kw)
 
-    def _buffer_callback(self, *args):
+    def _host_results(self, *xs):
+        return [np.zeros(a.shape, a.dtype) if r is None else r for r, a in zip(self.fn("numpy", *xs), self.avals)]
+
+    def _buffer_callback(self, fill, *args):
         assert _buffer_callback is not None
-        return _buffer_callback(self._filler, self.avals, **self.kw)(*args)
+        return _buffer_callback(fill, self.avals, **self.kw)(*args)
 
     def _fill(self, ctx, out, *buffers):
-        """buffer_callback's callback: ``fn`` on jax's input buffers, its results into jax's result buffers."""
+        """buffer_callback's callback on the CPU: ``fn`` on jax's input buffers, its results into jax's
+        result buffers."""
         # views of jax's buffers, which ``fn`` (forward(..., borrowed="jax")) treats as jax's immutable
         # arrays: read-only where the callee's tensors can say so (numpy's, which then refuse a write);
         # writable for the others (a read-only one would reach torch as a copy, which cannot be marked),
@@ -767,19 +791,40 @@ class _HostCall:
         if self.readonly:
             for a in inputs:
                 a.flags.writeable = False
-        results = self.fn(*inputs)
-        shape_dtype = registry.get("numpy").shape_dtype
-        if len(results) != len(out):  # (the results' tree is checked before: a guard, never left unwritten)
-            i = min(len(results), len(out))
-            raise self.call._not_declared(i, shape_dtype(results[i]) if i < len(results) else None,
-                                          shape_dtype(np.asarray(out[i])) if i < len(out) else None, "here")
-        for i, (o, r) in enumerate(zip(out, results)):
-            dst, r = np.asarray(o), np.asarray(r)
-            if r.shape != dst.shape or r.dtype != dst.dtype:  # (batched by vmap: not checked before)
-                if dst.shape != tuple(self.avals[i].shape):  # a batch's result
-                    raise self.call.not_batched(i, shape_dtype(r), shape_dtype(dst))
-                raise self.call._not_declared(i, shape_dtype(r), shape_dtype(dst), "here")
-            np.copyto(dst, r, casting="no")
+        results = self.fn("numpy", *inputs)
+        self._write(results, [np.asarray(o) for o in out], registry.get("numpy"),
+                    lambda dst, r: np.copyto(dst, r, casting="no"))
+
+    def _fill_device(self, ctx, out, *buffers):
+        """buffer_callback's callback on a GPU: the callee on jax's device buffers, its work queued on
+        the computation's stream, its results copied into jax's result buffers on that stream."""
+        callee = self.callee
+        take = callee.importer()
+        index = (buffers[0] if buffers else out[0]).__dlpack_device__()[1]
+        with callee.on_device_stream("cuda", index, ctx.stream):
+            results = self.fn(callee.name, *[take(b) for b in buffers])
+            self._write(results, [take(o) for o in out], callee, callee.write_into)
+
+    def _write(self, results, dsts, adapter, write) -> None:
+        """Each result into its buffer ``dsts[i]`` (a tensor of ``adapter``'s) by ``write``, once checked
+        to be exactly the buffer's shape and dtype; a result None (a gradient the callee has not) as zeros."""
+        if len(results) != len(dsts):  # (the results' tree is checked before: a guard, never left unwritten)
+            i = min(len(results), len(dsts))
+            raise self.call._not_declared(
+                i, adapter.shape_dtype(results[i]) if i < len(results) and results[i] is not None else None,
+                adapter.shape_dtype(dsts[i]) if i < len(dsts) else None, "here")
+        for i, (dst, r) in enumerate(zip(dsts, results)):
+            want = adapter.shape_dtype(dst)
+            if r is None:
+                from ..convert import convert
+
+                r = convert(np.zeros(want[0], dtypes.numpy_dtype(want[1])), adapter.name)
+            got = adapter.shape_dtype(r)
+            if got != want:  # (batched by vmap: not checked before)
+                if tuple(want[0]) != tuple(self.avals[i].shape):  # a batch's result
+                    raise self.call.not_batched(i, got, want)
+                raise self.call._not_declared(i, got, want, "here")
+            write(dst, r)
 
 
 def _device_name(dev) -> str:

@@ -472,6 +472,21 @@ class TorchAdapter(Adapter):
             return call.forward(leaves, False, self.name)[0]
         return list(_Foreign.apply(call, *leaves))
 
+    def device_streams(self):
+        return ("cuda",) if torch.cuda.is_available() else ()
+
+    @contextlib.contextmanager
+    def on_device_stream(self, platform, index, stream):
+        device = torch.device(platform, index)
+        # torch's current device and stream become the foreign runtime's: the callee's kernels, its
+        # temporaries (the caching allocator keys blocks by stream) and the copy of its results queue
+        # behind that runtime's earlier work and ahead of its later work
+        with torch.cuda.device(device), torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+            yield
+
+    def write_into(self, dst, src):
+        dst.copy_(src)
+
     def watch_writes(self, leaves):
         # torch has no read-only tensors, but every in-place op (add_, x[i] = v, out=, copy_) bumps the
         # version counter a tensor shares with its views and detached copies. Not seen: writes

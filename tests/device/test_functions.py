@@ -110,3 +110,72 @@ def test_jax_caller_torch_callee_grad(torch_device, jax_device, record_property)
     assert where(out) == where(wj) and where(grad) == where(wj)
     np.testing.assert_array_equal(host_bits(out), host_bits(want))
     np.testing.assert_array_equal(host_bits(grad), host_bits(want_grad))
+
+
+def _jax_path(platform):
+    """Whether the bridge runs a traced jax caller's torch callee on jax's own buffers on ``platform``."""
+    from bf16bridge.adapters import jax as jax_adapter
+
+    return jax_adapter._buffers_here(platform) and (platform == "cpu" or "cuda" in bb.registry.get(
+        "torch").device_streams())
+
+
+def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_device, jax_device, record_property):
+    """Under jax.jit the torch callee runs on jax's own buffers: on the GPU (one CUDA device, torch with
+    CUDA) on the device, its work queued on the computation's stream, so it reads its input only after
+    the jit's large matmuls that write it, and jax reads its result only after it; on the CPU on jax's
+    host buffers. Every bit pattern comes through; the callee's input is jax's buffer (by pointer)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    size = 16384 if DEVICE == "cuda" else 128
+    seen = {}
+
+    @bb.bridge("torch")
+    def copy(x):
+        seen.update(device=where(x), ptr=x.data_ptr(),
+                    stream=torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None,
+                    default_stream=torch.cuda.default_stream(x.device).cuda_stream if x.is_cuda else None)
+        return x.clone()
+
+    @jax.jit
+    def run(a, pattern):
+        for _ in range(4):
+            a = a @ a / size
+        # float x*0 is not folded away by XLA (NaN rules): x waits for the matmuls, its bits the pattern's
+        x = jax.lax.bitcast_convert_type(pattern | (a[0, 0] * 0).astype(jnp.uint16), jnp.bfloat16)
+        y = copy(x)
+        return jax.lax.bitcast_convert_type(y, jnp.uint16) ^ jnp.uint16(0x5555), x
+
+    with jax.default_device(jax_device):
+        a = jax.random.normal(jax.random.key(0), (size, size), dtype=jnp.bfloat16)
+    pattern = jax.device_put(all_u16, jax_device)
+    jax.block_until_ready((a, pattern))
+    out, x = run(a, pattern)
+    got = np.asarray(out) ^ np.uint16(0x5555)
+    platform = "cuda" if DEVICE == "cuda" else "cpu"
+    on_buffers = _jax_path(platform)
+    record_property("path", "buffer_callback" if on_buffers else "pure_callback")
+    record_property("callee_ran_on", seen["device"])
+    record_property("callee_stream_is_torchs_default", seen["stream"] == seen["default_stream"]
+                    if seen["stream"] is not None else "n/a (cpu)")
+    record_property("mismatches", int((got != all_u16).sum()))
+    record_property("input_is_the_buffer_jax_returned", seen["ptr"] == x.unsafe_buffer_pointer())
+    np.testing.assert_array_equal(got, all_u16)
+    if on_buffers:
+        assert seen["device"] == where(x), "the callee did not run where jax's buffers are"
+        if DEVICE == "cuda":
+            assert seen["stream"] != seen["default_stream"], "the callee ran on torch's own stream, not jax's"
+    # and its gradient, under jit, on the same path: the callee's own, bit for bit
+    wb, xb, wj, xj = _inputs("jax", 7, torch_device, jax_device)
+    seen_grad = []
+    bridged = bb.bridge("torch")(_torch_loss(seen_grad))
+    out, grad = jax.jit(jax.value_and_grad(lambda w: bridged(w, xj)))(wj)
+    want, want_grad = _torch_reference(_torch_loss([]), wb, xb, seen_grad[-1])
+    record_property("grad_callee_ran_on", seen_grad[-1])
+    record_property("grad_mismatches", int((host_bits(grad) != host_bits(want_grad)).sum()))
+    np.testing.assert_array_equal(host_bits(out), host_bits(want))
+    np.testing.assert_array_equal(host_bits(grad), host_bits(want_grad))
+    if on_buffers:
+        assert seen_grad[-1] == where(wj)
