@@ -226,8 +226,19 @@ def itemsize(name: str) -> int:
     return d.itemsize if d is not None else np.dtype(name).itemsize
 
 
+#: name_of_numpy's answers by dtype object (numpy's ``dtype.name`` is computed in Python each time;
+#: a dtype compares and hashes by its kind, size and byte order, all that the name depends on)
+_BY_DTYPE: dict = {}
+
+
 def name_of_numpy(dtype: np.dtype) -> str | None:
     """The row name of a NumPy dtype, or None if we do not carry it."""
+    if isinstance(dtype, np.dtype):  # (not a type or a string, which hash differently)
+        try:
+            return _BY_DTYPE[dtype]
+        except KeyError:
+            name = _BY_DTYPE[dtype] = _BY_NUMPY_NAME.get(dtype.name)
+            return name
     return _BY_NUMPY_NAME.get(np.dtype(dtype).name)
 
 

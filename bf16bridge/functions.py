@@ -60,7 +60,9 @@ class ForeignCall:
         self.caller = caller  # the framework whose tensors called (None: not known)
         self.skeleton = skeleton  # (args, kwargs) with the tensor leaves taken out
         #: the skeleton is ((SLOT,) * n, {}): the leaves are the positional arguments, as they are
-        self.flat = flat
+        # (a traced call's arguments, the caller's tracers, may not have taken flatten_call's fast walk)
+        self.flat = flat or (type(skeleton) is tuple and len(skeleton) == 2 and skeleton[1] == {}
+                             and type(skeleton[0]) is tuple and all(s is trees.SLOT for s in skeleton[0]))
         self.diff = diff  # per input leaf: does the caller want its gradient?
         self.copy_inputs = copy_inputs
         self.fallback = fallback
@@ -114,6 +116,8 @@ class ForeignCall:
         from the inputs (``float(x.sum())``) would come back as it was on zeros, silently."""
         # values only: an object compared by identity (a fresh instance each run) has no value
         # that could have changed, so it counts by its type
+        if skeleton is self.out_skeleton:  # the same object (trees.SLOT: one tensor)
+            return
         if self._declared is None:
             self._declared = (trees.key(self.out_skeleton, values_only=True),)
         declared = self._declared[0]
