@@ -368,6 +368,44 @@ def _bench_bridged(quick: bool, log) -> list[dict]:
     return rows
 
 
+def bench_bridged_jit(quick: bool, log) -> list[dict]:
+    """A jax caller under ``jax.jit``: the bridged call against the hand-written ``custom_vjp`` +
+    ``pure_callback`` wrapper (``baseline``), forward and backward (a jitted ``jax.vjp``) and forward
+    only, for the torch and tensorflow callees."""
+    ml, torch, jax, jnp, tf = _mods()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as bench_bridged)
+    try:
+        rng = np.random.default_rng(0)
+        data = [(rng.standard_normal((64, 64)) * 0.5).astype(np.float32).astype(ml.bfloat16) for _ in range(4)]
+        xs = [jnp.asarray(a) for a in data[:3]]
+        ct = jnp.asarray(data[3])
+        rows = []
+        for callee in [c for c in AUTODIFF if c != "jax"]:
+            fn = _callee_fn(callee)
+            contenders = {"bridge": bb.bridge(callee)(fn), "hand-written": baseline("jax", callee, fn)[0]}
+            both = {k: jax.jit(lambda *a, f=f: _ready(_jax_vjp(f, a[:3], a[3]))) for k, f in contenders.items()}
+            fwd = {k: jax.jit(f) for k, f in contenders.items()}
+            same = all(np.array_equal(_bits(g), _bits(w)) for g, w in zip(
+                _flat(both["bridge"](*xs, ct)), _flat(both["hand-written"](*xs, ct))))
+            same_fwd = np.array_equal(_bits(fwd["bridge"](*xs)), _bits(fwd["hand-written"](*xs)))
+            r = compare({k: (lambda g=g: _ready(g(*xs, ct))) for k, g in both.items()}, quick=quick)
+            rf = compare({k: (lambda g=g: _ready(g(*xs))) for k, g in fwd.items()}, quick=quick)
+            rows.append({"caller": "jax", "callee": callee, "same_bits": bool(same and same_fwd),
+                         "forward_backward": r, "forward": rf})
+            log(f"  bridged under jax.jit -> {callee:<10} fwd+bwd {r['bridge']['best'] * 1e6:8.1f} us vs "
+                f"{r['hand-written']['best'] * 1e6:8.1f} us; fwd {rf['bridge']['best'] * 1e6:7.1f} us vs "
+                f"{rf['hand-written']['best'] * 1e6:7.1f} us{'' if same and same_fwd else '  (BITS DIFFER)'}")
+        return rows
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _jax_vjp(f, xs, ct):
+    out, pb = _mods()[2].vjp(f, *xs)
+    return [out, *pb(ct)]
+
+
 def _flat(x):
     if isinstance(x, (list, tuple)):
         return [v for item in x for v in _flat(item)]
@@ -480,8 +518,11 @@ def run(quick: bool, log=print) -> dict:
     tree = bench_tree(quick, log)
     log("functions: bridged functions against hand-written wrappers")
     fns = bench_bridged(quick, log)
+    log("functions: bridged functions under jax.jit against hand-written pure_callback wrappers")
+    fns_jit = bench_bridged_jit(quick, log)
     log("functions: where each peer fails")
     peers = peer_failures(log)
     return {"mode": "quick" if quick else "full", "machine": machine(), "code": _code(), "timing": {
         "budget_s": QUICK_BUDGET_S if quick else BUDGET_S, "min_rounds": QUICK_MIN_ROUNDS if quick else MIN_ROUNDS,
-        "judged_on": "best"}, "convert": conv, "tree": tree, "bridged": fns, "peers": peers}
+        "judged_on": "best"}, "convert": conv, "tree": tree, "bridged": fns, "bridged_jit": fns_jit,
+        "peers": peers}

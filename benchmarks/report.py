@@ -274,12 +274,17 @@ def function_targets(fres: dict) -> list[tuple[str, bool, str]]:
                             f"{'' if key == 'bridge' else ', ' + key[8:]}: at most 1.2x the raw loop",
                             ratio <= TREE_RATIO, f"{_x(ratio)} ({_t(r['times'][key]['best'])} vs "
                             f"{_t(r['times']['raw loop']['best'])})"))
-    for part, name in (("forward_backward", "forward and backward"), ("forward", "forward only")):
-        rs = fres["bridged"]
+    for key, where, part, name in (("bridged", "", "forward_backward", "forward and backward"),
+                                   ("bridged", "", "forward", "forward only"),
+                                   ("bridged_jit", " under jax.jit", "forward_backward", "forward and backward"),
+                                   ("bridged_jit", " under jax.jit", "forward", "forward only")):
+        rs = fres.get(key)
+        if not rs:
+            continue  # (results saved before the part existed)
         ratios = [(_ratio(r[part], "bridge", "hand-written"), r) for r in rs]
         missed = [f"{r['caller']} -> {r['callee']} {_x(q)}" for q, r in ratios if q > BRIDGED_RATIO]
         q, w = max(ratios, key=lambda p: p[0])
-        out.append((f"bridged function, three 64x64 bf16 inputs, {name}: at most 1.3x a hand-written wrapper "
+        out.append((f"bridged function{where}, three 64x64 bf16 inputs, {name}: at most 1.3x a hand-written wrapper "
                     f"in each of the {len(rs)} directions", not missed,
                     f"{len(rs) - len(missed)} of {len(rs)} met; worst {w['caller']} -> {w['callee']}: {_x(q)} "
                     f"({_t(w[part]['bridge']['best'])} vs {_t(w[part]['hand-written']['best'])})"
@@ -358,6 +363,23 @@ def function_markdown(fres: dict) -> list[str]:
               "and the wrapper return the same output and gradients, bit for bit. Target: at most 1.3x.", "",
               table(["caller -> callee", "fwd+bwd hand-written", "fwd+bwd bridge", "ratio", "fwd hand-written",
                      "fwd bridge", "ratio", "same bits"], cells, "markdown")]
+    cells = []
+    for r in fres.get("bridged_jit", []):
+        fb, fw = r["forward_backward"], r["forward"]
+        cells.append((f"{r['caller']} -> {r['callee']}", _times_cell(fb["hand-written"]), _times_cell(fb["bridge"]),
+                      _x(_ratio(fb, "bridge", "hand-written")), _times_cell(fw["hand-written"]),
+                      _times_cell(fw["bridge"]), _x(_ratio(fw, "bridge", "hand-written")),
+                      "yes" if r["same_bits"] else "**no**"))
+    if cells:
+        lines += ["", "## Bridged functions under jax.jit against a hand-written pure_callback wrapper", "",
+                  "The same function and inputs, called from a `jax.jit`-compiled caller: forward and backward is a "
+                  "jitted `jax.vjp`, forward only the jitted call. The hand-written wrapper is the jax one above "
+                  "(`jax.custom_vjp` + `jax.pure_callback`, host copies of every input and result); the bridge runs "
+                  "the callee in `jax.experimental.buffer_callback` on jax's own buffers where it can "
+                  "(`docs/functions.md`; the jax fact `buffer_callback` says whether it did here). Target: at most "
+                  "1.3x.", "",
+                  table(["caller -> callee", "fwd+bwd hand-written", "fwd+bwd bridge", "ratio", "fwd hand-written",
+                         "fwd bridge", "ratio", "same bits"], cells, "markdown")]
     peers = fres["peers"]
     tools = list(dict.fromkeys(r["tool"] for r in peers if r["case"] != "import"))
     keys = list(dict.fromkeys((r["direction"], r["case"]) for r in peers if r["case"] != "import"))

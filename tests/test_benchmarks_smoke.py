@@ -168,6 +168,9 @@ def _check_functions(doc: str, fres: dict) -> None:
     assert all(r["tensors"] == 148 for r in fres["tree"])
     bridged = fres["bridged"]
     assert len(bridged) == 6 and all(r["same_bits"] for r in bridged), "the bridge and the wrapper differ"
+    under_jit = fres["bridged_jit"]
+    assert [r["callee"] for r in under_jit] == ["torch", "tensorflow"] and all(r["same_bits"] for r in under_jit)
+    assert "## Bridged functions under jax.jit against a hand-written pure_callback wrapper" in doc
     peers = fres["peers"]
     assert any(r["tool"] == "bf16bridge" for r in peers) and all(r["ok"] for r in peers if r["tool"] == "bf16bridge")
     assert any(r["ok"] is False for r in peers if r["tool"] == "the framework's own call")
