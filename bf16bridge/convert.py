@@ -120,7 +120,9 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     (default), "float32" (exact widening), "bits" (raw uint16), or "auto": the
     capability probe chooses (bf16 where the target holds it, float32 where it
     cannot, and with ``for_compute=True`` float32 where the hardware has no bf16
-    arithmetic). ``plan(x, to, ...)`` shows the route, the decision and its
+    arithmetic); for a 64-bit integer the target cannot hold (jax without x64) "auto"
+    narrows it to 32 bits where every value fits, and raises our error where one does
+    not. ``plan(x, to, ...)`` shows the route, the decision and its
     reason, and whether the result shares memory and is writable.
 
     What the plan knows that matters is said, not left silent:

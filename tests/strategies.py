@@ -492,16 +492,26 @@ def bridge_warnings(outcome: Outcome) -> list:
             if any(c.__name__ == "Bf16BridgeWarning" for c in getattr(w.category, "__mro__", ()))]
 
 
-def same_bits(y, expected_bits: np.ndarray, dtype_in: str) -> str | None:
+#: what fallback="auto" narrows where the target cannot hold 64 bits (jax without x64), every value checked
+NARROWED = {"int64": "int32", "uint64": "uint32"}
+
+
+def same_bits(y, expected_bits: np.ndarray, dtype_in: str, auto: bool = False) -> str | None:
     """None if ``y`` holds exactly ``expected_bits`` (values of ``dtype_in``), allowing
     the two fallbacks a bf16 input may take: exact widening to float32, raw uint16
-    bits. Otherwise, a message saying what differs."""
+    bits; with ``auto`` (fallback="auto"), also a 64-bit integer narrowed to 32 bits
+    holding the same values. Otherwise, a message saying what differs."""
     out = dtype_name(y)
     got = result_bits(y)
     if out == dtype_in or (dtype_in == "bfloat16" and out == "uint16"):
         want = expected_bits
     elif dtype_in == "bfloat16" and out == "float32":
         want = expected_bits.astype(np.uint32) << 16
+    elif auto and NARROWED.get(dtype_in) == out:
+        values = expected_bits.view(dtype_in)
+        if got.shape != values.shape or not np.array_equal(got.view(out).astype(dtype_in), values):
+            return f"{dtype_in} narrowed to {out} changed values: got {got.view(out)[:8]} want {values[:8]}"
+        return None
     else:
         return f"dtype {dtype_in} arrived as {out}"
     if got.shape != want.shape or not np.array_equal(got, want):
