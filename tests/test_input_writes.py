@@ -64,7 +64,10 @@ def _run(kind, fn, x):
 # (None: not asserted; under jit the callback's buffer is jax's, whether it is the caller's is jax's)
 TABLE = [
     ("jax", "eager", "torch", True, True),
-    ("jax", "jax-jit", "torch", True, None),
+    # on the CPU with buffer_callback the callee's inputs are copies of jax's buffers (valid only during
+    # the callback): a write into one is the callee's business; with pure_callback (jax 0.4.30), a view
+    # of the array jax hands it, which jax takes as immutable: ours
+    ("jax", "jax-jit", "torch", "unless buffer_callback", False),
     ("tensorflow", "eager", "torch", True, True),
     ("tensorflow", "tf-function", "torch", True, True),
     ("tf-variable", "eager", "torch", True, True),
@@ -93,6 +96,10 @@ def test_a_callee_writing_its_input(caller, how, callee, error, changed):
         return y * 1
 
     fn = bb.bridge(callee)(write)
+    if error == "unless buffer_callback":
+        from bf16bridge.adapters import jax as jax_adapter
+
+        error = not jax_adapter._buffers_here("cpu")
     if error:
         with _raises_ours(how):
             _run(how, fn, x)

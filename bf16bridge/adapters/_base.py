@@ -464,8 +464,8 @@ class Adapter:
         raise NotImplementedError(f"{self.name} queues no work on another runtime's stream")  # pragma: no cover
 
     def write_into(self, dst, src) -> None:
-        """Write tensor ``src`` into tensor ``dst`` (same shape and dtype, checked by the caller), on the
-        current stream: a result into the buffer another runtime gave for it."""
+        """Write tensor ``src`` into tensor ``dst`` (same shape and dtype, checked by the caller; None:
+        zeros), on the current stream: a result into the buffer another runtime gave for it."""
         raise NotImplementedError(f"{self.name} writes into no foreign buffer")  # pragma: no cover
 
     def watch_writes(self, leaves: list):

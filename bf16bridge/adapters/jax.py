@@ -630,28 +630,31 @@ def _foreign_fn(call, leaves, shape_dtype):
     unbatched = call.vmap_method in (None, "sequential")
 
     # each callback takes its inputs as tensors of ``to`` and gives its results as them: numpy on the
-    # host, the callee's own on a device whose buffers it takes (_HostCall); a gradient jax wants that
-    # the callee has not is None, written as zeros
-    def fwd_cb(to, *xs):
-        outs = call.forward(list(xs), False, to, "jax")[0]  # (jax's buffers, whatever type they come as)
+    # host, the callee's own on a device whose buffers it takes (_HostCall); ``borrowed``: the inputs
+    # view jax's buffers ("jax": a write into one is our error), or None: they are the callback's own
+    # copies. A gradient jax wants that the callee has not is zeros (of the input as it came: batched
+    # under vmap), or None on a device, where the writer zeroes jax's buffer
+    def fwd_cb(to, borrowed, *xs):
+        outs = call.forward(list(xs), False, to, borrowed)[0]
         if unbatched:
             call.check_declared(outs, to)
         return outs
 
-    def bwd_cb(to, *a):
+    def bwd_cb(to, borrowed, *a):
         given = dict(zip(inexact, a[n:]))
         grads = call.recompute_backward(list(a[:n]), [given.get(i) for i in range(len(out_avals))], to,
-                                        borrowed="jax")
-        return [grads[i] for i in wanted]
+                                        borrowed=borrowed)
+        return [grads[i] if grads[i] is not None else np.zeros_like(np.asarray(a[i])) if to == "numpy" else None
+                for i in wanted]
 
-    forward = _HostCall(call, call.vmap_method, fwd_cb, out_avals)
+    forward = _HostCall(call, call.vmap_method, fwd_cb, out_avals, in_avals)
     # the backward's callback: under expand_dims (and legacy_vectorized) an input that vmap does not
     # batch comes in with a size-1 batch dimension, and its gradient must too; computed from a
     # cotangent with the full batch it came out full (torch's and jax's raw shape errors). Broadcast,
     # every gradient is the batch's, which vmap's own transpose then sums for unbatched inputs; a
     # callee that takes size-1 dimensions (what those methods ask of it) takes full ones
     backward = _HostCall(call, "broadcast_all" if call.vmap_method in ("expand_dims", "legacy_vectorized")
-                         else call.vmap_method, bwd_cb, [in_avals[i] for i in wanted])
+                         else call.vmap_method, bwd_cb, [in_avals[i] for i in wanted], in_avals + out_avals)
 
     @jax.custom_vjp
     def f(*xs):
@@ -714,26 +717,35 @@ def _buffers_here(platform: str) -> bool:
 
 
 class _HostCall:
-    """One callback of a bridged call (its forward, or its backward): ``fn(to, *inputs)`` takes
-    tensors of ``to`` and gives results of ``avals``' shapes and dtypes as tensors of ``to`` (None:
-    zeros), and runs when jax runs the computation.
+    """One callback of a bridged call (its forward, or its backward): ``fn(to, borrowed, *inputs)``
+    takes tensors of ``to`` and gives results of ``avals``' shapes and dtypes as tensors of ``to``
+    (None: zeros), and runs when jax runs the computation.
 
-    On the CPU (jax >= 0.8.1, one CPU device) it runs in a ``buffer_callback``: the inputs are numpy
-    views of jax's own buffers (no copy; read-only for a numpy callee, as eagerly; a torch callee's
-    in-place write is seen, as eagerly, and is our InputWrittenError), and each result is written into
-    jax's result buffer once it has been checked to be exactly the declared shape and dtype (a copy
-    into it would broadcast or cast, silently). On one CUDA GPU, for a callee that can queue its work
-    on jax's stream (``Adapter.device_streams``: torch), likewise on the device: the callee's tensors
-    are views of jax's device buffers, its work is queued on the computation's stream, in order with
-    it. Elsewhere (an older jax, several devices, another callee) it runs in ``pure_callback``, which
-    hands it host copies. The branches are built once and kept: jax caches traced branches and
-    compiled callbacks by their identity, and new ones on every call would compile every call."""
+    On the CPU (jax >= 0.8.1, one CPU device) it runs in a ``buffer_callback``: the callee gets
+    copies of jax's input buffers (memcpys, on no host copy of jax's own: those buffers are valid only
+    during the callback, and a callee may keep its input), read-only for a numpy callee as eagerly, and
+    each result is written into jax's result buffer once it has been checked to be exactly the
+    declared shape and dtype (a copy into it would broadcast or cast, silently). On one CUDA GPU, for a
+    callee that can queue its work on jax's stream (``Adapter.device_streams``: torch), likewise on the
+    device: device copies of jax's buffers, the callee's work queued on the computation's stream, in
+    order with it. Elsewhere (an older jax, several devices, another callee, a type jax stores packed)
+    it runs in ``pure_callback``, which hands it host copies. The branches are built once and kept: jax
+    caches traced branches and compiled callbacks by their identity, and new ones on every call would
+    compile every call."""
 
-    def __init__(self, call, vmap_method, fn, avals):
+    def __init__(self, call, vmap_method, fn, avals, in_avals):
         self.call, self.vmap_method, self.fn, self.avals = call, vmap_method, fn, avals
         self.kw = self._vmap_keywords()
         self.callee = registry.get(call.callee)
         self.readonly = self.callee.marks_readonly
+        #: the callee's DLPack import copies or refuses a buffer not 64-byte aligned (tensorflow): its
+        #: inputs' copies are made so aligned
+        self.aligned = self.callee.dlpack_unaligned != "ok"
+        #: an input or result of a type jax stores packed (int4, fp4: two values a byte), whose buffer a
+        #: numpy or DLPack view reads as one value a byte: wrong values, and results written past the
+        #: buffer's end. pure_callback unpacks them
+        self.packed = sorted({n for a in (*in_avals, *avals) if (n := dtypes.name_of_numpy(np.dtype(a.dtype)))
+                              in _PUT_COPIES})
         self._pure = functools.partial(self._pure_callback)
         self._on_host = functools.partial(self._buffer_callback, self._fill)
         self._on_gpu = functools.partial(self._buffer_callback, self._fill_device)
@@ -752,11 +764,18 @@ class _HostCall:
                 f"vmap_method={self.vmap_method!r}: jax {jax.__version__}'s pure_callback has no vmap_method; its "
                 "one batching rule runs the function once per batch element: pass vmap_method='sequential', or "
                 "upgrade jax (pip install -U jax) for the others")
+        if self.packed and not _callback_takes_packed():
+            raise UnsupportedDtypeError(
+                f"the bridged {self.call.callee} function {getattr(self.call.fn, '__qualname__', self.call.fn)!r} "
+                f"takes or gives {', '.join(self.packed)} under a jax transformation, and jax {jax.__version__}'s "
+                "callbacks cannot carry them (its XLA takes sub-byte types only in convert instructions): call the "
+                "function eagerly, or upgrade jax (pip install -U jax)")
         branches = {}
-        if _buffers_here("cpu"):
-            branches["cpu"] = self._on_host
-        if "cuda" in self.callee.device_streams() and _buffers_here("cuda"):
-            branches["cuda"] = self._on_gpu
+        if not self.packed:
+            if _buffers_here("cpu"):
+                branches["cpu"] = self._on_host
+            if "cuda" in self.callee.device_streams() and _buffers_here("cuda"):
+                branches["cuda"] = self._on_gpu
         try:
             if branches:
                 return jax.lax.platform_dependent(*args, **branches, default=self._pure)
@@ -774,57 +793,88 @@ class _HostCall:
         return jax.pure_callback(self._host_results, self.avals, *args, **self.kw)
 
     def _host_results(self, *xs):
-        return [np.zeros(a.shape, a.dtype) if r is None else r for r, a in zip(self.fn("numpy", *xs), self.avals)]
+        return self.fn("numpy", "jax", *xs)
 
     def _buffer_callback(self, fill, *args):
         assert _buffer_callback is not None
         return _buffer_callback(fill, self.avals, **self.kw)(*args)
 
     def _fill(self, ctx, out, *buffers):
-        """buffer_callback's callback on the CPU: ``fn`` on jax's input buffers, its results into jax's
-        result buffers."""
-        # views of jax's buffers, which ``fn`` (forward(..., borrowed="jax")) treats as jax's immutable
-        # arrays: read-only where the callee's tensors can say so (numpy's, which then refuse a write);
-        # writable for the others (a read-only one would reach torch as a copy, which cannot be marked),
-        # whose writes are watched
-        inputs = [np.asarray(b) for b in buffers]
-        if self.readonly:
-            for a in inputs:
-                a.flags.writeable = False
-        results = self.fn("numpy", *inputs)
-        self._write(results, [np.asarray(o) for o in out], registry.get("numpy"),
-                    lambda dst, r: np.copyto(dst, r, casting="no"))
+        """buffer_callback's callback on the CPU: ``fn`` on copies of jax's input buffers, its results
+        into jax's result buffers."""
+        # jax's buffers are valid only during the callback (XLA reuses them after): a view of one that the
+        # callee keeps (an activation a hook saves) would change under it, and be read after it is freed.
+        # So the callee gets copies of its own (64-byte aligned: they cross to torch and tensorflow without
+        # another), read-only for a callee whose tensors can say so (numpy's, as eagerly)
+        inputs = []
+        for b in buffers:
+            a = np.asarray(b)
+            if self.aligned:
+                mine = _aligned_empty(a.shape, a.dtype)
+                np.copyto(mine, a)
+            else:
+                mine = a.copy()  # (numpy's own allocation, a tenth of the time for a small array)
+            if self.readonly:
+                mine.flags.writeable = False
+            inputs.append(mine)
+        results = self.fn("numpy", None, *inputs)
+        self._write(results, [np.asarray(o) for o in out], registry.get("numpy"), _copy_into)
 
     def _fill_device(self, ctx, out, *buffers):
-        """buffer_callback's callback on a GPU: the callee on jax's device buffers, its work queued on
-        the computation's stream, its results copied into jax's result buffers on that stream."""
+        """buffer_callback's callback on a GPU: the callee on device copies of jax's input buffers (as
+        ``_fill``), its work queued on the computation's stream, its results copied into jax's result
+        buffers on that stream."""
         callee = self.callee
         take = callee.importer()
         index = (buffers[0] if buffers else out[0]).__dlpack_device__()[1]
         with callee.on_device_stream("cuda", index, ctx.stream):
-            results = self.fn(callee.name, *[take(b) for b in buffers])
+            results = self.fn(callee.name, None, *[callee.copy(take(b)) for b in buffers])
             self._write(results, [take(o) for o in out], callee, callee.write_into)
 
     def _write(self, results, dsts, adapter, write) -> None:
         """Each result into its buffer ``dsts[i]`` (a tensor of ``adapter``'s) by ``write``, once checked
-        to be exactly the buffer's shape and dtype; a result None (a gradient the callee has not) as zeros."""
+        to be exactly the buffer's shape and dtype; a result None (a gradient the callee has not): zeros."""
         if len(results) != len(dsts):  # (the results' tree is checked before: a guard, never left unwritten)
             i = min(len(results), len(dsts))
             raise self.call._not_declared(
                 i, adapter.shape_dtype(results[i]) if i < len(results) and results[i] is not None else None,
                 adapter.shape_dtype(dsts[i]) if i < len(dsts) else None, "here")
         for i, (dst, r) in enumerate(zip(dsts, results)):
+            if r is None:  # (a gradient the callee has not, on a device)
+                write(dst, None)
+                continue
             want = adapter.shape_dtype(dst)
-            if r is None:
-                from ..convert import convert
-
-                r = convert(np.zeros(want[0], dtypes.numpy_dtype(want[1])), adapter.name)
             got = adapter.shape_dtype(r)
             if got != want:  # (batched by vmap: not checked before)
                 if tuple(want[0]) != tuple(self.avals[i].shape):  # a batch's result
                     raise self.call.not_batched(i, got, want)
                 raise self.call._not_declared(i, got, want, "here")
             write(dst, r)
+
+
+@functools.cache
+def _callback_takes_packed() -> bool:
+    """Whether this jax's pure_callback carries a type it stores packed (int4) under jit: jax 0.4.30's
+    XLA refuses it ("s4 is currently only supported in convert instructions"). Asked once, by trying."""
+    aval = jax.ShapeDtypeStruct((2,), jnp.int4)
+    try:
+        jax.jit(lambda x: jax.pure_callback(lambda a: a, aval, x)).lower(aval).compile()
+    except Exception:  # noqa: BLE001 - XLA's refusal, whatever this jax calls it
+        return False
+    return True
+
+
+def _aligned_empty(shape, dtype) -> np.ndarray:
+    from .numpy import aligned_empty  # (the numpy adapter imports this one's module: not at import time)
+
+    return aligned_empty(shape, dtype)
+
+
+def _copy_into(dst: np.ndarray, src) -> None:
+    if src is None:
+        dst[...] = 0
+    else:
+        np.copyto(dst, src, casting="no")
 
 
 def _device_name(dev) -> str:

@@ -485,7 +485,10 @@ class TorchAdapter(Adapter):
             yield
 
     def write_into(self, dst, src):
-        dst.copy_(src)
+        if src is None:
+            dst.zero_()
+        else:
+            dst.copy_(src)
 
     def watch_writes(self, leaves):
         # torch has no read-only tensors, but every in-place op (add_, x[i] = v, out=, copy_) bumps the
