@@ -34,6 +34,7 @@ CHECKS = {
     "test_jax_caller_torch_callee": "callee_ran_on",
     "test_jax_caller_torch_callee_grad": "grad_mismatches",
     "test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order": "path",
+    "test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient": "kept_mismatches",
     "test_framework_present[torch]": "installed",
     "test_framework_present[jax]": "installed",
     "test_framework_present[tensorflow]": "installed",
@@ -227,7 +228,10 @@ def test_routes_doc_holds_the_saved_gpu_run():
     tests = {t["name"]: t["records"] for t in data["tests"]}
     jit = tests["test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order"]
     assert jit["path"] == "buffer_callback" and jit["callee_ran_on"] == jit["grad_callee_ran_on"] == "gpu:0"
-    assert jit["callee_stream_is_torchs_default"] is False and jit["mismatches"] == 0
+    assert jit["callee_stream_is_torchs_default"] is False and jit["mismatches"] == 0 and jit["input_is_a_copy"]
+    kept = tests["test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient"]
+    assert kept["kept_on"] == kept["zero_grad_on"] == "gpu:0" and kept["kept_mismatches"] == 0
+    assert "a callee that keeps its input keeps its values, and a gradient it has not is zeros" in doc
     assert tests["test_jax_caller_torch_callee_grad"]["callee_ran_on"] == "gpu:0"
     assert tests["test_jax_caller_torch_callee"]["callee_ran_on"] == tests["test_torch_caller_jax_callee_grad"][
         "callee_ran_on"] == "gpu:0"

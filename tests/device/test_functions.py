@@ -192,3 +192,39 @@ def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_dev
     np.testing.assert_array_equal(host_bits(grad), host_bits(want_grad))
     if on_buffers:
         assert seen_grad[-1] == where(wj)
+
+
+def test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient(torch_device, jax_device, record_property):
+    """On jax's buffers (a callback's, valid only during it) a callee that keeps its input keeps a copy
+    of its own: the values stay after the computation runs again; and a gradient the callee has not
+    (an input it does not use) is written as zeros into jax's buffer (on the device: zero_ on jax's
+    stream)."""
+    import jax
+    import jax.numpy as jnp
+
+    kept = []
+
+    @bb.bridge("torch")
+    def layer(w, h):
+        kept.append(h)
+        return h * 2  # w unused: its gradient is None in torch
+
+    @jax.jit
+    def loss(w, x):
+        return layer(w, jnp.sin(x) + 1.0).sum()  # h: an intermediate, XLA's own temporary buffer
+
+    with jax.default_device(jax_device):
+        x = jnp.linspace(0, 1, 1 << 20, dtype=jnp.float32)
+        w = jnp.full((1 << 20,), 7.0, jnp.float32)
+    g = jax.jit(jax.grad(loss))(w, x)
+    np.testing.assert_array_equal(np.asarray(g), np.zeros(1 << 20, np.float32))
+    want = np.asarray(jnp.sin(x) + 1.0)
+    loss(w, x).block_until_ready()
+    first = kept[-1]
+    for i in range(10):
+        loss(w, x * (i + 2)).block_until_ready()  # the computation again: its temporaries reused
+    got = first.detach().cpu().numpy()
+    record_property("kept_on", where(first))
+    record_property("kept_mismatches", int((got != want).sum()))
+    record_property("zero_grad_on", where(g))
+    np.testing.assert_array_equal(got, want)
