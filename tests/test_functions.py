@@ -242,9 +242,8 @@ def jax_callback(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.frameworks("torch")
 @pytest.mark.filterwarnings("ignore:numpy has no autodiff")
-@pytest.mark.parametrize("callee", ["numpy", "torch"])
+@pytest.mark.parametrize("callee", ["numpy", "torch"])  # (a "torch" parameter needs torch: conftest)
 def test_a_callee_that_keeps_its_input_under_jit_keeps_its_values(callee, jax_callback):
     """jax's buffers are valid only during a callback: a callee that keeps its input (a hook saving
     activations) got a view of one, whose values changed once XLA reused it (and a large one was read
