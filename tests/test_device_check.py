@@ -35,6 +35,7 @@ CHECKS = {
     "test_jax_caller_torch_callee_grad": "grad_mismatches",
     "test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order": "path",
     "test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient": "kept_mismatches",
+    "test_jax_jit_packed_types_through_a_callee": "int4",
     "test_framework_present[torch]": "installed",
     "test_framework_present[jax]": "installed",
     "test_framework_present[tensorflow]": "installed",
@@ -232,6 +233,8 @@ def test_routes_doc_holds_the_saved_gpu_run():
     kept = tests["test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient"]
     assert kept["kept_on"] == kept["zero_grad_on"] == "gpu:0" and kept["kept_mismatches"] == 0
     assert "a callee that keeps its input keeps its values, and a gradient it has not is zeros" in doc
+    assert tests["test_jax_jit_packed_types_through_a_callee"]["int4"] == "values kept"
+    assert "int4, which jax stores\npacked, crosses a jitted callee through `jax.pure_callback` with its values" in doc
     assert tests["test_jax_caller_torch_callee_grad"]["callee_ran_on"] == "gpu:0"
     assert tests["test_jax_caller_torch_callee"]["callee_ran_on"] == tests["test_torch_caller_jax_callee_grad"][
         "callee_ran_on"] == "gpu:0"

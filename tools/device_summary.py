@@ -35,6 +35,7 @@ EXPECTED = (
     "test_jax_caller_torch_callee_grad",
     "test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order",
     "test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient",
+    "test_jax_jit_packed_types_through_a_callee",
     "test_framework_present",
     "test_probe_reports_the_device",
     "test_registry_present",

@@ -228,3 +228,31 @@ def test_jax_jit_torch_callee_keeping_its_input_and_giving_no_gradient(torch_dev
     record_property("kept_mismatches", int((got != want).sum()))
     record_property("zero_grad_on", where(g))
     np.testing.assert_array_equal(got, want)
+
+
+def test_jax_jit_packed_types_through_a_callee(jax_device, record_property):
+    """int4 (a type jax stores packed, two values a byte) under jit through a numpy callee reversing it:
+    it takes pure_callback (a view of jax's buffer would read one value a byte), and comes back with
+    the right values, or our UnsupportedDtypeError where this jax's callbacks refuse it."""
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+
+    from bf16bridge.adapters import jax as jax_adapter
+
+    a = np.resize(np.arange(-8, 8, dtype=np.int8), (6, 5))
+    with jax.default_device(jax_device):
+        x = jnp.asarray(a, dtype=jnp.int4)
+    flip = bb.bridge("numpy")(lambda y: y[::-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", bb.Bf16BridgeWarning)  # (numpy has no autodiff: jax's inputs)
+        if not jax_adapter._callback_takes_packed():
+            with pytest.raises(bb.UnsupportedDtypeError, match="takes or gives int4"):
+                jax.jit(flip)(x)
+            record_property("int4", "refused with our error (this jax's callbacks cannot carry it)")
+            return
+        got = np.asarray(jax.jit(flip)(x)).astype(np.int8)
+    record_property("int4", "values kept" if np.array_equal(got, a[::-1]) else "WRONG values")
+    record_property("result_device", where(jax.jit(flip)(x)))
+    np.testing.assert_array_equal(got, a[::-1])
