@@ -292,6 +292,19 @@ def function_targets(fres: dict) -> list[tuple[str, bool, str]]:
     return out
 
 
+def _bridged_table(rows: list) -> str:
+    """The table of bridged calls against their hand-written wrappers, forward and backward and forward only."""
+    cells = []
+    for r in rows:
+        fb, fw = r["forward_backward"], r["forward"]
+        cells.append((f"{r['caller']} -> {r['callee']}", _times_cell(fb["hand-written"]), _times_cell(fb["bridge"]),
+                      _x(_ratio(fb, "bridge", "hand-written")), _times_cell(fw["hand-written"]),
+                      _times_cell(fw["bridge"]), _x(_ratio(fw, "bridge", "hand-written")),
+                      "yes" if r["same_bits"] else "**no**"))
+    return table(["caller -> callee", "fwd+bwd hand-written", "fwd+bwd bridge", "ratio", "fwd hand-written",
+                  "fwd bridge", "ratio", "same bits"], cells, "markdown")
+
+
 def _times_cell(t: dict) -> str:
     return f"{_t(t['best'])} ({_t(t['median'])})"
 
@@ -343,13 +356,6 @@ def function_markdown(fres: dict) -> list[str]:
               "", "Against a dict comprehension of the raw per-tensor calls. Target: at most 1.2x.", "",
               table(["direction", "raw loop", "convert_tree (default)", "ratio", "on_alias='allow': time, ratio"],
                     cells, "markdown")]
-    cells = []
-    for r in fres["bridged"]:
-        fb, fw = r["forward_backward"], r["forward"]
-        cells.append((f"{r['caller']} -> {r['callee']}", _times_cell(fb["hand-written"]), _times_cell(fb["bridge"]),
-                      _x(_ratio(fb, "bridge", "hand-written")), _times_cell(fw["hand-written"]),
-                      _times_cell(fw["bridge"]), _x(_ratio(fw, "bridge", "hand-written")),
-                      "yes" if r["same_bits"] else "**no**"))
     lines += ["", "## Bridged functions against a hand-written wrapper", "",
               "`(a @ b) * c` on three 64x64 bf16 tensors, written in the callee (jax: `jax.jit`-compiled), called "
               "from the caller's tensors; forward and backward is the caller's own vjp with a 64x64 cotangent "
@@ -361,25 +367,16 @@ def function_markdown(fres: dict) -> list[str]:
               "gradient, both call the callee directly (no callback). Torch runs on one intra-op thread here "
               "(its threads fight jax's and tensorflow's pools on this 2-core machine). \"Same bits\": the bridge "
               "and the wrapper return the same output and gradients, bit for bit. Target: at most 1.3x.", "",
-              table(["caller -> callee", "fwd+bwd hand-written", "fwd+bwd bridge", "ratio", "fwd hand-written",
-                     "fwd bridge", "ratio", "same bits"], cells, "markdown")]
-    cells = []
-    for r in fres.get("bridged_jit", []):
-        fb, fw = r["forward_backward"], r["forward"]
-        cells.append((f"{r['caller']} -> {r['callee']}", _times_cell(fb["hand-written"]), _times_cell(fb["bridge"]),
-                      _x(_ratio(fb, "bridge", "hand-written")), _times_cell(fw["hand-written"]),
-                      _times_cell(fw["bridge"]), _x(_ratio(fw, "bridge", "hand-written")),
-                      "yes" if r["same_bits"] else "**no**"))
-    if cells:
+              _bridged_table(fres["bridged"])]
+    if fres.get("bridged_jit"):
         lines += ["", "## Bridged functions under jax.jit against a hand-written pure_callback wrapper", "",
                   "The same function and inputs, called from a `jax.jit`-compiled caller: forward and backward is a "
                   "jitted `jax.vjp`, forward only the jitted call. The hand-written wrapper is the jax one above "
                   "(`jax.custom_vjp` + `jax.pure_callback`, host copies of every input and result); the bridge runs "
-                  "the callee in `jax.experimental.buffer_callback` on jax's own buffers where it can "
-                  "(`docs/functions.md`; the jax fact `buffer_callback` says whether it did here). Target: at most "
-                  "1.3x.", "",
-                  table(["caller -> callee", "fwd+bwd hand-written", "fwd+bwd bridge", "ratio", "fwd hand-written",
-                         "fwd bridge", "ratio", "same bits"], cells, "markdown")]
+                  "the callee in `jax.experimental.buffer_callback` where it can, on copies of jax's input buffers "
+                  "of its own and writing into jax's result buffers (`docs/functions.md`; the jax fact "
+                  "`buffer_callback` says whether it did here). Target: at most 1.3x.", "",
+                  _bridged_table(fres["bridged_jit"])]
     peers = fres["peers"]
     tools = list(dict.fromkeys(r["tool"] for r in peers if r["case"] != "import"))
     keys = list(dict.fromkeys((r["direction"], r["case"]) for r in peers if r["case"] != "import"))

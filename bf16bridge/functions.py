@@ -305,7 +305,7 @@ class ForeignCall:
                 raise self._not_declared(i, got, want, "here")
 
     def _not_declared(self, i: int, got, want, where: str) -> UnsupportedTypeError:
-        show = (lambda sd: "nothing" if sd is None else f"{sd[1]} of shape {tuple(sd[0])}")
+        show = _shape_dtype_words
         return UnsupportedTypeError(
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
             f"{show(got)} {where} (result leaf {i}), but {show(want)} when its results were declared (a traced "
@@ -316,7 +316,7 @@ class ForeignCall:
     def not_batched(self, i: int, got, want) -> UnsupportedTypeError:
         """Our error for a result of another shape or dtype than the batch's, under a vectorized vmap
         method (the callee is handed the whole batch and must return batched results)."""
-        show = (lambda sd: "nothing" if sd is None else f"{sd[1]} of shape {tuple(sd[0])}")
+        show = _shape_dtype_words
         return UnsupportedTypeError(
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
             f"{show(got)} under vmap (vmap_method={self.vmap_method!r}, result leaf {i}), where the batch's result "
@@ -439,6 +439,11 @@ def _compilers() -> tuple:
         _COMPILERS = (now, tuple(a for a in registry.imported()
                                  if type(a).outside_compiler is not Adapter.outside_compiler))
     return _COMPILERS[1]
+
+
+def _shape_dtype_words(sd) -> str:
+    """A (shape, dtype name) in an error's words; None: nothing."""
+    return "nothing" if sd is None else f"{sd[1]} of shape {tuple(sd[0])}"
 
 
 def _views_immutable(x, callee: str, fallback) -> bool:

@@ -744,8 +744,8 @@ class _HostCall:
         #: an input or result of a type jax stores packed (int4, fp4: two values a byte), whose buffer a
         #: numpy or DLPack view reads as one value a byte: wrong values, and results written past the
         #: buffer's end. pure_callback unpacks them
-        self.packed = sorted({n for a in (*in_avals, *avals) if (n := dtypes.name_of_numpy(np.dtype(a.dtype)))
-                              in _PUT_COPIES})
+        names = (dtypes.name_of_numpy(np.dtype(a.dtype)) for a in (*in_avals, *avals))
+        self.packed: list[str] = sorted({n for n in names if n is not None and n in _PUT_COPIES})
         self._pure = functools.partial(self._pure_callback)
         self._on_host = functools.partial(self._buffer_callback, self._fill)
         self._on_gpu = functools.partial(self._buffer_callback, self._fill_device)
