@@ -457,7 +457,8 @@ class JaxAdapter(Adapter):
                     "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
                 "buffer_callback": (_buffers_here("cpu"), (
                     "under a jax transformation a bridged callee on the CPU runs in "
-                    "jax.experimental.buffer_callback, on jax's own buffers (no copies); on one CUDA GPU too, "
+                    "jax.experimental.buffer_callback, on copies of jax's input buffers and writing into its result "
+                    "buffers (no host round trip); on one CUDA GPU too, "
                     "for a callee that queues its work on jax's stream (torch with CUDA); elsewhere in "
                     "jax.pure_callback, on host copies" if _buffers_here("cpu") else
                     f"jax {jax.__version__} has no buffer_callback the bridge uses (from 0.8.1)" if not BUFFER_CALLBACK
@@ -722,8 +723,9 @@ class _HostCall:
     (None: zeros), and runs when jax runs the computation.
 
     On the CPU (jax >= 0.8.1, one CPU device) it runs in a ``buffer_callback``: the callee gets
-    copies of jax's input buffers (memcpys, on no host copy of jax's own: those buffers are valid only
-    during the callback, and a callee may keep its input), read-only for a numpy callee as eagerly, and
+    copies of jax's input buffers of its own (plain copies, without pure_callback's host round trip and
+    its cost; jax's buffers are valid only during the callback, and a callee may keep its input),
+    read-only for a numpy callee as eagerly, and
     each result is written into jax's result buffer once it has been checked to be exactly the
     declared shape and dtype (a copy into it would broadcast or cast, silently). On one CUDA GPU, for a
     callee that can queue its work on jax's stream (``Adapter.device_streams``: torch), likewise on the
@@ -804,8 +806,8 @@ class _HostCall:
         into jax's result buffers."""
         # jax's buffers are valid only during the callback (XLA reuses them after): a view of one that the
         # callee keeps (an activation a hook saves) would change under it, and be read after it is freed.
-        # So the callee gets copies of its own (64-byte aligned: they cross to torch and tensorflow without
-        # another), read-only for a callee whose tensors can say so (numpy's, as eagerly)
+        # So the callee gets copies of its own (64-byte aligned for a callee whose import needs it, tensorflow:
+        # no second copy there), read-only for a callee whose tensors can say so (numpy's, as eagerly)
         inputs = []
         for b in buffers:
             a = np.asarray(b)
