@@ -143,8 +143,9 @@ class ForeignCall:
 
     def forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
         """The callee's results for ``leaves`` as tensors of ``to`` (and its pullback, with ``want_vjp``).
-        ``borrowed``: the framework whose immutable buffers the leaves view whatever their type says (the
-        numpy views of jax's own buffers a jax callback is handed): a callee's write into any is our error."""
+        ``borrowed``: the framework whose immutable buffers the leaves are, whatever type they come as (what
+        a jax pure_callback hands its callback, jax arrays in the jax versions tested): a callee's write into
+        any is our error. None: the leaves' own types say (a callback's own copies are its business)."""
         if not self.flushed and fpenv.flushes():  # on a runtime's thread that flushes subnormals
             with fpenv.keeping():
                 return self._forward(leaves, want_vjp, to, borrowed)
