@@ -5,6 +5,7 @@ for bit, on the inputs the callee saw (docs/functions.md)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import bf16bridge as bb
 from devicehelp import DEVICE, host_bits, make, where
