@@ -8,6 +8,8 @@ targets are judged on the fastest (the least disturbed by other load), and the r
 
 from __future__ import annotations
 
+import contextlib
+
 import statistics
 import time
 import warnings
@@ -322,23 +324,35 @@ def _driver(caller: str):
     return run
 
 
-def bench_bridged(quick: bool, log) -> list[dict]:
-    ml, torch, jax, jnp, tf = _mods()
-    # torch's intra-op threads spin against jax's and tensorflow's pools on this small shared
-    # machine: a 64x64 bf16 matmul took 20 us on one thread and up to 15 ms on two. One thread
-    # keeps the callee's own work small and steady, so the ratio shows the call's overhead.
+@contextlib.contextmanager
+def _one_torch_thread():
+    """torch's intra-op threads spin against jax's and tensorflow's pools on this small shared
+    machine: a 64x64 bf16 matmul took 20 us on one thread and up to 15 ms on two. One thread
+    keeps the callee's own work small and steady, so the ratio shows the call's overhead."""
+    torch = _mods()[1]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _bench_bridged(quick, log)
+        yield
     finally:
         torch.set_num_threads(threads)
 
 
+def _bridged_data() -> list:
+    """The bridged calls' three 64x64 bf16 inputs and their cotangent, as numpy arrays."""
+    ml = _mods()[0]
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((64, 64)) * 0.5).astype(np.float32).astype(ml.bfloat16) for _ in range(4)]
+
+
+def bench_bridged(quick: bool, log) -> list[dict]:
+    with _one_torch_thread():
+        return _bench_bridged(quick, log)
+
+
 def _bench_bridged(quick: bool, log) -> list[dict]:
     ml, torch, jax, jnp, tf = _mods()
-    rng = np.random.default_rng(0)
-    data = [(rng.standard_normal((64, 64)) * 0.5).astype(np.float32).astype(ml.bfloat16) for _ in range(4)]
+    data = _bridged_data()
     rows = []
     for caller in AUTODIFF:
         for callee in AUTODIFF:
@@ -373,18 +387,16 @@ def bench_bridged_jit(quick: bool, log) -> list[dict]:
     ``pure_callback`` wrapper (``baseline``), forward and backward (a jitted ``jax.vjp``) and forward
     only, for the torch and tensorflow callees."""
     ml, torch, jax, jnp, tf = _mods()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # (as bench_bridged)
-    try:
-        rng = np.random.default_rng(0)
-        data = [(rng.standard_normal((64, 64)) * 0.5).astype(np.float32).astype(ml.bfloat16) for _ in range(4)]
+    with _one_torch_thread():
+        data = _bridged_data()
         xs = [jnp.asarray(a) for a in data[:3]]
         ct = jnp.asarray(data[3])
+        run = _driver("jax")  # (its vjp, under jit here)
         rows = []
         for callee in [c for c in AUTODIFF if c != "jax"]:
             fn = _callee_fn(callee)
             contenders = {"bridge": bb.bridge(callee)(fn), "hand-written": baseline("jax", callee, fn)[0]}
-            both = {k: jax.jit(lambda *a, f=f: _ready(_jax_vjp(f, a[:3], a[3]))) for k, f in contenders.items()}
+            both = {k: jax.jit(lambda *a, f=f: run(f, a[:3], a[3])) for k, f in contenders.items()}
             fwd = {k: jax.jit(f) for k, f in contenders.items()}
             same = all(np.array_equal(_bits(g), _bits(w)) for g, w in zip(
                 _flat(both["bridge"](*xs, ct)), _flat(both["hand-written"](*xs, ct))))
@@ -397,13 +409,6 @@ def bench_bridged_jit(quick: bool, log) -> list[dict]:
                 f"{r['hand-written']['best'] * 1e6:8.1f} us; fwd {rf['bridge']['best'] * 1e6:7.1f} us vs "
                 f"{rf['hand-written']['best'] * 1e6:7.1f} us{'' if same and same_fwd else '  (BITS DIFFER)'}")
         return rows
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _jax_vjp(f, xs, ct):
-    out, pb = _mods()[2].vjp(f, *xs)
-    return [out, *pb(ct)]
 
 
 def _flat(x):

@@ -441,6 +441,7 @@ class JaxAdapter(Adapter):
         return out
 
     def facts(self):
+        buffers = _buffers_here("cpu")
         return {"x64": (bool(jax.config.jax_enable_x64),
                         "jax_enable_x64 is on" if jax.config.jax_enable_x64 else
                         "jax_enable_x64 is off: 64-bit dtypes are refused rather than narrowed"),
@@ -455,15 +456,15 @@ class JaxAdapter(Adapter):
                     if _VMAP_METHOD else
                     f"jax {jax.__version__}'s pure_callback has no vmap_method: under vmap a bridged function "
                     "runs once per batch element (as vmap_method='sequential'), the only method it takes")),
-                "buffer_callback": (_buffers_here("cpu"), (
+                "buffer_callback": (buffers, (
                     "under a jax transformation a bridged callee on the CPU runs in "
                     "jax.experimental.buffer_callback, on copies of jax's input buffers and writing into its result "
                     "buffers (no host round trip); on one CUDA GPU too, "
                     "for a callee that queues its work on jax's stream (torch with CUDA); elsewhere in "
-                    "jax.pure_callback, on host copies" if _buffers_here("cpu") else
+                    "jax.pure_callback, on host copies" if buffers else
                     f"jax {jax.__version__} has no buffer_callback the bridge uses (from 0.8.1)" if not BUFFER_CALLBACK
                     else f"{len(jax.devices('cpu'))} CPU devices (a buffer_callback would run on each)")
-                    + ("" if _buffers_here("cpu") else ": under a jax transformation a bridged callee runs in "
+                    + ("" if buffers else ": under a jax transformation a bridged callee runs in "
                        "jax.pure_callback, on host copies of its inputs and results")),
                 "aligned buffers": (_ALIGNED, (
                     "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer"

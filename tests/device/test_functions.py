@@ -113,12 +113,6 @@ def test_jax_caller_torch_callee_grad(torch_device, jax_device, record_property)
     np.testing.assert_array_equal(host_bits(grad), host_bits(want_grad))
 
 
-def versions_release(version: str) -> tuple:
-    from bf16bridge import versions
-
-    return versions.release(version)
-
-
 def _jax_path(platform):
     """Whether the bridge runs a traced jax caller's torch callee on jax's own buffers on ``platform``."""
     from bf16bridge.adapters import jax as jax_adapter
@@ -163,12 +157,12 @@ def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_dev
     got = np.asarray(out) ^ np.uint16(0x5555)
     platform = "cuda" if DEVICE == "cuda" else "cpu"
     on_buffers = _jax_path(platform)
-    import jax as _jax
+    from bf16bridge import versions
 
     # where it must: one device of the platform, torch with CUDA on the GPU (this machine's case), a jax
     # with buffer_callback; otherwise the check would pass on the path it means to leave
-    assert on_buffers or len(_jax.devices(platform)) > 1 or not bb.registry.get("torch").device_streams() \
-        or versions_release(_jax.__version__) < (0, 8, 1), "the bridge took pure_callback where it should not"
+    assert on_buffers or len(jax.devices(platform)) > 1 or not bb.registry.get("torch").device_streams() \
+        or versions.release(jax.__version__) < (0, 8, 1), "the bridge took pure_callback where it should not"
     record_property("path", "buffer_callback" if on_buffers else "pure_callback")
     record_property("callee_ran_on", seen["device"])
     record_property("callee_stream_is_torchs_default", seen["stream"] == seen["default_stream"]
