@@ -73,7 +73,7 @@ demo: setup
 # docs/dtypes.md's generated block (the dtype support matrix), from this machine;
 # tests/test_dtype_docs.py fails until this is rerun after a route, a probe finding or a table row changes
 dtype-docs: setup
-	$(BIN)/python -m bf16bridge.tables docs/dtypes.md
+	$(BIN)/python -m bf16bridge.cli.tables docs/dtypes.md
 
 matrix: setup
 	$(BIN)/bf16bridge matrix

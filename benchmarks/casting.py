@@ -216,7 +216,7 @@ def bench_jax(quick: bool, log) -> dict:
 
 
 def run(quick: bool, log=print) -> dict:
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     for name in ("torch", "jax"):
         registry.get(name)

@@ -15,7 +15,7 @@ import gc
 import numpy as np
 
 import bf16bridge as bb
-from bf16bridge import registry
+from bf16bridge.core import registry
 
 from .harness import SIZES, held_by_numpy, measure, sample
 

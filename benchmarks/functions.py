@@ -258,7 +258,7 @@ def baseline(caller: str, callee: str, fn):
         # allocates them 16-byte aligned at best, which tensorflow must not take as they are (its first
         # kernel on an unaligned buffer aborts the process: the raw wrapper a user writes there dies so),
         # so there they go through an aligned numpy copy; results go back as numpy
-        from bf16bridge.adapters.jax import _ALIGNED
+        from bf16bridge.adapters.jax.convert import _ALIGNED
 
         from_jax, from_numpy, back = mv[("jax", callee)], mv[("numpy", callee)], mv[(callee, "numpy")]
         to_c = from_jax if _ALIGNED or callee != "tensorflow" else (lambda x: from_numpy(_aligned(np.asarray(x))))
@@ -489,7 +489,7 @@ def peer_failures(log) -> list[dict]:
 
 def _ptr(x) -> int | None:
     try:
-        from bf16bridge import registry
+        from bf16bridge.core import registry
 
         return registry.get(registry.framework_of(x)).data_ptr(x)
     except Exception:  # noqa: BLE001
@@ -513,7 +513,7 @@ def _code() -> str:
 
 
 def run(quick: bool, log=print) -> dict:
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     for name in registry.names():
         registry.get(name)

@@ -17,10 +17,11 @@ import time
 import numpy as np
 
 import bf16bridge as bb
-from bf16bridge import kernels, registry
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core import registry
 from bf16bridge.adapters.numpy import aligned_empty
-from bf16bridge.tables import aligned_source
-from bf16bridge.workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
+from bf16bridge.cli.tables import aligned_source
+from bf16bridge.cli.workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 
 from .raw import extra_workarounds, raw_routes
 
@@ -29,7 +30,7 @@ def held_by_numpy(names, log=print) -> tuple[list[str], list[dict]]:
     """The dtypes of ``names`` numpy (this ml_dtypes) holds, and the others each with the table's
     reason (ml_dtypes 0.3.1 has no fp4, fp6, e8m0...): a part leaves those out, says so in its log,
     and keeps them in its JSON ("left_out") for its section of the page."""
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     kept, left = [], []
     for name in names:

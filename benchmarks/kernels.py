@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from bf16bridge import kernels
+from bf16bridge.kernels import chunked as kernels
 
 from .functions import compare
 from .harness import SIZES, held_by_numpy, machine

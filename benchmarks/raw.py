@@ -1,6 +1,6 @@
 """The same route as the bridge takes, written by hand with each framework's own calls.
 
-The floor for a zero-copy route: what bf16bridge.convert costs on top of this is
+The floor for a zero-copy route: what bf16bridge.core.convert costs on top of this is
 its overhead (finding the framework, describing the input, planning, checking).
 """
 
@@ -70,7 +70,7 @@ def raw_routes() -> dict:
 
 
 def extra_workarounds() -> dict:
-    """Other common recipes, besides bf16bridge.workarounds.WORKAROUNDS."""
+    """Other common recipes, besides bf16bridge.cli.workarounds.WORKAROUNDS."""
     np, ml, torch, jax, jnp, tf = _mods()
     out = {("torch", "numpy"): [("t.float().numpy()  (float32: 2x memory, not bf16)", lambda t: t.float().numpy())]}
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bf16bridge.tables import table
+from bf16bridge.cli.tables import table
 
 from .harness import SIZES
 
@@ -194,7 +194,7 @@ def plot(res: dict, path: Path) -> bool:
     for ax in axes[:, 0]:
         ax.set_ylabel("seconds (median)")
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle("bf16bridge.convert against the usual workaround, per pair")
+    fig.suptitle("bf16bridge.core.convert against the usual workaround, per pair")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .adapters._base import Adapter, Handoff, Source
-from .adapters.numpy import aligned_empty
-from .convert import convert, convert_tree, plan, plan_tree, to_jax, to_numpy, to_tensorflow, to_torch
-from .errors import (
+from bf16bridge.core.adapter import Adapter, Handoff, Source
+from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.convert import convert, convert_tree, plan, plan_tree, to_jax, to_numpy, to_tensorflow, to_torch
+from bf16bridge.errors import (
     Bf16BridgeError,
     Bf16BridgeWarning,
     CheckpointError,
@@ -29,23 +29,25 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedTypeError,
 )
-from .registry import framework_of, register_adapter
+from bf16bridge.core.registry import framework_of, register_adapter
 
 if TYPE_CHECKING:
-    from . import capabilities, casting, checkpoints, functions, kernels, parity, plans, routes, shards
-    from .capabilities import Capabilities, Decision, probe
-    from .casting import cast_module, cast_tree
-    from .checkpoints import load, load_for_target, open, save
-    from .functions import BridgedFunction, bridge
-    from .plans import Plan, Step, TreePlan
-    from .shards import Shard, convert_shards, from_shards
+    from bf16bridge import capabilities, casting, checkpoints, functions, kernels, parity, shards
+    from bf16bridge.capabilities import Capabilities, Decision, probe
+    from bf16bridge.casting import cast_module, cast_tree
+    from bf16bridge.checkpoints import load, load_for_target, open, save
+    from bf16bridge.core import dtypes
+    from bf16bridge.core.plan import Plan, Step, TreePlan
+    from bf16bridge.functions import BridgedFunction, bridge
+    from bf16bridge.shards import Shard, convert_shards, from_shards
 
-#: submodules loaded on first use (they import more, or are rarely needed)
-_SUBMODULES = ("adapters", "capabilities", "casting", "checkpoints", "cli", "demo", "dtypes", "errors", "functions",
-               "kernels", "parity", "plans", "registry", "routes", "shards", "trees", "workarounds")
+#: submodules loaded on first use (they import more, or are rarely needed): name -> module
+_SUBMODULES = {name: name for name in ("adapters", "capabilities", "casting", "checkpoints", "cli", "errors",
+                                       "functions", "kernels", "parity", "shards", "trees")}
+_SUBMODULES["dtypes"] = "core.dtypes"
 #: names that live in a lazily loaded submodule
 _LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabilities", "Capabilities": "capabilities",
-         "Decision": "capabilities", "Plan": "plans", "Step": "plans", "TreePlan": "plans",
+         "Decision": "capabilities", "Plan": "core.plan", "Step": "core.plan", "TreePlan": "core.plan",
          "cast_module": "casting", "cast_tree": "casting",
          "save": "checkpoints", "load": "checkpoints", "open": "checkpoints", "load_for_target": "checkpoints",
          "convert_shards": "shards", "from_shards": "shards", "Shard": "shards"}
@@ -53,7 +55,7 @@ _LAZY = {"bridge": "functions", "BridgedFunction": "functions", "probe": "capabi
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(f"{__name__}.{_SUBMODULES[name]}")
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     if name == "__version__":

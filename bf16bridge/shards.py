@@ -16,10 +16,13 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ._autograph import plain_python
-from . import dtypes, kernels, registry
-from .convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
-from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
+from bf16bridge.adapters.hooks import ShardHooks
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core import registry
+from bf16bridge.core.convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
+from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
 #: which shards ``convert_shards`` returns: every shard this process holds, or one per global index
 Replicas = Literal["all", "one"]
@@ -193,7 +196,7 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     target = registry.resolve(to)
     if as_dtensor is not None and target != "torch":
         raise InvalidArgumentError(f"as_dtensor makes a torch DTensor: pass to='torch' (got to={to!r})")
-    got = registry.get(source).local_shards(x)
+    got = registry.hooks(source, ShardHooks).local_shards(x)
     if got is None:
         raise UnsupportedTypeError(
             f"this {source} {type(x).__name__} is not sharded (it lives on one device); "
@@ -275,7 +278,8 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
             raise InvalidArgumentError("from_shards: no shards, and no shape= to say what they make")
         shape = tuple(max(p.index[d].stop for p in pieces) for d in range(len(pieces[0].index)))
     shape = _check_shape(shape)
-    if not adapter.assembles:
+    hooks = registry.hooks(target, ShardHooks)
+    if not hooks.assembles:
         raise UnsupportedTypeError(
             f"{target} has no sharded tensor type; from_shards builds a jax.Array or a torch DTensor. "
             f"For one {target} tensor of the whole array, gather it (which copies): e.g. "
@@ -291,7 +295,7 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
                         "A sharded array holds one value for each element: give every device of that index the "
                         "same tensor (one replica's), or recompute the array so that its replicas agree; "
                         "compare_replicas=False builds it as given, each device with its own shard")
-    return adapter.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
+    return hooks.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
                             on_alias)
 
 
@@ -421,7 +425,7 @@ def _bits(piece: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     element), for comparing bits; and, for a type held one value a byte in fewer bits, the pattern
     each byte holds as ml_dtypes reads it (kernels.byte_codes: jax clears the high bits, numpy need
     not, and ml_dtypes reads them as the sign in fp4 and fp6), else None."""
-    from .convert import convert  # convert imports this module's neighbours; late, as the adapters do
+    from bf16bridge.core.convert import convert  # convert imports this module's neighbours; late, as the adapters do
 
     try:
         a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
@@ -463,7 +467,7 @@ def layout_of(x) -> Layout | None:
     """The ``Layout`` of a sharded tensor (None where its sharding is no mesh); our error for a
     tensor that is not sharded."""
     source = registry.framework_of(x)
-    got = registry.get(source).local_shards(x)
+    got = registry.hooks(source, ShardHooks).local_shards(x)
     if got is None:
         raise UnsupportedTypeError(f"this {source} {type(x).__name__} is not sharded (it lives on one device)")
     return got[1]

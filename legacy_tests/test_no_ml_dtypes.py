@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import bf16bridge as bb
-from bf16bridge import dtypes, kernels
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
 
 
 def test_the_environment_is_the_one_we_mean():

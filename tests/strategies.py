@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 import bf16bridge as bb
-from bf16bridge import dtypes as bb_dtypes
+from bf16bridge.core import dtypes as bb_dtypes
 from conftest import BF16, FRAMEWORKS, PRESENT, dtype_name, fw, make, ptr, type_framework
 
 # -- profiles -----------------------------------------------------------------

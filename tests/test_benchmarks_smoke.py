@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bf16bridge import registry
+from bf16bridge.core import registry
 from strategies import needs_newer_ml_dtypes, numpy_holds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +112,7 @@ def _check_kernels(kr: dict, doc: str) -> None:
     import torch
 
     from benchmarks import kernels
-    from bf16bridge.kernels import FORMATS
+    from bf16bridge.kernels.chunked import FORMATS
 
     assert kr["mode"] == "quick" and kr["sizes"] == ["1 KiB", "1 MiB"]
     floats = [n for n, f in FORMATS.items() if not f.integer]

@@ -21,9 +21,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import bf16bridge as bb
-from bf16bridge import dtypes
+from bf16bridge.core import dtypes
 import strategies  # also loads the derandomized hypothesis profile
-from bf16bridge.casting import DEFAULT_POLICY, Rule
+from bf16bridge.casting.cast import DEFAULT_POLICY, Rule
 from conftest import BF16, FRAMEWORKS, PRESENT, bits, dtype_name, fw, make
 
 # -- rounding, in each framework ----------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_every_cast_between_the_floats_gives_ml_dtypes_bits(framework, src, dst,
     and the others, and from float32 and bf16 to float64 (a widening said to be exact): 40,926 of
     240k float32 values came back 0. torch rounds float64 -> float16 through float32 (Tensor.to), one
     float16 ulp off near a tie: documented, and checked here to be the only difference."""
-    from bf16bridge.adapters._base import _rounding_probe
+    from bf16bridge.adapters.trials import _rounding_probe
 
     a = _rounding_probe(src)
     out, report = bb.cast_tree({"w": make(framework, a)}, dst, policy=())
@@ -154,7 +154,7 @@ def test_tensorflow_casts_in_numpy_keep_the_gradient(in_graph):
     eagerly and inside a tf.function (under a tape too). There it runs on tensorflow's threads,
     which flush subnormals for numpy as well (a numpy_function gave tf.cast's zeros): they are kept
     for the cast (fpenv). Under jit_compile it cannot leave the compiled graph: our error."""
-    from bf16bridge.adapters import tensorflow as tf_adapter
+    from bf16bridge.adapters.tensorflow import convert as tf_adapter
 
     import tensorflow as tf
 
@@ -608,9 +608,9 @@ def test_numpy_dtype_objects_are_taken():
 
 
 @pytest.mark.parametrize("kwargs, says", [
-    ({"keep": [3]}, "neither a pattern (str) nor a bf16bridge.casting.Rule"),
-    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.Rule"),  # was Python's TypeError
-    ({"policy": 3.5}, "3.5 is neither a pattern (str) nor a bf16bridge.casting.Rule"),
+    ({"keep": [3]}, "neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),
+    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),  # was Python's TypeError
+    ({"policy": 3.5}, "3.5 is neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),
     ({"keep": ["("]}, "is not a regular expression"),
     ({"keep_head": "yes"}, "keep_head must be True or False"),
     ({"keep_dtype": "int8"}, "int8 is not a floating dtype"),
@@ -897,7 +897,7 @@ def test_keep_head_on_a_flat_weight_list_keeps_the_last_kernel_and_its_bias():
     ({"keep_types": "Batch["}, "'Batch[' is not a regular expression"),
     ({"keep_dtype": None}, "keep_dtype=None (kept leaves left as they are) is cast_tree's"),
     ({"keep_types": 3}, "keep_types: 3 is not a class"),  # was Python's TypeError (int not iterable)
-    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.Rule"),
+    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),
 ])
 def test_cast_module_bad_arguments_raise_ours(kwargs, says):
     torch = fw("torch")
@@ -1351,7 +1351,7 @@ def test_cast_tree_under_jit_gives_ml_dtypes_bits_or_says_why_it_cannot():
     import jax
     import jax.numpy as jnp
 
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     a = np.array([1e-39, 1.5, -3e-39, 2.0], np.float32)
     want = a.astype(ml_dtypes.bfloat16).view(np.uint16)

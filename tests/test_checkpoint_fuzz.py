@@ -321,7 +321,7 @@ def _target_cases(draw):
 
 @given(_target_cases())
 def test_load_for_target_does_what_its_report_says(case):
-    from bf16bridge.capabilities import probe
+    from bf16bridge.capabilities.probing import probe
     from bf16bridge.checkpoints.target import FP8
 
     names, shapes, seed, target, dtype, for_compute = case

@@ -842,14 +842,14 @@ class _Probe:
         self.dtype = dtype
 
     def decide(self, target, *, for_compute=False, device="cpu", widen_to="float32"):
-        from bf16bridge.capabilities import Decision
+        from bf16bridge.capabilities.probing import Decision
 
         return Decision(self.dtype, f"stub: {target} {for_compute} {device}")
 
 
 @pytest.mark.parametrize("target", FRAMEWORKS)
 def test_auto_widens_bf16_exactly_where_the_probe_says_float32(tmp_path, monkeypatch, target):
-    from bf16bridge import capabilities
+    from bf16bridge.capabilities import probing as capabilities
 
     p, w = _mixed(tmp_path)
     monkeypatch.setattr(capabilities, "probe", lambda: _Probe("float32"))
@@ -867,7 +867,7 @@ def test_auto_widens_bf16_exactly_where_the_probe_says_float32(tmp_path, monkeyp
 
 
 def test_auto_keeps_bf16_where_the_probe_says_bf16(tmp_path, monkeypatch):
-    from bf16bridge import capabilities
+    from bf16bridge.capabilities import probing as capabilities
 
     p, w = _mixed(tmp_path)
     monkeypatch.setattr(capabilities, "probe", lambda: _Probe("bfloat16"))
@@ -880,7 +880,7 @@ def test_auto_keeps_bf16_where_the_probe_says_bf16(tmp_path, monkeypatch):
 
 @pytest.mark.frameworks("torch")
 def test_the_real_probe_decides_for_this_machine(tmp_path):
-    from bf16bridge.capabilities import probe
+    from bf16bridge.capabilities.probing import probe
 
     p, _ = _mixed(tmp_path)
     _, report = bb.load_for_target(p, to="torch")
@@ -1216,7 +1216,7 @@ _SHARDED = textwrap.dedent("""
         assert "compare_replicas" not in str(err), err
     else:
         raise AssertionError("replicas that disagree were saved")
-    bbconvert = sys.modules["bf16bridge.convert"]  # the module (bb.convert is the function)
+    bbconvert = sys.modules["bf16bridge.core.convert"]  # the module (bb.convert is the function)
     real_convert = bbconvert.convert
     def unreadable(x, to, **kw):
         raise bb.DeviceError("numpy cannot reach this device (a test's stand-in)")

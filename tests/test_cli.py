@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bf16bridge import cli
+from bf16bridge.cli import main as cli
 from conftest import PRESENT
 
 BANNERS = ("absl::InitializeLog", "oneDNN custom operations")  # tensorflow 2.21's, at import (2.16: the second)
@@ -38,7 +38,7 @@ def test_matrix_and_demo_leave_out_a_framework_that_is_not_installed_and_say_so(
     run over the frameworks that are usable and name the one left out with its extra; both failed
     outright ("torch is not usable here") for a numpy and jax user."""
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from bf16bridge import cli\n"
+            "from bf16bridge.cli import main as cli\n"
             "sys.exit(cli.main(sys.argv[1:]))")
     left = [f for f in PRESENT if f != "torch"]
     pairs = {(s, d) for s in left for d in left if s != d}
@@ -103,7 +103,7 @@ def _in_process(code: str) -> subprocess.CompletedProcess:
 def test_main_returns_so_finally_blocks_and_atexit_handlers_run():
     out = _in_process(
         "import atexit\n"
-        "from bf16bridge.cli import main\n"
+        "from bf16bridge.cli.main import main\n"
         "atexit.register(lambda: print('atexit ran'))\n"
         "try:\n"
         "    code = main(['probe', '--json'])\n"
@@ -118,7 +118,7 @@ def test_main_returns_so_finally_blocks_and_atexit_handlers_run():
 
 def test_console_script_exits_with_mains_status_and_our_error():
     out = _in_process("import sys; sys.argv = ['bf16bridge', 'parity', '--policy', 'ulp(1.9)']\n"
-                      "from bf16bridge.cli import console_main; console_main()")
+                      "from bf16bridge.cli.main import console_main; console_main()")
     assert out.returncode == 2 and "a ULP count is a whole number" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -180,7 +180,7 @@ def test_help_is_plain_text_and_main_returns_0(capsys, command):
     (["parity", "--recheck", "r.json", "--frameworks", "torch,jax", "--set", "k=1"], ["--frameworks, --set would"]),
 ])
 def test_unknown_names_and_one_framework_are_usage_errors_before_anything_runs(monkeypatch, capsys, argv, says):
-    from bf16bridge import demo
+    from bf16bridge.cli import demo
     from bf16bridge.parity import runner
 
     def must_not_run(*a, **k):
@@ -408,7 +408,7 @@ def test_matrix_dtype_routes_every_pair_as_the_probe_says_each_framework_holds_i
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")
 def test_matrix_dtype_bfloat16_takes_the_routes_of_the_bf16_matrix(capsys):
-    from bf16bridge import demo
+    from bf16bridge.cli import demo
 
     assert cli.main(["matrix", "--dtype", "bfloat16"]) == 0
     text = capsys.readouterr().out
@@ -419,7 +419,7 @@ def test_matrix_dtype_bfloat16_takes_the_routes_of_the_bf16_matrix(capsys):
 
 
 def test_matrix_dtype_all_markdown_is_the_tables_alone_and_says_its_assumption_on_stderr(capsys):
-    from bf16bridge import tables
+    from bf16bridge.cli import tables
 
     assert cli.main(["matrix", "--dtype", "all", "--format", "markdown"]) == 0
     out, err = capsys.readouterr()
@@ -431,7 +431,7 @@ def test_matrix_dtype_all_markdown_is_the_tables_alone_and_says_its_assumption_o
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")  # the ghost alone missing
 def test_matrix_dtype_with_a_registered_framework_not_installed_refuses_its_pairs_and_routes_the_rest(capsys):
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     registry.register_adapter("ghostfw", "bf16bridge_no_such_module", types=("ghostfw:Tensor",), extra="ghostfw")
     try:

@@ -56,7 +56,8 @@ def test_invalid_copy_and_fallback_values():
 def test_copy_true_copies_a_device_tensor_on_its_device(src, dst):
     """A device input (described as on cuda:0; planned here on CPU): copy=True copies on the device;
     only a host-only target (numpy) takes it to the host."""
-    from bf16bridge import registry, routes
+    from bf16bridge.core import registry
+    from bf16bridge.core import planner as routes
 
     s = registry.get(src).describe(make(src, np.zeros(8, BF16)))._replace(device="cuda:0")
     assert [st.kind for st in routes.plan_for(s, src, dst, copy=True).steps if st.copies] == ["copy"]

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from bf16bridge import demo, registry
+from bf16bridge.cli import demo
+from bf16bridge.core import registry
 
 
 @pytest.mark.frameworks("tensorflow", "torch")

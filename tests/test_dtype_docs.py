@@ -1,6 +1,6 @@
 """docs/dtypes.md's generated block is what the code and the installed frameworks say now.
 
-The block is written by ``python -m bf16bridge.tables docs/dtypes.md`` (``make dtype-docs``): the
+The block is written by ``python -m bf16bridge.cli.tables docs/dtypes.md`` (``make dtype-docs``): the
 probe's dtype table, the table's rows, the packing found by converting, the fallbacks and the
 routes asked of bb.plan() and bb.convert() on real tensors. A route, a probe finding or a table row
 that changes without the page fails here; so does a page that leaves out a dtype or a pair.
@@ -9,7 +9,9 @@ that changes without the page fails here; so does a page that leaves out a dtype
 import difflib
 import pathlib
 
-from bf16bridge import dtypes, registry, tables
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
+from bf16bridge.cli import tables
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "dtypes.md"
 

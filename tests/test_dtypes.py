@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bf16bridge import dtypes, registry
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
 from bf16bridge.errors import InvalidArgumentError
 from conftest import EXCLUDED, FRAMEWORKS, bits, dtype_name, fw, make, ptr, type_framework
 from strategies import NUMPY_LACKS, lacks, needs_newer_ml_dtypes, numpy_holds
@@ -119,7 +120,7 @@ def test_dlpack_codes_are_dlpack_h(dtype):
 
 def _exported(make_tensor, export) -> tuple[int, int, int] | None:
     """(code, bits, lanes) of the capsule a framework's own export makes; None where it refuses."""
-    from bf16bridge.adapters import _dlpack
+    from bf16bridge.adapters import dlpack as _dlpack
 
     try:
         capsule = export(make_tensor())
@@ -195,7 +196,7 @@ def test_dlpack_codes_match_what_the_frameworks_export(framework):
 def test_the_pages_bit_exact_column_sees_a_padding_change(dtype):
     """docs/dtypes.md's bit-exact compares every byte, as these tests do: a route that set a padded
     row's padding bits (the value's own bits unchanged) would not be called bit-exact."""
-    from bf16bridge import tables
+    from bf16bridge.cli import tables
 
     if not numpy_holds(dtype):  # no numpy array of it here: the page's row says why
         with pytest.raises(bb.UnsupportedDtypeError, match=needs_newer_ml_dtypes(dtype)):
@@ -215,7 +216,7 @@ def _jax_holds_float6() -> bool:
     by trying: the adapter's own trial is what these tests check."""
     from importlib import metadata
 
-    from bf16bridge.versions import release
+    from bf16bridge.core.versions import release
 
     try:
         return release(metadata.version("jax")) >= (0, 11)
@@ -652,7 +653,7 @@ def test_the_planner_names_no_narrow_dtype():
     """A new dtype is a table row plus what each adapter holds: routes.py names none of them."""
     import inspect
 
-    from bf16bridge import routes
+    from bf16bridge.core import planner as routes
 
     source = inspect.getsource(routes)
     named = [d for d in dtypes.NAMES if dtypes.ROWS[d].family != "standard" and f'"{d}"' in source]
@@ -667,7 +668,7 @@ def test_tensorflow_copy_kernel_trial_prints_nothing(capfd):
     """Asking whether tensorflow's DeepCopy takes a narrow row runs it once; its refusal is
     logged natively (W0000 ... Unsupported data type: ...), and the adapter keeps those lines off
     the process's stderr."""
-    from bf16bridge.adapters import tensorflow as tfa
+    from bf16bridge.adapters.tensorflow import convert as tfa
 
     held = sorted(d for d in NARROW if _holds("tensorflow", d))
     assert held
@@ -684,7 +685,7 @@ def test_quiet_trial_writes_back_other_lines(capfd):
     window (another thread's output) comes out after it."""
     import os
 
-    from bf16bridge.adapters import _quiet
+    from bf16bridge.adapters import quiet as _quiet
 
     def write():
         os.write(2, b"another thread's line\nW0000 x] OP_REQUIRES failed: Unsupported data type: float8_e4m3fn\n")

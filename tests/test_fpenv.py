@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bf16bridge import fpenv
+from bf16bridge.core import fpenv
 
 pytestmark = pytest.mark.frameworks("torch")  # torch.set_flush_denormal: the flags set on this thread
 

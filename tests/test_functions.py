@@ -214,8 +214,8 @@ def test_jax_callbacks_on_the_cpu_run_in_buffer_callback():
     pure_callback, and the same results."""
     import jax
 
-    from bf16bridge import versions
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.core import versions
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     assert jax_adapter.BUFFER_CALLBACK is (versions.release(jax.__version__) >= (0, 8, 1))
     uses = jax_adapter.BUFFER_CALLBACK and len(jax.devices("cpu")) == 1
@@ -235,7 +235,7 @@ def test_jax_callbacks_on_the_cpu_run_in_buffer_callback():
 def jax_callback(request, monkeypatch):
     """Each path a traced jax caller's callee can take here: buffer_callback where this jax has it
     (else the test is the pure_callback one again, as the oldest set runs it), pure_callback forced."""
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     if request.param == "pure_callback":
         monkeypatch.setattr(jax_adapter, "_buffers_here", lambda platform: False)
@@ -279,7 +279,7 @@ def test_types_jax_stores_packed_cross_a_traced_call_as_values(name, jax_callbac
     jax's buffer (the process died). Such calls take pure_callback, which unpacks them."""
     import jax
 
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     why = bb.registry.get("jax").cannot_hold(name) or dtypes.numpy_missing(name)
     if why is not None:  # (not this jax's or ml_dtypes': our error for the call, checked elsewhere)
@@ -288,7 +288,7 @@ def test_types_jax_stores_packed_cross_a_traced_call_as_values(name, jax_callbac
     a = np.resize(values, (3, 5))
     x = jax.device_put(a)
     flip = bb.bridge("numpy")(lambda y: y[::-1])  # (torch has hardly an op for these types)
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     if not jax_adapter._callback_takes_packed():  # jax 0.4.30: XLA refused them in a callback, its raw error
         with pytest.raises(bb.UnsupportedDtypeError, match=f"takes or gives {name} under a jax transformation"):
@@ -349,7 +349,7 @@ def test_over_several_cpu_devices_a_traced_call_runs_the_callee_once():
     assert r.returncode == 0, r.stderr[-3000:]
     first, again, devices, uses, why = r.stdout.split(" ", 4)
     assert devices == "4" and again == "1", r.stdout  # once a call (the first also declares its results)
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     reason = "4 CPU devices" if jax_adapter.BUFFER_CALLBACK else "jax 0.4.30 has no buffer_callback"
     assert int(first) == 2 and uses == "False" and why.startswith(reason), r.stdout
@@ -876,7 +876,7 @@ def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_comp
     # torch after the first bridged call must make torch's hook (torch.compile) count
     code = textwrap.dedent("""
         import numpy as np, bf16bridge as bb
-        from bf16bridge import functions
+        from bf16bridge.functions import call as functions
         fn = bb.bridge("numpy")(lambda x: x)
         fn(np.ones(2, np.float32))
         before = [a.name for a in functions._compilers()]

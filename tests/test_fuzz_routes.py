@@ -41,14 +41,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import bf16bridge as bb
-from bf16bridge import dtypes as bbd
-from bf16bridge import registry
+from bf16bridge.core import dtypes as bbd
+from bf16bridge.core import registry
 from conftest import PRESENT, fw, ptr, type_framework
 from strategies import (ALIGN, Outcome, aligned_raw, attempt, bridge_warnings, lacks, numpy_holds, readonly_memory,
                         writable)
 
-#: the module (``bf16bridge.convert`` is the function of that name)
-bb_convert = sys.modules["bf16bridge.convert"]
+#: the module (``bf16bridge.core.convert`` is the function of that name)
+bb_convert = sys.modules["bf16bridge.core.convert"]
 
 #: every row of the table numpy holds here; the narrow ones drawn most (inputs are made, and results
 #: read, through numpy's dtype of the row: an ml_dtypes without a row, 0.3.1's fp6/fp4/int2/e8m0...,

@@ -97,7 +97,7 @@ def test_a_callee_writing_its_input(caller, how, callee, error, changed):
 
     fn = bb.bridge(callee)(write)
     if error == "unless buffer_callback":
-        from bf16bridge.adapters import jax as jax_adapter
+        from bf16bridge.adapters.jax import convert as jax_adapter
 
         error = not jax_adapter._buffers_here("cpu")
     if error:
@@ -440,7 +440,7 @@ def test_a_torch_callee_keeps_a_view_only_when_something_besides_the_results_hol
     """A view of an intermediate ((x * 2).reshape(...), torch.split at a model's end) shares its storage
     with its base, which only the view keeps alive: the callee keeps nothing, so no copy. Anything else
     holding the base or its storage (Python, autograd's saved tensors in C++, another view) keeps it."""
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     adapter = registry.get("torch")
     for name, (results, want) in _torch_results().items():
@@ -489,7 +489,7 @@ def test_a_jax_result_its_own_pullback_keeps_is_not_counted_as_kept(fn):
     import jax
     import jax.numpy as jnp
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     f = {"exp": jnp.exp, "jit(exp)": jax.jit(jnp.exp)}[fn]
     adapter = registry.get("jax")
@@ -521,7 +521,7 @@ def test_the_references_a_pullback_holds_are_counted_once_each_and_only_in_its_c
     keep the result kept."""
     import functools
 
-    from bf16bridge.adapters._base import _held_in
+    from bf16bridge.adapters.cpython import held_in as _held_in
 
     o, other = object(), object()
     inner = [o, other]
@@ -539,7 +539,7 @@ def test_a_jax_result_only_its_pullback_keeps_comes_to_torch_zero_copy_and_torch
     import jax.numpy as jnp
     import torch
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     torch_adapter = type(registry.get("torch"))
     copies = []
@@ -586,7 +586,7 @@ def test_kept_is_calibrated_outside_a_dispatch_mode_the_adapter_is_first_importe
     code = textwrap.dedent('''
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
-        from bf16bridge import registry
+        from bf16bridge.core import registry
 
         class Keep(TorchDispatchMode):
             seen = []

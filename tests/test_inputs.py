@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bf16bridge.dtypes import NARROW_DTYPES
+from bf16bridge.core.dtypes import NARROW_DTYPES
 from conftest import BF16, FRAMEWORKS, PAIRS, aligned_copy, bits, dtype_name, make, ptr, type_framework
 
 TARGETS = FRAMEWORKS
@@ -154,7 +154,7 @@ def test_a_zero_copy_import_into_jax_never_copies_an_unaligned_buffer():
     cache key that did not read the alignment would hand it), refuses it (our CopyRequiredError,
     which convert answers by planning afresh) where jax can be asked not to copy: jax's own import
     copied it silently, and the plan served said zero-copy."""
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     [step] = bb.plan(_unaligned_source("torch", aligned_copy(_bf16((1000,)))), to="jax").steps
     assert step.kind == "dlpack" and not step.copies
@@ -196,7 +196,7 @@ def test_an_empty_tf_tensors_fast_key_reads_its_alignment_as_describe_does():
     import jax.numpy as jnp
     import tensorflow as tf
 
-    from bf16bridge.adapters.tensorflow import ADAPTER
+    from bf16bridge.adapters.tensorflow.convert import ADAPTER
 
     empties = [tf.zeros((0,), tf.bfloat16), tf.zeros((2, 0), tf.uint16),
                bb.convert(jnp.zeros((0, 3), jnp.bfloat16), "tensorflow"),
@@ -210,7 +210,7 @@ def test_a_buffer_described_aligned_that_is_not_is_copied_not_refused(monkeypatc
     """Where a source describes a buffer as aligned that jax's import finds is not (a property test
     found one tf scalar so, once), convert plans it again as unaligned: the bits arrive, copied, and
     copy=False gets the public CopyRequiredError, not the internal UnalignedImport."""
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     if registry.get("jax").importer_aligned() is None:  # (jax 0.4.30: no refusing import to find it)
         return
@@ -230,8 +230,8 @@ def test_aligned_tf_tensors_into_jax_read_no_pointer_once_warm(monkeypatch):
     """tensorflow has no cheap data pointer (a DLPack capsule each): where jax's import refuses an
     unaligned buffer itself, the hot path of tf -> jax reads none (it cost about 4 us a tensor in a
     bridged call)."""
-    from bf16bridge import registry
-    from bf16bridge.adapters import tensorflow as tf_adapter
+    from bf16bridge.core import registry
+    from bf16bridge.adapters.tensorflow import convert as tf_adapter
 
     x = _unaligned_source("tensorflow", aligned_copy(_bf16((64, 64))))
     bb.convert(x, "jax")
@@ -398,7 +398,7 @@ def test_the_torch_copy_step_resolves_conj_and_neg_bits():
     torch: torch 2.13's clone does too, so that guard cannot be seen failing here)."""
     import torch
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     c = torch.complex(torch.randn(6), torch.randn(6)).conj()
     for x in (c, c.imag, torch.arange(6.0).to(torch.bfloat16).reshape(2, 3).t()):
@@ -855,7 +855,7 @@ def test_result_outlives_its_source(src, dst):
 def _narrow_source(src, dtype):
     """Every bit pattern of narrow row ``dtype`` as a ``src`` tensor made by the framework's own
     calls, or None where this environment has no way to make one (numpy without the dtype)."""
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     pats = dtypes.all_patterns(dtype)
     if src == "torch":
@@ -883,7 +883,8 @@ def test_narrow_rows_keep_every_bit_or_raise_ours(dtype, src, dst):
     only where the target holds neither the row nor its packed/unpacked twin. Where a framework
     says it holds a row, a tensor of it can be made through the bridge; where it does not, the
     bridge makes none (it refuses, naming the row, or gives the twin)."""
-    from bf16bridge import dtypes, registry
+    from bf16bridge.core import dtypes
+    from bf16bridge.core import registry
 
     twin = dtypes.PACKED.get(dtype) or dtypes.UNPACKED.get(dtype)
     holds = registry.get(src).holds(dtype)
@@ -933,7 +934,8 @@ def test_padded_sub_byte_ints_through_auto_arrive_as_their_values(dtype, dst):
     the row packed (XLA's int4/int2) drops the padding: the values are compared."""
     import torch
 
-    from bf16bridge import dtypes, registry
+    from bf16bridge.core import dtypes
+    from bf16bridge.core import registry
 
     row = dtypes.ROWS[dtype]
     pats = np.arange(256, dtype=np.uint8)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bf16bridge import errors as bb_errors
-from bf16bridge import kernels
+from bf16bridge.kernels import chunked as kernels
 
 BACKENDS = ["ml_dtypes", "numpy", "torch"]
 
@@ -288,8 +288,9 @@ def test_kernels_name_no_framework():
 _FOREIGN_ADAPTER = r"""
 import sys
 import numpy as np
-from bf16bridge import kernels, registry
-from bf16bridge.adapters._base import Adapter
+from bf16bridge.core import registry
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core.adapter import Adapter
 
 class Box:
     pass

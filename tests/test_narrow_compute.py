@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import fw
 
-from bf16bridge import registry
+from bf16bridge.core import registry
 
 
 @pytest.mark.frameworks("torch")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bf16bridge import errors as bb_errors
-from bf16bridge import kernels
+from bf16bridge.kernels import chunked as kernels
 from conftest import EXCLUDED
 from strategies import needs_newer_ml_dtypes, numpy_holds
 
@@ -94,7 +94,7 @@ def _inputs(name) -> np.ndarray:
 def test_the_kernels_take_every_narrow_row_of_the_dtype_table():
     """kernels.FORMATS (the fields a rounding needs) covers the dtype table's narrow rows, one
     value a byte, with the same bits; the packed rows go through pack_nibbles."""
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     rows = {r.name: r for r in dtypes.TABLE if r.family == "narrow"}
     assert {n for n, r in rows.items() if r.packing == 1} == set(kernels.FORMATS)

@@ -20,8 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bf16bridge import dtypes
-from bf16bridge.adapters import _numpy_registry as registry
+from bf16bridge.core import dtypes
+from bf16bridge.adapters import numpy_registry as registry
 
 # DLPack 1.1's DLDataTypeCode (dlpack.h), written out here independently of dtypes.TABLE
 DLPACK_CODES = {"bfloat16": 4, "float8_e3m4": 7, "float8_e4m3": 8, "float8_e4m3b11fnuz": 9,
@@ -146,7 +146,7 @@ def _run(code: str) -> list[str]:
 
 
 def test_the_registry_comes_with_numpy_2_5():
-    from bf16bridge.versions import release
+    from bf16bridge.core.versions import release
 
     assert REAL == (release(np.__version__) >= (2, 5)), np.__version__
 
@@ -271,8 +271,8 @@ def test_every_pattern_crosses_numpys_dlpack_zero_copy(name, source):
 def jax_without_handoffs():
     """jax with no direct hand-off with numpy (jax.device_put, np.asarray): as torch and tensorflow
     reach numpy, only DLPack and bit-views are left to the planner."""
-    from bf16bridge import registry as adapters
-    from bf16bridge.adapters.jax import JaxAdapter
+    from bf16bridge.core import registry as adapters
+    from bf16bridge.adapters.jax.convert import JaxAdapter
 
     class NoHandoffs(JaxAdapter):
         def handoffs(self):

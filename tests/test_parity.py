@@ -653,8 +653,8 @@ def test_unknown_framework_is_our_error():
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")  # the registered ones
 def test_default_frameworks_are_the_registered_ones_that_compute(monkeypatch):
-    from bf16bridge import registry
-    from bf16bridge.adapters._base import Adapter
+    from bf16bridge.core import registry
+    from bf16bridge.core.adapter import Adapter
 
     want = [n for n in registry.names() if registry.get(n).computes]
     assert runner.default_frameworks() == want and "numpy" not in want and len(want) >= 3
@@ -673,7 +673,7 @@ def test_default_frameworks_are_the_registered_ones_that_compute(monkeypatch):
 def test_settings_ask_each_imported_framework_its_numerics():
     import torch  # imported: its numerics are asked
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     s = runner.settings(["torch"])
     for k, v in registry.get("torch").numerics().items():

@@ -16,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bf16bridge import dtypes, kernels, parity
+from bf16bridge import parity
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
 from bf16bridge.errors import UnsupportedDtypeError
 from bf16bridge.parity import metrics, regions, render
 from conftest import BF16

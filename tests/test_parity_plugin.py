@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from bf16bridge import registry
+from bf16bridge.core import registry
 
 pytest_plugins = ["pytester"]
 

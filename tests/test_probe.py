@@ -14,7 +14,7 @@ import pytest
 import bf16bridge as bb
 from conftest import BF16, aligned_copy, bits
 
-probe_mod = importlib.import_module("bf16bridge.capabilities")
+probe_mod = importlib.import_module("bf16bridge.capabilities.probing")
 
 
 class FakeReader(probe_mod.Reader):
@@ -176,7 +176,7 @@ def test_probe_and_the_cast_trials_print_nothing_on_stderr_and_keep_their_reason
         import json, os, sys, tempfile
         import torch, jax, tensorflow
         import bf16bridge as bb
-        from bf16bridge import registry
+        from bf16bridge.core import registry
         for name in ("torch", "jax", "tensorflow"):
             registry.get(name)
         tf = registry.get("tensorflow")
@@ -215,7 +215,7 @@ def test_fallback_auto_runs_no_trial_and_leaves_a_users_profiler_running():
         import torch
         from torch.profiler import ProfilerActivity, profile
         import bf16bridge as bb
-        from bf16bridge import registry
+        from bf16bridge.core import registry
         calls = []
         cls = type(registry.get("torch"))
         real = cls.narrow_compute
@@ -251,7 +251,7 @@ def test_probe_reads_the_imported_frameworks_devices_by_default(monkeypatch):
     import jax  # noqa: F401 - imported, so the probe reads it
     import torch  # noqa: F401
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     read = []
     for name in ("torch", "jax"):
@@ -380,7 +380,7 @@ def test_tf_export_wrapper_hands_over_the_same_memory(dst, all_bf16):
     environment (the newest tensorflow has __dlpack__, so routes there do not use it)."""
     import tensorflow as tf
 
-    from bf16bridge.adapters import tensorflow as tfa
+    from bf16bridge.adapters.tensorflow import convert as tfa
     from conftest import fw, make
 
     x = make("tensorflow", all_bf16.view(BF16))
@@ -399,10 +399,10 @@ def test_tf_export_wrapper_hands_over_the_same_memory(dst, all_bf16):
 
 # -- versions: declared, tested, refused ----------------------------------------------
 
-from bf16bridge import versions  # noqa: E402
+from bf16bridge.core import versions
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
-#: distribution name in requirements -> import name in bf16bridge.versions.TESTED
+#: distribution name in requirements -> import name in bf16bridge.core.versions.TESTED
 _IMPORT_NAME = {"tensorflow-cpu": "tensorflow", "ml-dtypes": "ml_dtypes", "jaxlib": "jax"}
 
 
@@ -529,7 +529,7 @@ def _own_tensor(framework: str, name: str):
     has none): numpy and jax and tensorflow from an ml_dtypes array, torch by viewing bytes."""
     import ml_dtypes
 
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
     from conftest import fw
 
     if framework == "torch":
@@ -570,7 +570,7 @@ def _supports(caps, framework):
 
 @pytest.mark.parametrize("framework", DTYPE_FRAMEWORKS)
 def test_probe_lists_the_dtypes_each_framework_holds_and_speaks_as_its_own_calls_do(framework):
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     supports = _supports(bb.probe(frameworks="all"), framework)
     assert list(supports) == [d for d in dtypes.NAMES if d not in dtypes.STANDARD]
@@ -597,7 +597,7 @@ def test_probe_finds_what_the_adapters_declare_to_the_planner(framework):
 
 
 def test_probe_dtype_table_is_printed_frozen_and_in_json():
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     caps = bb.probe(frameworks="all")
     torch_caps = caps.frameworks["torch"]
@@ -627,7 +627,8 @@ def test_probe_without_ml_dtypes_says_numpy_holds_none_of_its_dtypes():
 
 @pytest.mark.frameworks("torch")
 def test_probe_asks_the_adapters_narrow_compute_for_each_fp8_dtype_held(monkeypatch):
-    from bf16bridge import dtypes, registry
+    from bf16bridge.core import dtypes
+    from bf16bridge.core import registry
 
     asked = []
 
@@ -678,7 +679,7 @@ def _xla_converts_before_its_dot(np_dtype) -> bool:
 def test_fp8_matmul_is_tried_on_the_cpu_for_each_fp8_dtype_held_and_says_how(name):
     import ml_dtypes
 
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
     from conftest import fw
 
     caps = bb.probe(frameworks="all")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bf16bridge import registry
+from bf16bridge.core import registry
 from bf16bridge.adapters.numpy import NumpyAdapter
 from conftest import BF16, bits
 
@@ -87,7 +87,7 @@ class BoxAdapter(NumpyAdapter):
         return super().data_ptr(x.a)
 
     def handoffs(self):
-        from bf16bridge.adapters._base import Handoff
+        from bf16bridge.core.adapter import Handoff
 
         return [
             Handoff("box", "numpy", "Box.a", lambda b: b.a, lambda layout, aligned: None),
@@ -181,7 +181,7 @@ def test_docs_route_matrix_is_the_one_the_planner_makes():
     import pathlib
     import re
 
-    from bf16bridge import demo
+    from bf16bridge.cli import demo
 
     doc = (pathlib.Path(__file__).parents[1] / "docs" / "routes.md").read_text()
     saved = re.search(r"<!-- matrix:.*?-->\n(.*?)\n<!-- /matrix -->", doc, re.S).group(1).strip().splitlines()

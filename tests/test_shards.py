@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bf16bridge import registry
+from bf16bridge.core import registry
 from bf16bridge.errors import CopyRequiredError, DeviceError, InvalidArgumentError, UnsupportedTypeError
 from bf16bridge.shards import Layout, Shard, Shards, bounds
 from conftest import BF16, bits, make, ptr
@@ -250,7 +250,7 @@ def test_replicas_of_padded_types_compare_their_value_bits(dtype):
     a value bit that differs is said."""
     import ml_dtypes
 
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     if dtypes.numpy_missing(dtype) is not None:  # (ml_dtypes 0.3.1 has no fp4) no such array, nor replica
         assert "upgrade ml_dtypes" in registry.get("jax").cannot_hold(dtype)
@@ -285,7 +285,7 @@ def test_replicas_packed_by_torch_compare_with_unpacked_ones():
     place in the unpacked array."""
     import ml_dtypes
 
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     u8 = np.resize(dtypes.all_patterns("float4_e2m1fn").view(np.uint8), (2, 8))
     index = (slice(0, 2), slice(0, 8))
@@ -792,7 +792,8 @@ if CHILD == "jax8":
             import ml_dtypes
             from jax.sharding import NamedSharding, PartitionSpec
 
-            from bf16bridge import Bf16BridgeError, dtypes
+            from bf16bridge import Bf16BridgeError
+            from bf16bridge.core import dtypes
 
             if dtypes.numpy_missing(dtype) is not None:  # (ml_dtypes 0.3.1 has no fp4, no e8m0) no such jax array
                 assert "upgrade ml_dtypes" in registry.get("jax").cannot_hold(dtype)
@@ -881,7 +882,7 @@ if CHILD == "jax8":
             local = torch.arange(16, dtype=torch.uint8).reshape(4, 4).view(torch.float4_e2m1fn_x2)
             d = DTensor.from_local(local, mesh, [Replicate() if dim is None else TorchShard(dim)], run_check=False,
                                    shape=torch.Size(byte_shape), stride=(byte_shape[1], 1))
-            from bf16bridge import dtypes
+            from bf16bridge.core import dtypes
 
             held = dtypes.numpy_missing("float4_e2m1fn") is None  # (not by ml_dtypes 0.3.1)
             if not held and to != "torch":
@@ -919,9 +920,9 @@ if CHILD == "jax8":
             from torch.distributed.tensor import DTensor
             from torch.distributed.tensor import Shard as TorchShard
 
-            from bf16bridge import registry
+            from bf16bridge.core import registry
 
-            conv = sys.modules["bf16bridge.convert"]  # bb.convert is the function
+            conv = sys.modules["bf16bridge.core.convert"]  # bb.convert is the function
 
             d = DTensor.from_local(torch.arange(4, dtype=torch.bfloat16), init_device_mesh("cpu", (8,)),
                                    [TorchShard(0)], run_check=False)

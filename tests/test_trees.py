@@ -248,7 +248,7 @@ def test_the_cached_leaf_path_runs_plans_that_check_their_result():
 
 def _walked(tree):
     """flatten by the full walk alone."""
-    from bf16bridge import trees
+    from bf16bridge.trees import walk as trees
 
     leaves: list = []
 
@@ -291,7 +291,7 @@ _PLAIN_AND_NOT = {
 def test_flatten_and_fill_give_what_the_full_walk_gives(name):
     import torch
 
-    from bf16bridge import trees
+    from bf16bridge.trees import walk as trees
 
     with pytest.raises(bb.UnsupportedDtypeError):
         bb.to_torch(np.str_("x"))  # numpy's type for a string is now a registered type: still a label
@@ -305,7 +305,8 @@ def test_flatten_and_fill_give_what_the_full_walk_gives(name):
 
 
 def test_flatten_refuses_a_cycle_the_plain_walk_gives_up_on():
-    from bf16bridge import registry, trees
+    from bf16bridge.core import registry
+    from bf16bridge.trees import walk as trees
 
     loop: list = [np.zeros(2, BF16)]
     loop.append(loop)
@@ -836,7 +837,7 @@ def test_a_config_of_numpy_arrays_is_kept_by_a_walk_to_numpy_and_refused_where_i
         assert [w for w, _ in p.errors] == ["['cfg']"] and re.search(says[13:], str(p.errors[0][1]))
     # cast_tree: an array of none of the dtypes it casts (integers, bools, complex, fp8, fp4) comes back as it
     # is whatever the policy; a floating one would be cast
-    from bf16bridge import dtypes
+    from bf16bridge.core import dtypes
 
     ints = types.SimpleNamespace(ids=np.arange(4), deep=[[np.zeros(2, np.int8)]], mask=np.ones(2, bool),
                                  c=np.zeros(2, np.complex64), f8=np.zeros(2, dtypes.numpy_dtype("float8_e4m3fn")))
@@ -999,7 +1000,7 @@ def test_an_attribute_whose_look_found_no_tensor_is_not_read_again_and_one_that_
 @pytest.mark.frameworks("tensorflow")
 def test_a_kept_config_asks_once_per_kind_of_tensor_whether_it_comes_back_as_it_is(monkeypatch):
     # (review: a full plan and a conversion per held tensor on every call: 5,000 arrays, 15x their cost as leaves)
-    conv = sys.modules["bf16bridge.convert"]  # (bb.convert is the function)
+    conv = sys.modules["bf16bridge.core.convert"]  # (bb.convert is the function)
     planned: list = []
     plan = conv.plan
     monkeypatch.setattr(conv, "plan", lambda x, *a, **k: planned.append(x) or plan(x, *a, **k))

@@ -45,7 +45,7 @@ def test_route_cache_sees_jax_x64_flag_change():
 def test_registry_does_not_reach_into_the_route_cache():
     import inspect
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     source = inspect.getsource(registry)
     assert "clear_cache" not in source and ".routes" not in source
@@ -53,7 +53,7 @@ def test_registry_does_not_reach_into_the_route_cache():
 
 @pytest.mark.frameworks("torch")
 def test_replacing_an_adapter_replans():
-    from bf16bridge import registry
+    from bf16bridge.core import registry
     from bf16bridge.adapters.numpy import NumpyAdapter
 
     class NoBitview(NumpyAdapter):
@@ -412,7 +412,7 @@ def test_cached_plan_does_not_serve_an_unaligned_buffer_to_tensorflow():
     # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process: the
     # cached zero-copy plan of an aligned array must never serve an unaligned one (checked by
     # pointer before any tensorflow kernel runs)
-    from bf16bridge import registry
+    from bf16bridge.core import registry
 
     tf_ptr = registry.get("tensorflow").data_ptr
     for _ in range(2):
@@ -440,7 +440,7 @@ def test_cached_plan_follows_jax_x64_and_adapter_replacement():
     finally:
         jax.config.update("jax_enable_x64", False)
 
-    from bf16bridge import registry
+    from bf16bridge.core import registry
     from bf16bridge.adapters.numpy import NumpyAdapter
 
     class NoBitview(NumpyAdapter):
@@ -568,7 +568,7 @@ def test_string_leaves_stay_strings_after_numpy_has_seen_their_type():
 _NO_EXPORT = textwrap.dedent("""
     import sys, numpy as np, ml_dtypes, tensorflow as tf, jax
     import bf16bridge as bb
-    from bf16bridge import registry
+    from bf16bridge.core import registry
     kinds = {"string": lambda: tf.constant(["a", "b"]), "resource": lambda: tf.Variable(1.0).handle,
              "variant": lambda: tf.data.experimental.to_variant(tf.data.Dataset.range(2))}
     batch = tf.constant(np.zeros(64, ml_dtypes.bfloat16))

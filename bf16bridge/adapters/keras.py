@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import keras
 
-from ..errors import UnknownFrameworkError
+from bf16bridge.errors import UnknownFrameworkError
 
 _BACKENDS = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch", "numpy": "numpy"}
 

@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 
-from .._autograph import plain_python
-from .. import dtypes
-from ..errors import InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
-from . import _numpy_registry
-from ._base import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.errors import InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.adapters import numpy_registry as _numpy_registry
+from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
 
 
 @plain_python
@@ -235,7 +235,7 @@ class NumpyAdapter(Adapter):
     label_unpack = "kernels.unpack_nibbles ({dtype})"
 
     def pack(self, x, dtype):
-        from ..kernels import pack_nibbles
+        from bf16bridge.kernels.chunked import pack_nibbles
 
         out = aligned_empty((*x.shape[:-1], x.shape[-1] // 2) if x.ndim else (), dtypes.BITS_OF[dtype])
         try:
@@ -244,7 +244,7 @@ class NumpyAdapter(Adapter):
             raise InvalidArgumentError(f"packing {x.dtype.name} as {dtype} (the target holds it packed), {err}") from err
 
     def unpack(self, x, dtype):
-        from ..kernels import unpack_nibbles
+        from bf16bridge.kernels.chunked import unpack_nibbles
 
         values = dtypes.PACKED[dtype]
         return unpack_nibbles(x, values, out=aligned_empty((*x.shape[:-1], x.shape[-1] * 2), values))
@@ -277,7 +277,7 @@ class NumpyAdapter(Adapter):
         # abort the process on an unaligned buffer); numpy's own allocation of a small array is not
         out = aligned_empty(x.shape, dtype)
         if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous and x.dtype.isnative:
-            from ..kernels import to_float32  # chunked: extra memory bounded by a chunk
+            from bf16bridge.kernels.chunked import to_float32  # chunked: extra memory bounded by a chunk
 
             return to_float32(x, out=out)
         out[...] = x  # numpy's cast, as astype runs it (a same-kind or wider one: exact widenings only)

@@ -9,10 +9,10 @@ docs/checkpoints.md has the rules (keys, zero-copy, what is copied and why, erro
 
 from __future__ import annotations
 
-from .format import CODES, MAX_HEADER, TensorInfo
-from .read import Checkpoint, load, open
-from .target import KeyReport, LoadReport, load_for_target
-from .write import save
+from bf16bridge.checkpoints.format import CODES, MAX_HEADER, TensorInfo
+from bf16bridge.checkpoints.read import Checkpoint, load, open
+from bf16bridge.checkpoints.target import KeyReport, LoadReport, load_for_target
+from bf16bridge.checkpoints.write import save
 
 __all__ = ["CODES", "MAX_HEADER", "Checkpoint", "KeyReport", "LoadReport", "TensorInfo", "load",
            "load_for_target", "open", "save"]

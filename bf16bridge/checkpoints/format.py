@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..errors import CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from bf16bridge.core import dtypes
+from bf16bridge.errors import CheckpointError, InvalidArgumentError, UnsupportedDtypeError
 
 def fspath(path, what: str) -> str:
     """``path`` as a str, or InvalidArgumentError naming what was given (3, None, "", a NUL

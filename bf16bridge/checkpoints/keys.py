@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import registry, trees
-from ..errors import CheckpointError, InvalidArgumentError
-from . import format as fmt
+from bf16bridge.adapters.hooks import CastHooks
+from bf16bridge.core import registry
+from bf16bridge.trees import walk as trees
+from bf16bridge.errors import CheckpointError, InvalidArgumentError
+from bf16bridge.checkpoints import format as fmt
 
 SEP = "."
 
@@ -61,7 +63,7 @@ def _refuse_values(node, path: tuple, empty: list) -> None:
             raise InvalidArgumentError(f"at {trees.where(path)}: {why}")
         t = type(node)
         what = f"{t.__module__}.{t.__qualname__}"
-        if any(adapter.submodules(node) is not None for adapter in registry.imported()):
+        if any(registry.hooks(a.name, CastHooks).submodules(node) is not None for a in registry.imported()):
             raise InvalidArgumentError(
                 f"at {trees.where(path)}: {what} is a model object, not a tree of tensors; save its weights "
                 "(a torch module's state_dict(), a flax model's parameters)")

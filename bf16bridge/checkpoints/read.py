@@ -18,15 +18,16 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from .._autograph import plain_python
-from .. import kernels, registry
-from ..adapters.numpy import aligned_empty
-from ..convert import Fallback, convert, plan, run_plan
-from ..errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core import registry
+from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.convert import Fallback, convert, plan, run_plan
+from bf16bridge.errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
                       UnsupportedDtypeError)
-from ..plans import Plan, Step
-from . import format as fmt
-from .keys import nest
+from bf16bridge.core.plan import Plan, Step
+from bf16bridge.checkpoints import format as fmt
+from bf16bridge.checkpoints.keys import nest
 
 
 #: from this many bytes on, a tensor read from the file (the copy a route needs: an unaligned one into jax
@@ -266,7 +267,7 @@ class Checkpoint:
             # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned,
             # which cost a process's first get a tenth of a millisecond; the keywords and the dtype
             # are checked as the plan checks them (copy=True is planned: the plan checks its size)
-            from .. import routes  # the planner, loaded on first use as convert loads it
+            from bf16bridge.core import planner as routes
 
             try:
                 routes.check_args(copy, fallback, False)

@@ -9,15 +9,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._autograph import plain_python
-from .. import dtypes, kernels, registry
-from ..adapters.numpy import aligned_empty
-from ..convert import Fallback, convert, plan
-from ..errors import Bf16BridgeError, InvalidArgumentError, MissingKeyError
-from ..plans import size
-from . import format as fmt
-from .keys import nest
-from .read import Checkpoint
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core import registry
+from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.convert import Fallback, convert, plan
+from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, MissingKeyError
+from bf16bridge.core.plan import size
+from bf16bridge.checkpoints import format as fmt
+from bf16bridge.checkpoints.keys import nest
+from bf16bridge.checkpoints.read import Checkpoint
 
 #: the dtypes ``dtype=`` may name (floating ones; integer and bool tensors are never cast)
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
@@ -134,7 +136,7 @@ def _choose(info: fmt.TensorInfo, target: str, dtype: str, for_compute: bool, de
         how = "exact" if exact(name, dtype) else "rounded to nearest even"
         return dtype, f"{dtype} asked for ({how})"
     if name == "bfloat16":
-        from ..capabilities import probe
+        from bf16bridge.capabilities.probing import probe
 
         d = probe().decide(target, for_compute=for_compute, device=device)
         return d.dtype, d.reason

@@ -10,15 +10,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._autograph import plain_python
-from .. import dtypes, kernels, registry, trees
-from ..adapters.numpy import aligned_empty
-from ..convert import _warn, convert, plan
-from ..errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
+from bf16bridge.adapters.hooks import ShardHooks
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core import registry
+from bf16bridge.trees import walk as trees
+from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.convert import _warn, convert, plan
+from bf16bridge.errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
-from ..shards import convert_shards
-from . import format as fmt
-from .keys import leaves
+from bf16bridge.shards import convert_shards
+from bf16bridge.checkpoints import format as fmt
+from bf16bridge.checkpoints.keys import leaves
 
 
 #: ndarray subclasses that hold nothing beyond their values (a memory-mapped file's array, numpy's
@@ -70,9 +74,8 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
             raise UnsupportedDtypeError(f"key {key!r}: {err}; {_way_out(np.asarray(x).dtype)}") from err
         raise type(err)(f"key {key!r}: {err}") from err
     except UnsupportedTypeError as err:
-        adapter = registry.get(registry.framework_of(x))
         try:
-            pieces = adapter.local_shards(x)
+            pieces = registry.hooks(registry.framework_of(x), ShardHooks).local_shards(x)
         except Bf16BridgeError:
             pieces = None  # (a deleted array: the error above says so)
         if pieces is None:  # not a sharded tensor (a jax array over several devices, a DTensor)

@@ -7,10 +7,10 @@
     rep = bb.parity.run("matmul", frameworks=["torch", "jax", "tensorflow"])
 """
 
-from .compare import Against, Element, Pair, Report, assert_parity, compare, rounding_multiple
-from .outputs import (LeafOutput, OutputMismatchError, OutputReport, OutputsDifferError, assert_outputs_close,
+from bf16bridge.parity.compare import Against, Element, Pair, Report, assert_parity, compare, rounding_multiple
+from bf16bridge.parity.outputs import (LeafOutput, OutputMismatchError, OutputReport, OutputsDifferError, assert_outputs_close,
                       check_cast, compare_outputs)
-from .policies import FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference, ulp
+from bf16bridge.parity.policies import FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference, ulp
 
 __all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "PolicyError", "Report", "allclose",
            "assert_parity", "compare", "exact", "parse", "recheck", "reference", "rounding_multiple", "run", "suite",
@@ -21,7 +21,7 @@ __all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "Policy
 
 def __getattr__(name):
     if name in ("run", "recheck", "suite", "OPS"):
-        from . import runner
+        from bf16bridge.parity import runner
 
         return getattr(runner, name)
     raise AttributeError(f"module 'bf16bridge.parity' has no attribute {name!r}")

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
-from . import metrics
-from .policies import Policy, parse
+from bf16bridge.errors import InvalidArgumentError
+from bf16bridge.parity import metrics
+from bf16bridge.parity.policies import Policy, parse
 
 
 @dataclass(frozen=True)
@@ -131,13 +131,13 @@ class Report:
         return d
 
     def __str__(self) -> str:
-        from .render import text
+        from bf16bridge.parity.render import text
 
         return text(self)
 
 
 def _names(results, names):
-    from ..registry import framework_of
+    from bf16bridge.core.registry import framework_of
 
     if len(results) == 1 and isinstance(results[0], dict):
         if names is not None:
@@ -163,8 +163,8 @@ def _names(results, names):
 def _one_tensor(what: str, x) -> np.ndarray:
     """One result (or the reference) as a numpy array; a tree of tensors (a model's dict or tuple of
     outputs) is refused naming ``what`` and the way out, not as one tensor of no framework."""
-    from .. import trees
-    from ..errors import UnsupportedTypeError
+    from bf16bridge.trees import walk as trees
+    from bf16bridge.errors import UnsupportedTypeError
 
     try:
         return metrics.ensure_numpy(x)

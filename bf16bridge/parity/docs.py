@@ -27,7 +27,7 @@ def _machine(reports) -> str:
 
 
 def write(docs: pathlib.Path, reports, policy: str) -> None:
-    from . import render
+    from bf16bridge.parity import render
 
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     (docs / "parity-results.json").write_text(json.dumps([r.to_dict() for r in reports], indent=1, default=str) + "\n")
@@ -46,7 +46,7 @@ def write(docs: pathlib.Path, reports, policy: str) -> None:
 
 
 def main(argv=None) -> int:
-    from .runner import suite
+    from bf16bridge.parity.runner import suite
 
     argv = sys.argv[1:] if argv is None else argv
     docs = pathlib.Path(argv[0] if argv else "docs")

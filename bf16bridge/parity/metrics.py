@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes, kernels
-from ..errors import UnsupportedDtypeError
-from .policies import Policy
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.errors import UnsupportedDtypeError
+from bf16bridge.parity.policies import Policy
 
 
 #: ULP histogram bins: 0, 1, 2, 3, 4-7, 8-15, ... 64-127, >=128
@@ -233,7 +234,7 @@ def ensure_numpy(x):
     crosses as it is, without a warning (as compare_outputs takes them)."""
     if isinstance(x, np.ndarray):
         return x
-    from ..convert import convert
+    from bf16bridge.core.convert import convert
 
     return convert(x, "numpy", on_grad="drop", on_alias="allow")
 

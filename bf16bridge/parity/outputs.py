@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import registry, trees
-from ..errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError
-from . import metrics
+from bf16bridge.adapters.hooks import CastHooks, NumericsHooks
+from bf16bridge.core import registry
+from bf16bridge.trees import walk as trees
+from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError
+from bf16bridge.parity import metrics
 
 #: the floor under |reference| in the element-wise relative error: float32's (and bf16's)
 #: smallest normal number, so an exact zero in the reference does not divide by zero
@@ -193,7 +195,7 @@ def _leaves(tree, side: str) -> dict:
 
 def _host64(x, path: str, side: str) -> tuple[np.ndarray, str]:
     """A leaf as float64 on the host, exactly (bf16/fp8 through their own widening), and its dtype."""
-    from ..convert import convert
+    from bf16bridge.core.convert import convert
 
     a = x if isinstance(x, np.ndarray) else convert(x, "numpy", fallback="float32", on_grad="drop",
                                                      on_alias="allow")
@@ -433,7 +435,7 @@ def _model_dtype(model) -> str | None:
     params: Counter = Counter()
     buffers: Counter = Counter()
     for adapter in registry.imported():
-        subs = adapter.submodules(model)
+        subs = registry.hooks(adapter.name, CastHooks).submodules(model)
         if subs is None:
             continue
         seen: set = set()
@@ -480,9 +482,7 @@ def _no_grad():
     """Every imported framework's no-gradient context, where its adapter offers one (``no_grad``)."""
     with contextlib.ExitStack() as stack:
         for adapter in registry.imported():
-            hook = getattr(adapter, "no_grad", None)
-            if hook is not None:
-                stack.enter_context(hook())
+            stack.enter_context(registry.hooks(adapter.name, NumericsHooks).no_grad())
         yield
 
 

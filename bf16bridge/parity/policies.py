@@ -13,7 +13,7 @@ import numbers
 import re
 from dataclasses import dataclass
 
-from ..errors import Bf16BridgeError
+from bf16bridge.errors import Bf16BridgeError
 
 
 class PolicyError(Bf16BridgeError, ValueError):

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from .compare import assert_parity  # noqa: F401 - re-exported for tests
+from bf16bridge.parity.compare import assert_parity  # noqa: F401 - re-exported for tests
 
 #: the environment variable naming the frameworks a run requires (the option wins over it)
 ENV = "BF16BRIDGE_REQUIRED_FRAMEWORKS"
@@ -26,7 +26,7 @@ _REQUIRED = pytest.StashKey[tuple]()
 
 def installed(name: str) -> bool:
     """Whether a registered framework's package is installed here (found, not imported)."""
-    from .. import registry
+    from bf16bridge.core import registry
 
     package = registry.spec(name).requires or name
     try:
@@ -45,8 +45,8 @@ def pytest_addoption(parser):
 def required(text: str, where: str) -> tuple:
     """The canonical names in ``text`` (comma-separated, or ``all``); a name the registry does not
     know, or a text naming none, is a usage error naming ``where`` it came from."""
-    from .. import registry
-    from ..errors import Bf16BridgeError
+    from bf16bridge.core import registry
+    from bf16bridge.errors import Bf16BridgeError
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == ["all"]:
@@ -73,7 +73,7 @@ def pytest_collection_finish(session):
 
 def pytest_generate_tests(metafunc):
     if "bf16_framework" in metafunc.fixturenames:
-        from .. import registry
+        from bf16bridge.core import registry
 
         metafunc.parametrize("bf16_framework", registry.names(), indirect=True)
 
@@ -81,7 +81,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def bf16_framework(request) -> str:
     """The framework name this run of the test is for (see the module's docstring)."""
-    from .. import registry
+    from bf16bridge.core import registry
 
     name = request.param
     if not installed(name):

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
-from . import metrics
-from .policies import Policy
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.parity import metrics
+from bf16bridge.parity.policies import Policy
 
 #: regions kept per result (the largest; the rest are counted in ``regions_total``)
 K_REGIONS = 6

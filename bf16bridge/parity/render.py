@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import html as _html
 
-from ..tables import table
-from .metrics import BIN_LABELS, KINDS
-from .compare import rounding_multiple
-from .policies import FRAMEWORK_DEFAULTS, REFERENCE_CAP, parse
+from bf16bridge.cli.tables import table
+from bf16bridge.parity.metrics import BIN_LABELS, KINDS
+from bf16bridge.parity.compare import rounding_multiple
+from bf16bridge.parity.policies import FRAMEWORK_DEFAULTS, REFERENCE_CAP, parse
 
 
 def _g(x) -> str:

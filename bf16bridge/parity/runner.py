@@ -9,26 +9,27 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import dtypes
-from ..convert import convert
-from ..errors import InvalidArgumentError
-from . import metrics, regions
-from .compare import compare
-from .ops import OPS, Op
-from .policies import parse
+from bf16bridge.adapters.hooks import NumericsHooks
+from bf16bridge.core import dtypes
+from bf16bridge.core.convert import convert
+from bf16bridge.errors import InvalidArgumentError
+from bf16bridge.parity import metrics, regions
+from bf16bridge.parity.compare import compare
+from bf16bridge.parity.ops import OPS, Op
+from bf16bridge.parity.policies import parse
 
 
 def default_frameworks() -> list[str]:
     """The registered frameworks that compute (adapter attribute ``computes``): the ones the
     built-in ops run in. Asks each adapter, which imports its framework; one that cannot
     be imported here is kept, so that a run asked of it reports it as not run."""
-    from .. import registry
-    from ..errors import FrameworkNotInstalledError
+    from bf16bridge.core import registry
+    from bf16bridge.errors import FrameworkNotInstalledError
 
     out = []
     for name in registry.names():
         try:
-            if getattr(registry.get(name), "computes", False):
+            if registry.hooks(name, NumericsHooks).computes:
                 out.append(name)
         except FrameworkNotInstalledError:
             out.append(name)
@@ -38,9 +39,9 @@ def default_frameworks() -> list[str]:
 def settings(frameworks) -> dict:
     """What changes numerics, recorded with each report: the machine, and each framework's
     own settings (its adapter's ``numerics()``), asked only of frameworks already imported."""
-    from .. import registry
-    from ..capabilities import probe
-    from ..errors import FrameworkNotInstalledError
+    from bf16bridge.core import registry
+    from bf16bridge.capabilities.probing import probe
+    from bf16bridge.errors import FrameworkNotInstalledError
 
     caps = probe()
     out = {"cpu_bf16": caps.cpu.why, "cores": caps.cpu.cores, "numpy": caps.numpy.version}
@@ -51,7 +52,7 @@ def settings(frameworks) -> dict:
         s = registry.spec(name)
         if sys.modules.get(s.requires or name) is not None:  # None: an import that was blocked
             try:
-                out.update(registry.get(name).numerics())
+                out.update(registry.hooks(name, NumericsHooks).numerics())
             except FrameworkNotInstalledError:  # imported, yet its adapter cannot load: run() says why
                 pass
     return out
@@ -70,7 +71,7 @@ def run(op, inputs: dict | None = None, frameworks=None, *, policy="ulp(1)", kin
     report unless ``allow_missing=True``. Ops run over every input value also get
     ``report.worst_regions``.
     """
-    from .. import registry
+    from bf16bridge.core import registry
 
     if isinstance(op, str) and op not in OPS:
         raise InvalidArgumentError(f"unknown op {op!r}; built-in ops: {', '.join(OPS)}")

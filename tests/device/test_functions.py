@@ -115,7 +115,7 @@ def test_jax_caller_torch_callee_grad(torch_device, jax_device, record_property)
 
 def _jax_path(platform):
     """Whether the bridge runs a traced jax caller's torch callee on jax's own buffers on ``platform``."""
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     return jax_adapter._buffers_here(platform) and (platform == "cpu" or "cuda" in bb.registry.get(
         "torch").device_streams())
@@ -157,7 +157,7 @@ def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_dev
     got = np.asarray(out) ^ np.uint16(0x5555)
     platform = "cuda" if DEVICE == "cuda" else "cpu"
     on_buffers = _jax_path(platform)
-    from bf16bridge import versions
+    from bf16bridge.core import versions
 
     # where it must: one device of the platform, torch with CUDA on the GPU (this machine's case), a jax
     # with buffer_callback; otherwise the check would pass on the path it means to leave
@@ -234,7 +234,7 @@ def test_jax_jit_packed_types_through_a_callee(jax_device, record_property):
     import jax
     import jax.numpy as jnp
 
-    from bf16bridge.adapters import jax as jax_adapter
+    from bf16bridge.adapters.jax import convert as jax_adapter
 
     a = np.resize(np.arange(-8, 8, dtype=np.int8), (6, 5))
     with jax.default_device(jax_device):

@@ -47,8 +47,8 @@ def test_bridge_registration(all_u16, torch_device, jax_device, record_property)
     """Where NumPy has the registry and ml_dtypes did not register bf16, the bridge does (once the
     numpy adapter is built), and then ``np.from_dlpack`` takes bf16 from torch directly, bits kept,
     and the planner's torch -> numpy route is that one hand-over."""
-    from bf16bridge import registry
-    from bf16bridge.adapters import _numpy_registry
+    from bf16bridge.core import registry
+    from bf16bridge.adapters import numpy_registry as _numpy_registry
 
     adapter = registry.get("numpy")  # builds the adapter: the registration runs here
     done = _numpy_registry.register()  # a second call finds what the first did

@@ -168,7 +168,8 @@ def test_fp8_every_pattern_zero_copy(src, dst, name, torch_device, jax_device, r
     Where jax cannot hold the row (ml_dtypes 0.3.1 has no e8m0): our error. Where jax does not export it
     over DLPack (jax 0.4.30 exports no fp8: found by trying), jax -> torch copies (a bit-cast), as the
     plan says."""
-    from bf16bridge import dtypes, registry
+    from bf16bridge.core import dtypes
+    from bf16bridge.core import registry
 
     missing = registry.get("jax").cannot_hold(name)
     if missing is not None:

@@ -14,15 +14,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes, kernels, versions
-from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from . import _dlpack
-from ._base import (ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport, cast_matches, float_row,
-                    rounds_as_ml_dtypes)
+from bf16bridge.core import dtypes
+from bf16bridge.kernels import chunked as kernels
+from bf16bridge.core import versions
+from bf16bridge.errors import UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.adapters import dlpack as _dlpack
+from bf16bridge.adapters.hooks import BridgeHooks, CastHooks, KernelHooks, NumericsHooks, ProbeHooks, ShardHooks
+from bf16bridge.adapters.trials import cast_matches, float_row, rounds_as_ml_dtypes
+from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport
 
 # for sharded arrays (bf16bridge.shards)
-from .. import registry, shards
-from ..errors import CopyRequiredError, DeviceError, InvalidArgumentError
+from bf16bridge import shards
+from bf16bridge.core import registry
+from bf16bridge.errors import CopyRequiredError, DeviceError, InvalidArgumentError
 
 versions.require("jax", jax.__version__)
 
@@ -37,8 +41,8 @@ def _narrow_rows():
     (held, why not held, exported over DLPack, imported, bit-viewed, device_put copies,
     numpy.asarray copies). XLA on CPU stores its sub-byte types packed, so its hand-offs
     with numpy copy them, and its bit-casts refuse them."""
-    from . import _dlpack
-    from .numpy import aligned_empty
+    from bf16bridge.adapters import dlpack as _dlpack
+    from bf16bridge.adapters.numpy import aligned_empty
 
     held, why, out, into, views, put_copies, asarray_copies = set(), {}, set(), set(), set(), set(), set()
     for name in dtypes.NARROW_DTYPES:
@@ -277,7 +281,7 @@ def _narrow_dot(np_dtype, device) -> tuple[str, str]:
     return "unknown", "jnp.dot runs; no dot found in the compiled program"
 
 
-class JaxAdapter(Adapter):
+class JaxAdapter(Adapter, BridgeHooks, CastHooks, KernelHooks, NumericsHooks, ProbeHooks, ShardHooks):
     def narrow_compute(self, dtype):
         if not self.holds(dtype):
             return ()
@@ -673,7 +677,7 @@ def _foreign_fn(call, leaves, shape_dtype):
 
     @bwd.defjvp
     def bwd_jvp(primals, tangents):
-        from ..functions import second_order_refused
+        from bf16bridge.functions.call import second_order_refused
 
         raise second_order_refused("jax", call.fn)
 
@@ -740,6 +744,7 @@ class _HostCall:
         self.call, self.vmap_method, self.fn, self.avals = call, vmap_method, fn, avals
         self.kw = self._vmap_keywords()
         self.callee = registry.get(call.callee)
+        self.callee_hooks = registry.hooks(call.callee, BridgeHooks)
         self.readonly = self.callee.marks_readonly
         #: the callee's DLPack import copies or refuses a buffer not 64-byte aligned (tensorflow): its
         #: inputs' copies are made so aligned
@@ -777,7 +782,7 @@ class _HostCall:
         if not self.packed:
             if _buffers_here("cpu"):
                 branches["cpu"] = self._on_host
-            if "cuda" in self.callee.device_streams() and _buffers_here("cuda"):
+            if "cuda" in self.callee_hooks.device_streams() and _buffers_here("cuda"):
                 branches["cuda"] = self._on_gpu
         try:
             if branches:
@@ -832,10 +837,11 @@ class _HostCall:
         callee = self.callee
         take = callee.importer()
         index = (buffers[0] if buffers else out[0]).__dlpack_device__()[1]
-        with callee.on_device_stream("cuda", index, ctx.stream):
+        hooks = self.callee_hooks
+        with hooks.on_device_stream("cuda", index, ctx.stream):
             copy = (lambda t: t) if self.call.copy_inputs else callee.copy  # (as _fill)
             results = self.fn(callee.name, None, *[copy(take(b)) for b in buffers])
-            self._write(results, [take(o) for o in out], callee, callee.write_into)
+            self._write(results, [take(o) for o in out], callee, hooks.write_into)
 
     def _write(self, results, dsts, adapter, write) -> None:
         """Each result into its buffer ``dsts[i]`` (a tensor of ``adapter``'s) by ``write``, once checked
@@ -872,7 +878,7 @@ def _callback_takes_packed() -> bool:
 
 
 def _aligned_empty(shape, dtype) -> np.ndarray:
-    from .numpy import aligned_empty  # (the numpy adapter imports this one's module: not at import time)
+    from bf16bridge.adapters.numpy import aligned_empty  # (the numpy adapter imports this one's module: not at import time)
 
     return aligned_empty(shape, dtype)
 
@@ -960,7 +966,7 @@ def _onto(candidates, dev, copy, on_alias, index):
     """One of ``candidates`` (tensors of one global index, any framework) for ``dev``: a jax array
     there, or, for a cpu device, a host numpy array for ``device_put`` to take (without a copy
     when aligned); CopyRequiredError under copy=False where it must copy."""
-    from ..convert import convert  # the bridge's own routes (adapters load before convert is needed)
+    from bf16bridge.core.convert import convert  # the bridge's own routes (adapters load before convert is needed)
 
     for _, t in candidates:
         if isinstance(t, jax.Array) and t.sharding.device_set == {dev}:

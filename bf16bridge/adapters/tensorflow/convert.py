@@ -33,11 +33,15 @@ finally:
         # (no cached decision to undo: an ignored warning is not recorded in __warningregistry__)
         warnings.filters.remove(_QUIET_IMPORT)  # type: ignore[attr-defined]
 
-from .. import dtypes, fpenv, versions
-from ..errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
-from . import _dlpack
-from ._base import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, cast_matches, float_row, rounds_as_ml_dtypes
-from ._quiet import without_native_lines
+from bf16bridge.core import dtypes
+from bf16bridge.core import fpenv
+from bf16bridge.core import versions
+from bf16bridge.errors import FrameworkNotInstalledError, UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.adapters import dlpack as _dlpack
+from bf16bridge.adapters.hooks import BridgeHooks, CastHooks, KernelHooks, NumericsHooks, ProbeHooks, ShardHooks
+from bf16bridge.adapters.trials import cast_matches, float_row, rounds_as_ml_dtypes
+from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, Adapter, Handoff, Source
+from bf16bridge.adapters.quiet import without_native_lines
 
 versions.require("tensorflow", tf.__version__)
 
@@ -244,7 +248,7 @@ _COMPOSITES: tuple = (
 )
 
 
-class TensorflowAdapter(Adapter):
+class TensorflowAdapter(Adapter, BridgeHooks, CastHooks, KernelHooks, NumericsHooks, ProbeHooks, ShardHooks):
     def narrow_compute(self, dtype):
         if not self.holds(dtype):
             return ()
@@ -622,7 +626,7 @@ def _refused_beyond(call, grads: list, inputs) -> list:
     @tf.custom_gradient
     def refuse(*ts):
         def grad(*_):
-            from ..functions import second_order_refused
+            from bf16bridge.functions.call import second_order_refused
 
             raise second_order_refused("tensorflow", call.fn)
 

@@ -25,8 +25,8 @@ from typing import cast as typing_cast
 
 import numpy as np
 
-from . import registry
-from .errors import UnsupportedTypeError
+from bf16bridge.core import registry
+from bf16bridge.errors import UnsupportedTypeError
 
 
 def where(path) -> str:

@@ -23,10 +23,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._autograph import plain_python
-from . import dtypes, registry, trees
-from .errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
-from .plans import size
+from bf16bridge.adapters.hooks import CastHooks
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
+from bf16bridge.trees import walk as trees
+from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.core.plan import size
 
 T = TypeVar("T")
 M = TypeVar("M")
@@ -250,7 +253,7 @@ def _rules(rules, what: str, default_why: str) -> tuple[Rule, ...]:
             out.append(Rule(r, r, default_why))
         else:
             raise InvalidArgumentError(
-                f"{what}: {r!r} is neither a pattern (str) nor a bf16bridge.casting.Rule; "
+                f"{what}: {r!r} is neither a pattern (str) nor a bf16bridge.casting.cast.Rule; "
                 f"pass patterns such as 'lm_head' or Rule(name, pattern, why)"
             )
     return tuple(out)
@@ -491,7 +494,7 @@ def _adapter_for_module(model):
         raise UnsupportedTypeError(f"cast_module: {held}; cast them with cast_tree(model.weights), whose "
                                    "name policy keeps the norms by their Keras paths")
     for adapter in registry.imported():
-        mods = adapter.submodules(model)
+        mods = registry.hooks(adapter.name, CastHooks).submodules(model)
         if mods is not None:
             return adapter, mods
     t = type(model)
@@ -684,7 +687,7 @@ def cast_module(model: M, dtype="bfloat16", *, keep_head: bool = False, keep_typ
                 continue
             elif s.name in by_type or (actions and all(a == "kept" for a in actions)):
                 hooks.append((s.name, kdt, target))
-    adapter.cast_module(model, plan, hooks)
+    registry.hooks(adapter.name, CastHooks).cast_module(model, plan, hooks)
     if hooks:
         notes.append(f"forward hooks on {len(hooks)} kept module(s): floating inputs to {kdt}, outputs to {target}"
                      + (f"; the head ({head_name or 'the model'}) returns {kdt}" if head_name is not None else ""))

@@ -29,12 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from ._autograph import plain_python
-from . import dtypes, fpenv, registry, trees
-from .adapters._base import Adapter
-from .convert import Fallback, _one, plan
-from .errors import (Bf16BridgeError, Bf16BridgeWarning, InputWrittenError, InvalidArgumentError,
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.core import fpenv
+from bf16bridge.core import registry
+from bf16bridge.trees import walk as trees
+from bf16bridge.core.adapter import Adapter
+from bf16bridge.core.convert import Fallback, _one, plan
+from bf16bridge.errors import (Bf16BridgeError, Bf16BridgeWarning, InputWrittenError, InvalidArgumentError,
                      UnsupportedDtypeError, UnsupportedTypeError)
+from bf16bridge.adapters.hooks import BridgeHooks
 
 __all__ = ["bridge", "BridgedFunction", "ForeignCall", "second_order_refused"]
 
@@ -154,20 +158,21 @@ class ForeignCall:
     def _forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
         callee_leaves = self._inputs(leaves)
         callee = registry.get(self.callee)
+        hooks = registry.hooks(self.callee, BridgeHooks)
         # inputs are views of the caller's tensors: a callee writing into one that views immutable
         # memory (a torch callee's x.add_(1) on a jax array) changes the caller's array. Where the
         # callee's framework can see writes (Adapter.watch_writes) that is our error, not silence
-        watched = None if self.copy_inputs else callee.watch_writes(callee_leaves)
+        watched = None if self.copy_inputs else hooks.watch_writes(callee_leaves)
         try:
             if want_vjp and any(self.diff):
-                out_leaves, pullback = callee.vjp(self._flat_fn, callee_leaves, self.diff)
+                out_leaves, pullback = hooks.vjp(self._flat_fn, callee_leaves, self.diff)
             else:
                 out_leaves, pullback = self._flat_fn(*callee_leaves), None
         except Exception as err:
-            if watched is not None and (bad := self._written(callee, watched, leaves, borrowed)):
+            if watched is not None and (bad := self._written(hooks, watched, leaves, borrowed)):
                 err.add_note(str(bad))  # the callee's own error first, and what it did before it
             raise
-        if watched is not None and (bad := self._written(callee, watched, leaves, borrowed)):
+        if watched is not None and (bad := self._written(hooks, watched, leaves, borrowed)):
             raise bad
         caller = registry.get(to)
         kept: list[int] = []
@@ -175,9 +180,9 @@ class ForeignCall:
         # them as immutable; copied on the mutable side, whose copy is the cheap one (torch's, not a tf
         # op's). A caller whose results are read-only (numpy's, from an immutable callee) writes nothing
         if out_leaves and callee.immutable != caller.immutable and not caller.marks_readonly:
-            kept = callee.kept(out_leaves, pullback)
+            kept = hooks.kept(out_leaves, pullback)
             if kept and not callee.immutable:  # a torch parameter: copied now, before it changes
-                out_leaves, kept = self._own(callee, out_leaves, callee_leaves, kept), []
+                out_leaves, kept = self._own(callee, hooks, out_leaves, callee_leaves, kept), []
         outs = self._outputs(out_leaves, to)
         if callee.immutable and outs and not caller.immutable:
             # and an immutable callee's result that is its input (lambda x: x, a reshape) would come back
@@ -185,17 +190,17 @@ class ForeignCall:
             # caller's framework does not know aliases it (torch: a separate version counter, so
             # autograd's checks miss writes through it)
             # (every result kept, as tensorflow's are: no need to ask which view an input)
-            for i in kept if len(kept) == len(outs) else sorted({*kept, *caller.aliased(outs, leaves)}):
+            for i in kept if len(kept) == len(outs) else sorted({*kept, *registry.hooks(to, BridgeHooks).aliased(outs, leaves)}):
                 outs[i] = caller.copy(outs[i])
         return outs, pullback
 
     @staticmethod
-    def _own(callee: Adapter, out_leaves: list, callee_leaves: list, kept: list[int]) -> list:
+    def _own(callee: Adapter, hooks: BridgeHooks, out_leaves: list, callee_leaves: list, kept: list[int]) -> list:
         """A mutable callee's results, those it keeps (``kept``, from ``Adapter.kept``: a parameter, a
         view or detach of one) copied: handed across as they are, the next in-place update of the
         parameter would change an immutable caller's array. A view of its own input is the caller's
         memory, which it already had: not copied."""
-        mine = set(callee.aliased(out_leaves, callee_leaves))
+        mine = set(hooks.aliased(out_leaves, callee_leaves))
         kept = [i for i in kept if i not in mine]
         if not kept:
             return out_leaves
@@ -204,12 +209,12 @@ class ForeignCall:
             own[i] = callee.copy(own[i])
         return own
 
-    def _written(self, callee, watched, leaves, borrowed: str | None = None) -> InputWrittenError | None:
+    def _written(self, hooks: BridgeHooks, watched, leaves, borrowed: str | None = None) -> InputWrittenError | None:
         """Our error for the callee's in-place writes into inputs that view the caller's immutable
         or read-only memory (None when there were none: a write into a copy, or into the caller's
         own writable memory, is the callee's business, as it would be natively). ``borrowed``: as
         ``forward``'s."""
-        written = callee.written(watched)
+        written = hooks.written(watched)
         if not written:
             return None
         bad = list(written) if borrowed else [i for i in written if _views_immutable(leaves[i], self.callee,
@@ -379,8 +384,8 @@ class BridgedFunction:
     def __call__(self, *args, **kwargs):
         # a graph compiler tracing the caller (torch.compile) must not trace the bridge: an
         # imported adapter may hand back this call wrapped to run outside its trace
-        for adapter in _compilers():
-            run = adapter.outside_compiler(self._call)
+        for hooks in _compilers():
+            run = hooks.outside_compiler(self._call)
             if run is not None:
                 return run(args, kwargs)
         return self._call(args, kwargs)
@@ -391,10 +396,10 @@ class BridgedFunction:
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
         adapter = registry.get(caller)
-        traced = adapter.traced(leaves)
-        diff = adapter.differentiable_leaves(leaves, traced)
-        callee = registry.get(self.callee)
-        if any(diff) and not callee.differentiates:
+        hooks = registry.hooks(caller, BridgeHooks)
+        traced = hooks.traced(leaves)
+        diff = hooks.differentiable_leaves(leaves, traced)
+        if any(diff) and not registry.hooks(self.callee, BridgeHooks).differentiates:
             warnings.warn(
                 f"{self.callee} has no autodiff: the {caller} inputs' gradients stop at this bridged "
                 f"function ({self!r}); compute the function in a framework with autodiff to train through it",
@@ -417,7 +422,7 @@ class BridgedFunction:
             call.out_specs, call.out_skeleton = self._specs.get(sig, (None, None))
             with self._lock:
                 call.memo = self._memo.setdefault((caller, sig, tuple(diff)), {})
-        outs = adapter.call_foreign(call, leaves)
+        outs = hooks.call_foreign(call, leaves)
         if call.out_skeleton is None:  # nothing ran yet (a traced call) and nothing was kept
             call.specs(leaves, adapter.shape_dtype)
         if sig is not None and sig not in self._specs:
@@ -437,8 +442,8 @@ def _compilers() -> tuple:
     global _COMPILERS
     now = (registry._GENERATION, len(sys.modules))
     if _COMPILERS[0] != now:
-        _COMPILERS = (now, tuple(a for a in registry.imported()
-                                 if type(a).outside_compiler is not Adapter.outside_compiler))
+        found = (registry.hooks(a.name, BridgeHooks) for a in registry.imported())
+        _COMPILERS = (now, tuple(h for h in found if type(h).outside_compiler is not BridgeHooks.outside_compiler))
     return _COMPILERS[1]
 
 

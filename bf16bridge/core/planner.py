@@ -21,11 +21,12 @@ import os
 from functools import lru_cache, partial
 from typing import Any, Callable, NamedTuple
 
-from . import dtypes, registry
-from .adapters._base import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
-from .errors import CopyRequiredError, CopyTooLargeError, DeviceError, InvalidArgumentError, UnsupportedDtypeError
-from .plans import Plan, Step, size
-from .registry import HUB
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
+from bf16bridge.core.adapter import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
+from bf16bridge.errors import CopyRequiredError, CopyTooLargeError, DeviceError, InvalidArgumentError, UnsupportedDtypeError
+from bf16bridge.core.plan import Plan, Step, size
+from bf16bridge.core.registry import HUB
 
 FALLBACKS = ("error", "float32", "bits", "auto")
 
@@ -323,7 +324,7 @@ def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device:
     """The goal dtypes to try in order, each with the decision to report and whether a raw
     bit-view (a carrier of the row's bits) may end the route."""
     if dtype in dtypes.PROBED and fallback == "auto":
-        from .capabilities import probe  # cached; it imports no framework
+        from bf16bridge.capabilities.probing import probe  # cached; it imports no framework
 
         # no trials: a conversion runs no compute of its own behind the user's back (the narrow
         # dtypes' matmuls run under the framework's profiler, which stopped a user's running one)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import FrameworkNotInstalledError
+from bf16bridge.errors import FrameworkNotInstalledError
 
 #: the Pythons CI runs: the oldest (pyproject.toml's requires-python) and the newest (.venv-numpy25)
 PYTHON = ("3.11", "3.12")

@@ -1,6 +1,6 @@
 """Reading the machine: CPU features, package versions, and what this NumPy
 and ml_dtypes do with bf16, all through a ``Reader`` that tests replace to
-stand in for other hardware. ``bf16bridge.capabilities`` turns these readings
+stand in for other hardware. ``bf16bridge.capabilities.probing`` turns these readings
 into the probe's answer and the fallback policy.
 """
 
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import dtypes
+from bf16bridge.core import dtypes
 
 #: linux auxv keys and bits for Arm's bf16 and int8 matrix features
 _AT_HWCAP2 = 26
@@ -100,12 +100,12 @@ class Reader:
             return False, "numpy holds no bf16 here"
         import numpy as np
 
-        from . import registry
+        from bf16bridge.core import registry
 
         # building the numpy adapter registers bf16 and fp8 with NumPy 2.5's DLPack dtype registry
         # where ml_dtypes has not (adapters/_numpy_registry.py); it imports no framework
         registry.get("numpy")
-        from .adapters.numpy import REGISTRATION
+        from bf16bridge.adapters.numpy import REGISTRATION
 
         a = np.arange(4, dtype=np.uint16).view(dtypes.bfloat16)
         try:
@@ -122,7 +122,7 @@ class Reader:
     def numpy_dlpack_version(self) -> str:
         import numpy as np
 
-        from .adapters import _dlpack
+        from bf16bridge.adapters import dlpack as _dlpack
 
         try:
             return _dlpack.protocol_version(np.zeros(1, dtype=np.uint8))

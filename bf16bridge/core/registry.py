@@ -21,13 +21,13 @@ import threading
 import types
 import weakref
 from collections import abc
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from ._autograph import plain_python
-from .adapters._base import Adapter
-from .errors import FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError, UnsupportedTypeError
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core.adapter import Adapter
+from bf16bridge.errors import FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError, UnsupportedTypeError
 
 
 class AdapterSpec(NamedTuple):
@@ -40,6 +40,8 @@ class AdapterSpec(NamedTuple):
     extra: str | None = None  # the pip extra that installs the framework
     requires: str | None = None  # the framework's own top-level package
     instance: Adapter | None = None
+    #: feature -> import path of a module whose HOOKS attribute is that feature's hooks object
+    hooks: tuple[tuple[str, str], ...] = ()
 
 
 #: the framework every route may pass through: the core dependency, always importable
@@ -66,13 +68,17 @@ def register_adapter(
     extra: str | None = None,
     requires: str | None = None,
     replace: bool = False,
+    hooks: dict[str, str] | None = None,
 ) -> None:
     """Add a framework to the registry.
 
     ``module`` is an import path whose ``ADAPTER`` attribute is an
     ``Adapter`` (imported on first use), or an ``Adapter`` instance.
     ``types`` lists the tensor classes as ``"module:Attr"`` strings: they are
-    looked up only once that module is in ``sys.modules``.
+    looked up only once that module is in ``sys.modules``. ``hooks`` maps a feature
+    (``"bridge"``, ``"cast"``, ``"shard"``, ``"probe"``, ``"numerics"``, ``"kernel"``) to an import
+    path whose ``HOOKS`` attribute serves it (``bf16bridge.adapters.hooks``); a feature left out
+    gets the adapter itself where it implements that protocol, else the protocol's defaults.
     """
     def names(what: str, value, check=lambda v: True, form: str = "names") -> tuple:
         # a str is a sequence too: taken as one, each letter would be a type or an alias
@@ -90,6 +96,9 @@ def register_adapter(
     if requires is not None and not (isinstance(requires, str) and requires):
         raise InvalidArgumentError(f"register_adapter: requires must be a module name or None; got {requires!r}")
     aliases = names("aliases", aliases)
+    if hooks is not None and not (isinstance(hooks, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in hooks.items())):
+        raise InvalidArgumentError(f"register_adapter: hooks must be a dict of feature -> import path; got {hooks!r}")
     key = name.lower()
     with _LOCK:
         taken = {key, *(a.lower() for a in aliases)}
@@ -107,11 +116,13 @@ def register_adapter(
             extra=extra,
             requires=requires,
             instance=instance,
+            hooks=tuple(sorted((hooks or {}).items())),
         )
         _SPECS[key] = spec
         for alias in spec.aliases:
             _ALIASES[alias] = key
         _LOADED.pop(key, None)
+        _HOOKS.clear()
         _TYPE_CACHE.clear()
         global _GENERATION
         _GENERATION += 1
@@ -201,6 +212,36 @@ def get(name: str) -> Adapter:
                     ) from err
             _LOADED[key] = adapter
     return adapter
+
+
+_HOOKS: dict[tuple[str, type], Any] = {}
+H = TypeVar("H")
+
+
+def hooks(name: str, kind: type[H]) -> H:
+    """Framework ``name``'s hooks for one feature (``kind``: a protocol of ``bf16bridge.adapters.hooks``),
+    importing the module that holds them on first use; the protocol's defaults where it has none."""
+    found = _HOOKS.get((name, kind))
+    if found is not None:
+        return found
+    key = resolve(name)
+    with _LOCK:
+        modules = dict(_SPECS[key].hooks)
+        path = modules.get(kind.feature)  # type: ignore[attr-defined]
+        if path is not None:
+            try:
+                found = importlib.import_module(path).HOOKS
+            except ImportError as err:
+                raise FrameworkNotInstalledError(f"{key} is not usable here ({err}); {install_hint(key)}") from err
+        else:
+            adapter = get(key)
+            if isinstance(adapter, kind):
+                found = adapter
+            else:
+                found = kind()
+                found.name = key  # type: ignore[attr-defined]
+        _HOOKS[(name, kind)] = _HOOKS[(key, kind)] = found
+    return found
 
 
 def _classes(s: AdapterSpec):
@@ -577,11 +618,11 @@ def framework_of(x) -> str:
 
 register_adapter("numpy", "bf16bridge.adapters.numpy", types=("numpy:ndarray", "numpy:generic"),
                  aliases=("np",), requires="numpy")
-register_adapter("torch", "bf16bridge.adapters.torch", types=("torch:Tensor",),
+register_adapter("torch", "bf16bridge.adapters.torch.convert", types=("torch:Tensor",),
                  aliases=("pt", "pytorch"), extra="torch", requires="torch")
-register_adapter("jax", "bf16bridge.adapters.jax", types=("jax:Array", "jax:core.Tracer"),
+register_adapter("jax", "bf16bridge.adapters.jax.convert", types=("jax:Array", "jax:core.Tracer"),
                  extra="jax", requires="jax")
-register_adapter("tensorflow", "bf16bridge.adapters.tensorflow",
+register_adapter("tensorflow", "bf16bridge.adapters.tensorflow.convert",
                  types=("tensorflow:Tensor", "tensorflow:Variable"),
                  aliases=("tf",), extra="tensorflow", requires="tensorflow")
 register_dynamic_alias("keras", "bf16bridge.adapters.keras:backend")

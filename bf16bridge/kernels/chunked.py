@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes, registry
-from .errors import (Bf16BridgeError, CopyRequiredError, InvalidArgumentError, UnknownFrameworkError,
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
+from bf16bridge.errors import (Bf16BridgeError, CopyRequiredError, InvalidArgumentError, UnknownFrameworkError,
                      UnsupportedDtypeError)
 
 #: elements per chunk: 4 Mi elements keeps each temporary at 16 MiB
@@ -59,10 +60,10 @@ def _kernel_adapter(name: str, imported_only: bool):
     if imported_only and not _imported(name):
         return None
     try:
-        adapter = registry.get(name)
+        hooks = registry.hooks(name, KernelHooks)
     except Bf16BridgeError:
         return None
-    return adapter if adapter.offers_kernels else None
+    return hooks if hooks.offers_kernels else None
 
 
 def backends(*, importing: bool = False) -> list[str]:
@@ -88,7 +89,7 @@ def pick_backend(name: str = "auto") -> str:
     except UnknownFrameworkError:
         key = None
     # a backend asked for by name may import its framework (FrameworkNotInstalledError says how to install it)
-    if key is None or not registry.get(key).offers_kernels:
+    if key is None or not registry.hooks(key, KernelHooks).offers_kernels:
         raise InvalidArgumentError(f"backend must be one of {', '.join(backends())} (or another adapter "
                                     f"offering kernels); got {name!r}")
     return key
@@ -98,8 +99,8 @@ def _kernels(name: str, widen: bool):
     """(the kernel, whether it spreads over threads itself) for a picked backend."""
     if name in BUILTIN:
         return (_WIDEN if widen else _ROUND)[name], False
-    adapter = registry.get(name)
-    return (adapter.widen_bits if widen else adapter.round_bits), adapter.kernels_threaded
+    hooks = registry.hooks(name, KernelHooks)
+    return (hooks.widen_bits if widen else hooks.round_bits), hooks.kernels_threaded
 
 
 _U16, _U32, _F32, _F64 = np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.float32), np.dtype(np.float64)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dtypes
+from bf16bridge.core import dtypes
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import re
 import sys
 import tempfile
 
-from . import registry
-from .errors import Bf16BridgeError
+from bf16bridge.core import registry
+from bf16bridge.errors import Bf16BridgeError
 
 # argparse prints these: plain text, no reStructuredText (the module docstring is for Python readers)
 DESCRIPTION = "Move bfloat16 tensors between {} bit for bit, and check them."
@@ -149,7 +149,7 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     if args.command == "matrix" and args.dtype:
         return _dtype_matrix(parser, args)
 
-    from . import demo
+    from bf16bridge.cli import demo
 
     if args.command == "demo":
         text, ok = demo.demo(args.mib, args.repeat)
@@ -164,7 +164,8 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
 def _dtype_matrix(parser: argparse.ArgumentParser, args) -> int:
     import json
 
-    from . import dtypes, tables
+    from bf16bridge.core import dtypes
+    from bf16bridge.cli import tables
 
     known = dtypes.NAMES
     if args.dtype == "all":
@@ -202,7 +203,7 @@ def _asked(frameworks: str, parser: argparse.ArgumentParser | None = None) -> li
 
 
 def _probe(parser: argparse.ArgumentParser, args) -> int:
-    from .capabilities import probe
+    from bf16bridge.capabilities.probing import probe
 
     asked = _asked(args.frameworks, parser)
     caps = probe(frameworks="all" if args.frameworks == "all" else asked)
@@ -216,7 +217,7 @@ def _probe(parser: argparse.ArgumentParser, args) -> int:
 
 
 def _parity(parser: argparse.ArgumentParser, args) -> int:
-    from .parity import parse, render, runner
+    from bf16bridge.parity import parse, render, runner
 
     parse(args.policy)  # a policy that cannot be read is refused before anything runs
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):

@@ -46,7 +46,7 @@ ROUTE_COLS = [("source", "from"), ("target", "to"), ("route", "route"), ("result
 
 def matrix_dtypes() -> tuple[str, ...]:
     """The dtypes ``--dtype all`` covers: the table's rows beyond numpy's own, in table order."""
-    from . import dtypes
+    from bf16bridge.core import dtypes
 
     return tuple(d for d in dtypes.NAMES if d not in dtypes.STANDARD)
 
@@ -58,8 +58,8 @@ def _why(err: BaseException) -> str:
 def _base(dtype: str):
     """A numpy array of every bit pattern of ``dtype`` (of the row it unpacks to, for a packed
     row numpy cannot hold), 64-byte aligned: what each source tensor is made from."""
-    from . import dtypes
-    from .adapters.numpy import aligned_empty
+    from bf16bridge.core import dtypes
+    from bf16bridge.adapters.numpy import aligned_empty
 
     name = dtypes.PACKED.get(dtype, dtype)
     bits = dtypes.all_patterns(name)
@@ -70,8 +70,8 @@ def _base(dtype: str):
 
 def _source(base, dtype: str, framework: str):
     """A tensor of ``dtype`` in ``framework`` made from ``base``, or the reason there is none."""
-    from . import registry
-    from .convert import convert, plan
+    from bf16bridge.core import registry
+    from bf16bridge.core.convert import convert, plan
 
     try:
         held = registry.get(framework).cannot_hold(dtype)
@@ -95,9 +95,9 @@ def aligned_source(base, framework: str):
     else one sharing ``base``'s memory where the route takes it as it is (jax 0.4.30 aligns its own
     buffers to 16 bytes, 64 only by chance, so the jax -> tensorflow row varied run to run). Where
     neither is aligned, or no pointer can be read, the copy: its rows then say why they copy."""
-    from . import registry
-    from .adapters._base import ALIGN
-    from .convert import convert
+    from bf16bridge.core import registry
+    from bf16bridge.core.adapter import ALIGN
+    from bf16bridge.core.convert import convert
 
     x = convert(base, framework, copy=True, on_alias="allow")
     adapter = registry.get(framework)
@@ -125,8 +125,8 @@ def route_rows(dtype: str) -> list[dict]:
     """One row per ordered pair of registered frameworks: the route bb.plan() takes for a tensor of
     ``dtype`` (every bit pattern), and whether bb.convert() kept every bit; a pair with no route says
     why ("refused"), and one whose source cannot hold the dtype says so."""
-    from . import registry
-    from .errors import UnsupportedDtypeError
+    from bf16bridge.core import registry
+    from bf16bridge.errors import UnsupportedDtypeError
 
     names = registry.names()
     try:
@@ -161,8 +161,8 @@ def route_rows(dtype: str) -> list[dict]:
 
 def _route_row(row: dict, x, target: str, base) -> None:
     """Fill ``row`` with the route of ``x`` to ``target``, and whether its bits came back unchanged."""
-    from . import registry
-    from .convert import convert, plan
+    from bf16bridge.core import registry
+    from bf16bridge.core.convert import convert, plan
 
     try:
         p = plan(x, to=target)
@@ -230,9 +230,10 @@ def packing_rows() -> list[dict]:
     packed byte through the framework's bit-view."""
     import numpy as np
 
-    from . import dtypes, registry
-    from .adapters.numpy import aligned_empty
-    from .convert import convert
+    from bf16bridge.core import dtypes
+    from bf16bridge.core import registry
+    from bf16bridge.adapters.numpy import aligned_empty
+    from bf16bridge.core.convert import convert
 
     out = []
     for packed, unpacked in dtypes.PACKED.items():
@@ -267,7 +268,7 @@ def packing_rows() -> list[dict]:
 
 def layout_rows() -> list[list[str]]:
     """The table's rows beyond numpy's own: how each is stored and carried."""
-    from . import dtypes
+    from bf16bridge.core import dtypes
 
     out = []
     for name in matrix_dtypes():
@@ -283,8 +284,9 @@ def fallback_rows() -> list[list[str]]:
     """What fallback='auto' gives each target that has no route for a dtype without one, asked of
     bb.plan() with a tensor of the dtype from the first framework that holds it (a route that packs
     or unpacks is no fallback: the matrix shows it)."""
-    from . import dtypes, registry
-    from .convert import plan
+    from bf16bridge.core import dtypes
+    from bf16bridge.core import registry
+    from bf16bridge.core.convert import plan
 
     out = []
     for dtype in matrix_dtypes():
@@ -312,14 +314,14 @@ def fallback_rows() -> list[list[str]]:
     return out
 
 
-DOCS_BEGIN = "<!-- begin generated: python -m bf16bridge.tables docs/dtypes.md; tests/test_dtype_docs.py checks it -->"
+DOCS_BEGIN = "<!-- begin generated: python -m bf16bridge.cli.tables docs/dtypes.md; tests/test_dtype_docs.py checks it -->"
 DOCS_END = "<!-- end generated -->"
 
 
 def dtype_docs() -> str:
     """docs/dtypes.md's generated block, from this machine: the frameworks are imported and tried
     (the probe again, not its cached answer: the page says what the code says now)."""
-    from .capabilities import probe
+    from bf16bridge.capabilities.probing import probe
 
     with warnings.catch_warnings(record=True):  # the same page under pytest's warnings-as-errors
         warnings.simplefilter("always")

@@ -22,7 +22,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 
-from .errors import Bf16BridgeWarning
+from bf16bridge.errors import Bf16BridgeWarning
 
 __all__ = ["flushes", "keeping"]
 

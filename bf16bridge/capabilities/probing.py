@@ -21,10 +21,13 @@ from typing import Literal
 
 import numpy as np
 
-from ._autograph import plain_python
-from . import dtypes, registry, versions
-from .errors import InvalidArgumentError
-from .machine import CPU, Reader, read_cpu
+from bf16bridge.adapters.hooks import ProbeHooks
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
+from bf16bridge.core import versions
+from bf16bridge.errors import InvalidArgumentError
+from bf16bridge.capabilities.machine import CPU, Reader, read_cpu
 
 __all__ = ["CPU", "Capabilities", "Decision", "Device", "DtypeSupport", "FrameworkCaps", "NarrowCompute", "NumpyCaps",
            "Reader", "probe"]
@@ -103,7 +106,7 @@ class FrameworkCaps:
     #: {name: (value, why)}, found by trying: the DLPack entry points (``Tensor.__dlpack__``,
     #: and where it is missing the way around it), then what the adapter's ``facts()`` adds
     facts: Mapping = field(default_factory=dict)  # stored read-only
-    tested: str | None = None  # the version against the range CI tests (bf16bridge.versions)
+    tested: str | None = None  # the version against the range CI tests (bf16bridge.core.versions)
     #: {dtype: DtypeSupport} for the dtypes beyond NumPy's own; empty when not probed; read-only
     dtypes: Mapping = field(default_factory=dict)
     #: NarrowCompute for each fp8 dtype it holds and each device it computes on
@@ -230,7 +233,7 @@ class Capabilities:
 
     def dtype_table(self, fmt: Literal["text", "markdown"] = "text") -> str:
         """Which probed framework holds each dtype and speaks it over DLPack (out, in), then why not."""
-        from .tables import table
+        from bf16bridge.cli.tables import table
 
         held = {registry.HUB: self.numpy.dtypes, **{n: fw.dtypes for n, fw in self.frameworks.items() if fw.probed}}
         names = list(dict.fromkeys(d for m in held.values() for d in m))
@@ -305,8 +308,8 @@ def _first_line(err: BaseException, limit: int = 200) -> str:
 def _sample(adapter, dtype: str):
     """A small tensor of ``dtype`` in ``adapter``'s framework: numpy's values (of the row a packed
     row unpacks to) converted there, else its bit carrier from numpy, viewed."""
-    from .adapters.numpy import aligned_empty
-    from .convert import convert
+    from bf16bridge.adapters.numpy import aligned_empty
+    from bf16bridge.core.convert import convert
 
     row = dtypes.ROWS[dtype]
     carrier = aligned_empty((4,), np.dtype(row.carrier or dtype))
@@ -376,10 +379,8 @@ def _capsule(obj):
     return obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
 
 
-def _narrow_compute(adapter, supports: Mapping) -> tuple:
-    hook = getattr(adapter, "narrow_compute", None)
-    if hook is None:
-        return ()
+def _narrow_compute(hooks: ProbeHooks, supports: Mapping) -> tuple:
+    hook = hooks.narrow_compute
     out: list[NarrowCompute] = []
     for dtype, sup in supports.items():
         if sup.holds and _fp8(dtype):
@@ -410,9 +411,9 @@ def _framework(name: str, reader: Reader, asked: bool, trials: bool = True,
     if not trials:  # what decide() reads: the devices, when asked; no DLPack trial, no narrow-dtype compute
         return FrameworkCaps(name, version, True, "not tried: probe(trials=False) reads only what decide() needs"
                              + ("" if read_devices else "; devices not read"),
-                             devices=tuple(Device(*d) for d in adapter.devices()) if read_devices else (),
+                             devices=tuple(Device(*d) for d in registry.hooks(name, ProbeHooks).devices()) if read_devices else (),
                              tested=tested)
-    from .adapters import _dlpack
+    from bf16bridge.adapters import dlpack as _dlpack
 
     try:
         sample = adapter.from_dlpack(np.zeros(2, dtype=np.uint16))
@@ -430,11 +431,12 @@ def _framework(name: str, reader: Reader, asked: bool, trials: bool = True,
         ok, why = True, "exports and imports bf16 over DLPack"
     except Exception as err:  # noqa: BLE001
         ok, why = False, f"{type(err).__name__}: {err}"
-    devices = tuple(Device(*d) for d in adapter.devices())
-    facts.update(adapter.facts())  # the adapter's own account (of a missing entry point too) comes last
+    hooks = registry.hooks(name, ProbeHooks)
+    devices = tuple(Device(*d) for d in hooks.devices())
+    facts.update(hooks.facts())  # the adapter's own account (of a missing entry point too) comes last
     supports = {d: _dtype_support(adapter, d, None) for d in probed_dtypes()}
     return FrameworkCaps(name, version, True, why, ok, dl_version, devices, facts, tested, supports,
-                         _narrow_compute(adapter, supports))
+                         _narrow_compute(hooks, supports))
 
 
 def _tried(call, works: str) -> tuple[bool, str]:

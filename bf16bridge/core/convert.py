@@ -8,10 +8,11 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, overload
 
-from ._autograph import plain_python
-from . import registry, trees
-from .adapters._base import Adapter, UnalignedImport
-from .errors import (Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, DeviceError, InvalidArgumentError,
+from bf16bridge.core.autograph import plain_python
+from bf16bridge.core import registry
+from bf16bridge.trees import walk as trees
+from bf16bridge.core.adapter import Adapter, UnalignedImport
+from bf16bridge.errors import (Bf16BridgeError, Bf16BridgeWarning, CopyRequiredError, DeviceError, InvalidArgumentError,
                      UnsupportedDtypeError, UnsupportedTypeError)
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
     import torch
 
-    from .plans import Plan, TreePlan
+    from bf16bridge.core.plan import Plan, TreePlan
 
 #: the registered framework names and aliases (others can be registered: any str is taken)
 Target = Literal["numpy", "np", "torch", "pt", "pytorch", "jax", "tensorflow", "tf", "keras"]
@@ -42,7 +43,7 @@ _ROUTES: Any = None
 def _routes():
     global _ROUTES
     if _ROUTES is None:
-        from . import routes  # the planner loads on first use
+        from bf16bridge.core import planner as routes
 
         _ROUTES = routes
     return _ROUTES
@@ -468,7 +469,7 @@ def _stacklevel() -> int:
     return level
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _QUIET: _Quiet
 _Quiet()
 
@@ -681,7 +682,7 @@ def _cannot_cross(x, to, fallback, for_compute) -> bool:
 def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
               for_compute: bool = False) -> TreePlan:
     """What ``convert_tree(tree, to, ...)`` would do, leaf by leaf and in total, without doing it."""
-    from .plans import TreePlan
+    from bf16bridge.core.plan import TreePlan
 
     _check(copy, fallback, for_compute, "warn", "warn")
     leaves: list = []

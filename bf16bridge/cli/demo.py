@@ -9,12 +9,13 @@ from typing import Literal
 
 import numpy as np
 
-from . import dtypes, registry
-from .adapters.numpy import aligned_empty
-from .convert import convert, plan
-from .errors import FrameworkNotInstalledError, InvalidArgumentError
-from .tables import aligned_source, table
-from .workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
+from bf16bridge.core import dtypes
+from bf16bridge.core import registry
+from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.convert import convert, plan
+from bf16bridge.errors import FrameworkNotInstalledError, InvalidArgumentError
+from bf16bridge.cli.tables import aligned_source, table
+from bf16bridge.cli.workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 
 
 def _usable() -> tuple[list[str], list[str]]:

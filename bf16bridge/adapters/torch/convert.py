@@ -13,18 +13,21 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
-from .. import dtypes, versions
-from ..errors import UnsupportedDtypeError, UnsupportedTypeError
-from . import numpy as _numpy
-from ._base import (_FRESH, ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, Submodule, _refcounts,
-                    cast_matches, layout_of)
-from ._quiet import without_native_lines
+from bf16bridge.core import dtypes
+from bf16bridge.core import versions
+from bf16bridge.errors import UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.adapters import numpy as _numpy
+from bf16bridge.adapters import cpython
+from bf16bridge.adapters.hooks import BridgeHooks, CastHooks, KernelHooks, NumericsHooks, ProbeHooks, ShardHooks, Submodule
+from bf16bridge.adapters.trials import cast_matches
+from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, layout_of
+from bf16bridge.adapters.quiet import without_native_lines
 
 # for sharded tensors (bf16bridge.shards)
 import sys
 
-from .. import shards
-from ..errors import DeviceError, InvalidArgumentError
+from bf16bridge import shards
+from bf16bridge.errors import DeviceError, InvalidArgumentError
 
 versions.require("torch", torch.__version__)
 
@@ -79,7 +82,7 @@ def _dlpack_dtypes() -> tuple[frozenset, frozenset]:
     """The narrow rows torch exports over DLPack with the table's (code, bits, lanes), and
     takes back, found by trying its own round trip. Older torch raises for fp8; torch
     exports its sub-byte ints as 8-bit ints (the type is lost): those are not exported."""
-    from . import _dlpack
+    from bf16bridge.adapters import dlpack as _dlpack
 
     out, into = set(), set()
     for name, dt in _TO_TORCH.items():
@@ -237,7 +240,7 @@ def _empty(shape, dtype, device, nbytes: int, like=None):
     return torch.from_numpy(_numpy._aligned_bytes(nbytes)).view(dtype).view(shape)
 
 
-class TorchAdapter(Adapter):
+class TorchAdapter(Adapter, BridgeHooks, CastHooks, KernelHooks, NumericsHooks, ProbeHooks, ShardHooks):
     def narrow_compute(self, dtype):
         dt = _TO_TORCH.get(dtype)
         if dt is None:
@@ -416,7 +419,7 @@ class TorchAdapter(Adapter):
         except (AttributeError, RuntimeError, TypeError) as err:
             return {"uint16": (False, f"{type(err).__name__}: {err} (torch >= 2.3 has it)")}
 
-    # integer kernels for bf16bridge.kernels: never torch's .to(bfloat16), whose vectorised
+    # integer kernels for bf16bridge.kernels.chunked: never torch's .to(bfloat16), whose vectorised
     # path differs on NaNs and, with AVX512-BF16, flushes subnormals
     offers_kernels = True
     kernels_threaded = True  # torch spreads each call over its own threads
@@ -511,10 +514,10 @@ class TorchAdapter(Adapter):
         # the same tensor object held elsewhere (Adapter.kept's reference count), or a new tensor over
         # kept memory: a view, a detach of a parameter (its storage's use count), unless what shares it is
         # only the view's base, an intermediate nothing else holds (_lone_base); once a bridged call
-        counts = _refcounts(outs)
+        counts = cpython.refcounts(outs)
         found = []
         for i, o in enumerate(outs):
-            if counts[i] > _FRESH or (isinstance(o, torch.Tensor) and weakref.getweakrefcount(o)):
+            if counts[i] > cpython.FRESH or (isinstance(o, torch.Tensor) and weakref.getweakrefcount(o)):
                 found.append(i)  # (a weak reference to it: a handle the callee may dereference and write)
             elif isinstance(o, torch.Tensor):
                 try:
@@ -670,7 +673,7 @@ class TorchAdapter(Adapter):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor import DTensor
 
-        from ..convert import convert
+        from bf16bridge.core.convert import convert
 
         mesh, placements = (sharding if isinstance(sharding, tuple) and len(sharding) == 2 else (sharding, None))
         if not isinstance(mesh, DeviceMesh):
@@ -752,7 +755,7 @@ def _cast_floating(tree, dtype):
         return tree
     if type(tree) is tuple and all(isinstance(x, torch.Tensor) for x in tree):
         return tuple(_cast_one(x, dtype) for x in tree)
-    from .. import trees
+    from bf16bridge.trees import walk as trees
 
     return trees.map_leaves(lambda x, path: _cast_one(x, dtype), tree)
 
@@ -919,7 +922,7 @@ class _SecondOrder(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *_):
-        from ..functions import second_order_refused
+        from bf16bridge.functions.call import second_order_refused
 
         raise second_order_refused("torch", ctx.call.fn)
 
@@ -1025,7 +1028,7 @@ def _lone_base(o, outs: list, counts: list[int], shared: int) -> bool:
     base, cpp, py = got
     views = 0
     for x, n in zip(outs, counts):
-        if n == _FRESH and isinstance(x, torch.Tensor) and x._base is base:
+        if n == cpython.FRESH and isinstance(x, torch.Tensor) and x._base is base:
             views += 1
     # each view of the base holds it once in C++, and the storage once (o among them); a weak reference
     # to the base is a handle on it too
@@ -1042,7 +1045,7 @@ def _packed_here(pieces) -> str | None:
     """The packed dtype torch will hold the pieces' values in (fp4 from numpy or jax: x2), if any."""
     if not pieces:
         return None
-    from .. import registry
+    from bf16bridge.core import registry
 
     tensor = pieces[0][2]
     name = registry.get(registry.framework_of(tensor)).shape_dtype(tensor)[1]

@@ -30,7 +30,7 @@ def torch_to_jax(t):
 
 
 def torch_to_tensorflow(t):
-    from .adapters.tensorflow import tf  # imported as the adapter does (its import warning filtered)
+    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
 
     return tf.cast(tf.constant(t.float().numpy()), tf.bfloat16)
 
@@ -49,7 +49,7 @@ def numpy_to_jax(a):
 
 
 def numpy_to_tensorflow(a):
-    from .adapters.tensorflow import tf  # imported as the adapter does (its import warning filtered)
+    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
 
     return tf.constant(a)
 
@@ -67,7 +67,7 @@ def jax_to_torch(j):
 
 
 def jax_to_tensorflow(j):
-    from .adapters.tensorflow import tf  # imported as the adapter does (its import warning filtered)
+    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
 
     np, _ = _np()
     return tf.constant(np.asarray(j))

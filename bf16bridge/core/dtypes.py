@@ -150,7 +150,7 @@ def row(name: str) -> Dtype:
     try:
         return ROWS[name]
     except KeyError:
-        from .errors import UnsupportedDtypeError
+        from bf16bridge.errors import UnsupportedDtypeError
 
         raise UnsupportedDtypeError(f"{name!r} is not a dtype bf16bridge carries; it carries {', '.join(NAMES)}") \
             from None
@@ -213,7 +213,7 @@ def numpy_dtype(name: str) -> np.dtype:
         return dt
     if name not in ROWS:
         return np.dtype(name)  # not a row: numpy's own answer (and its own error)
-    from .errors import UnsupportedDtypeError
+    from bf16bridge.errors import UnsupportedDtypeError
 
     raise UnsupportedDtypeError(
         f"NumPy cannot hold {name} here: {numpy_missing(name)}"

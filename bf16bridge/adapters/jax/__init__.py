@@ -1,0 +1,1 @@
+"""The jax adapter; the registry imports ``convert`` on first use."""

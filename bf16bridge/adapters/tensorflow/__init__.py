@@ -1,0 +1,1 @@
+"""The tensorflow adapter; the registry imports ``convert`` on first use."""

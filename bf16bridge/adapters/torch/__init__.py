@@ -1,0 +1,1 @@
+"""The torch adapter; the registry imports ``convert`` on first use."""

@@ -1,0 +1,1 @@
+"""Trees of tensors: walking them (``walk``) for ``convert_tree``, casting, checkpoints and parity."""
