@@ -21,101 +21,13 @@ from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
 from bf16bridge.kernels import chunked as kernels
 from bf16bridge.core import registry
-from bf16bridge.core.convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn
+from bf16bridge.core.sharding import Layout, bounds
+from bf16bridge.core.convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn, convert
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
 #: which shards ``convert_shards`` returns: every shard this process holds, or one per global index
 Replicas = Literal["all", "one"]
 REPLICAS = ("all", "one")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A mesh sharding as plain data, in no framework's types.
-
-    ``mesh_axes``: the mesh's axis names, major first; ``mesh_shape``: their sizes.
-    ``spec``: for each tensor dimension, the mesh axes it is split over (major first), ``()`` for
-    none: jax's ``PartitionSpec`` with every entry a tuple.
-    ``partial``: mesh axes over which the values are partial sums pending a reduction (a DTensor's
-    ``Partial``, jax's unreduced axes); such a tensor does not cross.
-    ``devices``: the mesh's devices in row-major mesh order, as the source names them
-    (jax: ``"cpu:3"``, ``"gpu:0"``; a DTensor's mesh: ``"rank:1"``).
-    """
-
-    mesh_axes: tuple[str, ...]
-    mesh_shape: tuple[int, ...]
-    spec: tuple[tuple[str, ...], ...]
-    partial: tuple[str, ...] = ()
-    devices: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if len(self.mesh_axes) != len(self.mesh_shape):
-            raise InvalidArgumentError(f"Layout: {len(self.mesh_axes)} mesh axes {self.mesh_axes} but "
-                                       f"{len(self.mesh_shape)} sizes {self.mesh_shape}")
-        used = [a for axes in self.spec for a in axes] + list(self.partial)
-        unknown = sorted(set(used) - set(self.mesh_axes))
-        if unknown:
-            raise InvalidArgumentError(f"Layout: spec {self.spec} names mesh axes {unknown} the mesh "
-                                       f"{self.mesh_axes} does not have")
-        if len(used) != len(set(used)):
-            raise InvalidArgumentError(f"Layout: a mesh axis is used twice in spec {self.spec} "
-                                       f"(partial {self.partial})")
-
-    def splits(self) -> tuple[int, ...]:
-        """How many pieces each tensor dimension is cut into."""
-        size = dict(zip(self.mesh_axes, self.mesh_shape))
-        out = []
-        for axes in self.spec:
-            n = 1
-            for a in axes:
-                n *= size[a]
-            out.append(n)
-        return tuple(out)
-
-    def placements(self) -> tuple[tuple[str, int | None], ...]:
-        """One entry per mesh axis, as a DTensor's placements are: ``("shard", dim)``,
-        ``("replicate", None)`` or ``("partial", None)``.
-
-        A DTensor splits a dimension over several mesh axes in mesh order only (major first);
-        a spec that orders them otherwise (``P(("y", "x"))`` on a mesh ``("x", "y")``) has no
-        such placements and is refused.
-        """
-        order = {a: i for i, a in enumerate(self.mesh_axes)}
-        out: list[tuple[str, int | None]] = [("replicate", None)] * len(self.mesh_axes)
-        for dim, axes in enumerate(self.spec):
-            if [order[a] for a in axes] != sorted(order[a] for a in axes):
-                raise UnsupportedTypeError(
-                    f"dimension {dim} is split over mesh axes {axes} in an order other than the mesh's "
-                    f"{self.mesh_axes}; DTensor's Shard placements split in mesh order only: reorder the "
-                    "partition spec, or reshard first")
-            for a in axes:
-                out[order[a]] = ("shard", dim)
-        for a in self.partial:
-            out[order[a]] = ("partial", None)
-        return tuple(out)
-
-    @classmethod
-    def from_placements(cls, mesh_axes: Sequence[str], mesh_shape: Sequence[int],
-                        placements: Sequence[tuple[str, int | None]], ndim: int,
-                        devices: Sequence[str] = ()) -> Layout:
-        """The layout of DTensor-style placements (one per mesh axis; see ``placements``)."""
-        if len(placements) != len(mesh_axes):
-            raise InvalidArgumentError(f"{len(placements)} placements for a mesh of {len(mesh_axes)} axes: pass one "
-                                       "per mesh axis (Shard(d) or Replicate())")
-        spec: list[list[str]] = [[] for _ in range(ndim)]
-        partial = []
-        for axis, (kind, dim) in zip(mesh_axes, placements):
-            if kind == "shard":
-                if dim is None or not -ndim <= dim < ndim:
-                    raise InvalidArgumentError(f"placement Shard({dim}) on mesh axis {axis!r} of a {ndim}-d tensor: "
-                                               f"shard a dimension from {-ndim} to {ndim - 1}")
-                spec[dim % ndim].append(axis)
-            elif kind == "partial":
-                partial.append(axis)
-            elif kind != "replicate":
-                raise InvalidArgumentError(f"placement kind {kind!r}; choose 'shard', 'replicate' or 'partial'")
-        return cls(tuple(mesh_axes), tuple(mesh_shape), tuple(tuple(s) for s in spec), tuple(partial),
-                   tuple(devices))
 
 
 @dataclass(frozen=True, eq=False)
@@ -296,7 +208,7 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
                         "same tensor (one replica's), or recompute the array so that its replicas agree; "
                         "compare_replicas=False builds it as given, each device with its own shard")
     return hooks.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
-                            on_alias)
+                            on_alias, convert)
 
 
 def _whole(n) -> int | None:
@@ -425,7 +337,7 @@ def _bits(piece: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     element), for comparing bits; and, for a type held one value a byte in fewer bits, the pattern
     each byte holds as ml_dtypes reads it (kernels.byte_codes: jax clears the high bits, numpy need
     not, and ml_dtypes reads them as the sign in fp4 and fp6), else None."""
-    from bf16bridge.core.convert import convert  # convert imports this module's neighbours; late, as the adapters do
+
 
     try:
         a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
@@ -471,22 +383,3 @@ def layout_of(x) -> Layout | None:
     if got is None:
         raise UnsupportedTypeError(f"this {source} {type(x).__name__} is not sharded (it lives on one device)")
     return got[1]
-
-
-def bounds(index: Sequence[slice], shape: Sequence[int]) -> tuple[slice, ...]:
-    """``index`` (slices, as frameworks write them: ``slice(None)`` for a whole dimension) with
-    explicit bounds, so that two spellings of one region compare equal. Adapters use it."""
-    out = []
-    for s, n in zip(index, shape):
-        if s.step is None:  # the usual spellings, without slice.indices (this runs per shard per call)
-            if s.start is None and s.stop is None:
-                out.append(slice(0, n))
-                continue
-            if s.start is not None and s.stop is not None and 0 <= s.start <= s.stop <= n:
-                out.append(s)
-                continue
-        start, stop, step = s.indices(n)
-        if step != 1:
-            raise InvalidArgumentError(f"a shard index with step {step} ({s}); shards are contiguous blocks")
-        out.append(slice(start, max(start, stop)))
-    return tuple(out)

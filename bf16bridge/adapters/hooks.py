@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from bf16bridge.adapters import cpython
+from bf16bridge.errors import UnsupportedTypeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,21 +168,22 @@ class ShardHooks:
 
     def local_shards(self, x):
         """For a sharded tensor of this framework: ``(global shape, layout, pieces)``, with the
-        ``shards.Layout`` (None where the sharding is no mesh) and, for each shard this process
+        ``core.sharding.Layout`` (None where the sharding is no mesh) and, for each shard this process
         holds, ``(index, device, tensor, replica)``: its global index as slices with explicit
-        bounds (``shards.bounds``), its device as a string, the single-device tensor holding it
+        bounds (``core.sharding.bounds``), its device as a string, the single-device tensor holding it
         (no copy), its replica number (0: the first holder of that index). Shape and indices count
         values: a tensor held packed (torch's fp4 x2, two values a byte) says its last dimension in
         values, as its shards cross (unpacked) and as ``assemble`` takes them. None for a tensor
         that is not sharded (the default)."""
         return None
 
-    def assemble(self, shape: tuple, pieces: list, sharding, layout, copy: bool | None, on_alias: str):
+    def assemble(self, shape: tuple, pieces: list, sharding, layout, copy: bool | None, on_alias: str, convert):
         """A sharded tensor of this framework of global ``shape`` from ``pieces`` (``(index,
         device, tensor)``, tensors of any framework; shape and indices in values, as ``local_shards``
         says them), laid out as ``sharding`` (this framework's own
         object) or, when it is None, as ``layout``; each piece taken without a copy where the
-        route allows, refused under ``copy=False`` otherwise. Offered where ``assembles``."""
+        route allows, refused under ``copy=False`` otherwise, each moved by ``convert`` (the core's,
+        passed in: adapters import no feature). Offered where ``assembles``."""
         raise NotImplementedError(f"{self.name} has no sharded tensor type")
 
 
@@ -261,3 +263,15 @@ class KernelHooks:
         size), bit-identical to ml_dtypes: nearest, ties to even, no flush to zero, overflow to
         inf, every NaN to the quiet NaN keeping its sign (0x7FC0 / 0xFFC0). Not offered by default."""
         raise NotImplementedError(f"the {self.name} adapter offers no kernels (offers_kernels is False)")
+
+
+def second_order_refused(caller: str, fn) -> UnsupportedTypeError:
+    """Our error for a gradient of a gradient through a bridged call, raised by the caller
+    adapter's autodiff when it differentiates the backward (the backward runs foreign code its
+    autodiff cannot see: without the refusal the callee's part of the second derivative would be
+    missing, silently)."""
+    return UnsupportedTypeError(
+        f"a gradient of a gradient through the bridged function {getattr(fn, '__qualname__', fn)!r} "
+        f"({caller} differentiating its own backward): bf16bridge does not support higher-order gradients "
+        "across frameworks (the callee's backward runs outside the caller's autodiff); compute the "
+        "second-order part in one framework")

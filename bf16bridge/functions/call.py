@@ -38,7 +38,7 @@ from bf16bridge.core.adapter import Adapter
 from bf16bridge.core.convert import Fallback, _one, plan
 from bf16bridge.errors import (Bf16BridgeError, Bf16BridgeWarning, InputWrittenError, InvalidArgumentError,
                      UnsupportedDtypeError, UnsupportedTypeError)
-from bf16bridge.adapters.hooks import BridgeHooks
+from bf16bridge.adapters.hooks import BridgeHooks, second_order_refused
 
 __all__ = ["bridge", "BridgedFunction", "ForeignCall", "second_order_refused"]
 
@@ -344,18 +344,6 @@ class ForeignCall:
                     f"{dtype} (result leaf {i}), which {self.caller} cannot hold here: {why}. Under a "
                     f"transformation a result's dtype is declared before the function runs, so no fallback "
                     f"applies: return a dtype {self.caller} holds (cast in the function), or call it eagerly")
-
-
-def second_order_refused(caller: str, fn) -> UnsupportedTypeError:
-    """Our error for a gradient of a gradient through a bridged call, raised by the caller
-    adapter's autodiff when it differentiates the backward (the backward runs foreign code its
-    autodiff cannot see: without the refusal the callee's part of the second derivative would be
-    missing, silently)."""
-    return UnsupportedTypeError(
-        f"a gradient of a gradient through the bridged function {getattr(fn, '__qualname__', fn)!r} "
-        f"({caller} differentiating its own backward): bf16bridge does not support higher-order gradients "
-        "across frameworks (the callee's backward runs outside the caller's autodiff); compute the "
-        "second-order part in one framework")
 
 
 class BridgedFunction:

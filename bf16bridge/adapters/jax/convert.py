@@ -24,7 +24,7 @@ from bf16bridge.adapters.trials import cast_matches, float_row, rounds_as_ml_dty
 from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport
 
 # for sharded arrays (bf16bridge.shards)
-from bf16bridge import shards
+from bf16bridge.core import sharding as shards
 from bf16bridge.core import registry
 from bf16bridge.errors import CopyRequiredError, DeviceError, InvalidArgumentError
 
@@ -558,7 +558,7 @@ class JaxAdapter(Adapter, BridgeHooks, CastHooks, KernelHooks, NumericsHooks, Pr
                   for s in x.addressable_shards]
         return shape, layout, pieces
 
-    def assemble(self, shape, pieces, sharding, layout, copy, on_alias):
+    def assemble(self, shape, pieces, sharding, layout, copy, on_alias, convert):
         if sharding is None:
             if layout is None:
                 raise InvalidArgumentError("these shards carry no mesh layout: pass sharding= (a jax Sharding)")
@@ -595,7 +595,7 @@ class JaxAdapter(Adapter, BridgeHooks, CastHooks, KernelHooks, NumericsHooks, Pr
                     f"the sharding puts {_show(index)} on {_device_name(dev)}, but no shard given holds it "
                     f"(they hold {', '.join(sorted({_show(i) for i, _, _ in pieces})) or 'nothing'}); pass the "
                     "shards of this process, or the sharding they came from")
-            arrays.append((dev, index, _onto(got, dev, copy, on_alias, index)))
+            arrays.append((dev, index, _onto(got, dev, copy, on_alias, index, convert)))
         # host buffers go onto their cpu devices in one call (one per shard costs twice as much)
         host = [i for i, (_, _, a) in enumerate(arrays) if isinstance(a, np.ndarray)]
         if host:
@@ -677,7 +677,7 @@ def _foreign_fn(call, leaves, shape_dtype):
 
     @bwd.defjvp
     def bwd_jvp(primals, tangents):
-        from bf16bridge.functions.call import second_order_refused
+        from bf16bridge.adapters.hooks import second_order_refused
 
         raise second_order_refused("jax", call.fn)
 
@@ -962,12 +962,10 @@ def _sharding(layout, shape):
     return jax.sharding.NamedSharding(mesh, spec)
 
 
-def _onto(candidates, dev, copy, on_alias, index):
+def _onto(candidates, dev, copy, on_alias, index, convert):
     """One of ``candidates`` (tensors of one global index, any framework) for ``dev``: a jax array
     there, or, for a cpu device, a host numpy array for ``device_put`` to take (without a copy
     when aligned); CopyRequiredError under copy=False where it must copy."""
-    from bf16bridge.core.convert import convert  # the bridge's own routes (adapters load before convert is needed)
-
     for _, t in candidates:
         if isinstance(t, jax.Array) and t.sharding.device_set == {dev}:
             return jnp.array(t, copy=True) if copy else t  # a copy stays on t's device

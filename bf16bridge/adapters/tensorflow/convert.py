@@ -626,7 +626,7 @@ def _refused_beyond(call, grads: list, inputs) -> list:
     @tf.custom_gradient
     def refuse(*ts):
         def grad(*_):
-            from bf16bridge.functions.call import second_order_refused
+            from bf16bridge.adapters.hooks import second_order_refused
 
             raise second_order_refused("tensorflow", call.fn)
 

@@ -26,7 +26,7 @@ from bf16bridge.adapters.quiet import without_native_lines
 # for sharded tensors (bf16bridge.shards)
 import sys
 
-from bf16bridge import shards
+from bf16bridge.core import sharding as shards
 from bf16bridge.errors import DeviceError, InvalidArgumentError
 
 versions.require("torch", torch.__version__)
@@ -669,11 +669,9 @@ class TorchAdapter(Adapter, BridgeHooks, CastHooks, KernelHooks, NumericsHooks, 
             index = (*index[:-1], slice(index[-1].start * k, index[-1].stop * k))
         return shape, layout, [(index, device, local, _replica(tuple(mesh.shape), kinds, coord))]
 
-    def assemble(self, shape, pieces, sharding, layout, copy, on_alias):
+    def assemble(self, shape, pieces, sharding, layout, copy, on_alias, convert):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor import DTensor
-
-        from bf16bridge.core.convert import convert
 
         mesh, placements = (sharding if isinstance(sharding, tuple) and len(sharding) == 2 else (sharding, None))
         if not isinstance(mesh, DeviceMesh):
@@ -922,7 +920,7 @@ class _SecondOrder(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *_):
-        from bf16bridge.functions.call import second_order_refused
+        from bf16bridge.adapters.hooks import second_order_refused
 
         raise second_order_refused("torch", ctx.call.fn)
 
