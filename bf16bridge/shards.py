@@ -337,8 +337,6 @@ def _bits(piece: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     element), for comparing bits; and, for a type held one value a byte in fewer bits, the pattern
     each byte holds as ml_dtypes reads it (kernels.byte_codes: jax clears the high bits, numpy need
     not, and ml_dtypes reads them as the sign in fp4 and fp6), else None."""
-
-
     try:
         a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
     except Bf16BridgeError as err:
