@@ -32,7 +32,7 @@ NUMPY25_TESTS := $(filter-out $(NUMPY25_SKIP),$(sort $(wildcard tests/test_*.py)
 PY312 ?= $(shell for p in python3.12 $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
 	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: setup setup-legacy setup-oldest setup-numpy25 demo test typecheck test-legacy test-oldest test-numpy25 bench parity-docs dtype-docs matrix clean
+.PHONY: setup setup-legacy setup-oldest setup-numpy25 demo test check typecheck lint-imports test-legacy test-oldest test-numpy25 bench parity-docs dtype-docs matrix clean
 
 setup: $(STAMP)
 
@@ -80,10 +80,16 @@ matrix: setup
 
 # all four frameworks, whatever the caller's environment says (a leftover
 # BF16BRIDGE_TEST_FRAMEWORKS would deselect most of the run)
-test: setup typecheck test-legacy test-oldest test-numpy25
-	BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch,jax,tensorflow $(BIN)/python -m pytest -q
+# the suite runs on every core (pytest-xdist)
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+test: setup typecheck lint-imports test-legacy test-oldest test-numpy25
+	BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch,jax,tensorflow $(BIN)/python -m pytest -q -n $(JOBS)
 
 # the package's types (mypy.ini): the typed API (convert's overloads, Plan) and the code behind it
+# the layers: pyproject.toml's [tool.importlinter] contracts (docs/architecture.md)
+lint-imports: setup
+	$(BIN)/lint-imports
+
 typecheck: setup
 	$(BIN)/mypy
 

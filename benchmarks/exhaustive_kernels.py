@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="", help="comma-separated (default: all but ml_dtypes)")
     ap.add_argument("--chunk-bits", type=int, default=24)
     args = ap.parse_args(argv)
-    from bf16bridge.kernels import chunked as kernels
+    from bf16bridge import kernels
 
     backends = [b for b in args.backends.split(",") if b] or [
         b for b in kernels.backends(importing=True) if b not in ("auto", "ml_dtypes")]

@@ -186,7 +186,7 @@ class _Raw:
 
 
 def _aligned(a):
-    from bf16bridge.adapters.numpy import aligned_empty
+    from bf16bridge.core.memory import aligned_empty
 
     out = aligned_empty(a.shape, np.uint16)
     out[...] = a.view(np.uint16)
@@ -258,10 +258,10 @@ def baseline(caller: str, callee: str, fn):
         # allocates them 16-byte aligned at best, which tensorflow must not take as they are (its first
         # kernel on an unaligned buffer aborts the process: the raw wrapper a user writes there dies so),
         # so there they go through an aligned numpy copy; results go back as numpy
-        from bf16bridge.adapters.jax.convert import _ALIGNED
+        from bf16bridge.adapters.jax.probe import allocates_aligned
 
         from_jax, from_numpy, back = mv[("jax", callee)], mv[("numpy", callee)], mv[(callee, "numpy")]
-        to_c = from_jax if _ALIGNED or callee != "tensorflow" else (lambda x: from_numpy(_aligned(np.asarray(x))))
+        to_c = from_jax if allocates_aligned() or callee != "tensorflow" else (lambda x: from_numpy(_aligned(np.asarray(x))))
         aval = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
 
         def fwd_cb(a, b, c):

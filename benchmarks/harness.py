@@ -17,9 +17,9 @@ import time
 import numpy as np
 
 import bf16bridge as bb
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.core import registry
-from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.memory import aligned_empty
 from bf16bridge.cli.tables import aligned_source
 from bf16bridge.cli.workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 

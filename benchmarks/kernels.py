@@ -20,7 +20,8 @@ import warnings
 
 import numpy as np
 
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
+from bf16bridge.core import dtypes
 
 from .functions import compare
 from .harness import SIZES, held_by_numpy, machine
@@ -49,7 +50,7 @@ def _torch():
 def _sample(n: int, name: str) -> np.ndarray:
     """n float32 values for ``name``: normals scaled to its range, the last sixteenth random bit patterns."""
     rng = np.random.default_rng(3)
-    big = kernels._largest(name)
+    big = dtypes.ROWS[name].largest
     x = rng.standard_normal(n).astype(np.float32) * np.float32(big / 8 if big < 1e6 else 1.0)
     if name in kernels.FORMATS and not kernels.FORMATS[name].signed:
         x = np.abs(x)  # float8_e8m0fnu: no sign

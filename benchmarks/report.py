@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bf16bridge.cli.tables import table
+from bf16bridge.core.text import table
 
 from .harness import SIZES
 
@@ -339,8 +339,8 @@ def function_markdown(fres: dict) -> list[str]:
               "(`Adapter.capsule_exporter`), which skips the device and version questions `torch.from_dlpack(x)` "
               "asks first: there it can beat the raw call. jax -> torch and tensorflow -> torch warn by default "
               "(`Bf16BridgeWarning`: the result is a writable torch tensor over an immutable buffer); the default "
-              "call is timed with that warning filtered out (its cost included: the filter is consulted on the "
-              "first call, and remembered while the filters stay the same), and the call with "
+              "call is timed with that warning filtered out (its cost included: a filter that ignores the "
+              "category everywhere, newest in the list, is read before `warnings.warn` is called), and the call with "
               "`on_alias=\"allow\"` beside it. Target: at most 1.3x raw + 1 us.", "",
               table(["pair", "raw call", "bridge (default)", "ratio", "target met",
                      "on_alias='allow': time, ratio, target", "torch_jax_interop"], cells, "markdown")]

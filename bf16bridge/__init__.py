@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from bf16bridge.core.adapter import Adapter, Handoff, Source
-from bf16bridge.adapters.numpy import aligned_empty
-from bf16bridge.core.convert import convert, convert_tree, plan, plan_tree, to_jax, to_numpy, to_tensorflow, to_torch
+from bf16bridge.core.memory import aligned_empty
+from bf16bridge.core.convert import convert, plan, to_jax, to_numpy, to_tensorflow, to_torch
 from bf16bridge.errors import (
     Bf16BridgeError,
     Bf16BridgeWarning,
@@ -24,12 +24,20 @@ from bf16bridge.errors import (
     FrameworkNotInstalledError,
     InputWrittenError,
     MissingKeyError,
+    PrivateApiError,
     InvalidArgumentError,
     UnknownFrameworkError,
     UnsupportedDtypeError,
     UnsupportedTypeError,
 )
 from bf16bridge.core.registry import framework_of, register_adapter
+from bf16bridge.trees.convert import convert_tree, plan_tree
+
+# fallback='auto' asks the capability probe, imported on the first conversion that needs it
+importlib.import_module("bf16bridge.core.policy").set_auto_policy("bf16bridge.capabilities.probing:auto_policy")
+
+# numpy is the hub: its adapter loads with the package (and registers NumPy 2.5's DLPack dtypes)
+importlib.import_module("bf16bridge.adapters.numpy")
 
 if TYPE_CHECKING:
     from bf16bridge import capabilities, casting, checkpoints, functions, kernels, parity, shards
@@ -74,7 +82,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CheckpointError", "CopyRequiredError", "CopyTooLargeError",
-    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InputWrittenError", "InvalidArgumentError", "MissingKeyError", "Plan", "Source",
+    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InputWrittenError", "InvalidArgumentError", "MissingKeyError", "Plan", "PrivateApiError", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
     "BridgedFunction", "Shard", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_shards",
     "convert_tree", "framework_of", "from_shards", "load", "load_for_target", "open", "plan", "plan_tree", "probe",

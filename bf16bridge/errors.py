@@ -32,6 +32,11 @@ class FrameworkNotInstalledError(Bf16BridgeError, ImportError):
     __init__ = ImportError.__init__  # keeps ImportError's msg / name / path
 
 
+class PrivateApiError(Bf16BridgeError, RuntimeError):
+    """A private API of a framework that bf16bridge relies on is missing from the installed version
+    (docs/adapters.md lists each, what stops working without it, and the versions checked)."""
+
+
 class UnsupportedDtypeError(Bf16BridgeError, TypeError):
     """No route keeps this dtype bit for bit, and no fallback was asked for."""
 

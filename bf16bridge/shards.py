@@ -2,9 +2,9 @@
 shards this process holds, each through the ordinary routes (zero-copy where ``convert`` is), with
 its global shape, each shard's global index, and the sharding as data (``Layout``).
 
-Nothing here names a framework: an adapter walks its own sharded type (``Adapter.local_shards``)
-and builds one from shards (``Adapter.assemble``). Nothing is gathered and no process talks to
-another: each converts the shards it holds (docs/sharding.md says why the result is consistent).
+A framework's shard hooks walk its own sharded type (``ShardHooks.local_shards``) and build one
+from shards (``ShardHooks.assemble``). Nothing is gathered and no process talks to another: each
+converts the shards it holds (docs/sharding.md says why the result is consistent).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import numpy as np
 from bf16bridge.adapters.hooks import ShardHooks
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.core import registry
 from bf16bridge.core.sharding import Layout, bounds
-from bf16bridge.core.convert import _SAYING, Fallback, OnAlias, OnGrad, _check, _one, _warn, convert
+from bf16bridge.core.convert import Fallback, OnAlias, OnGrad, check_keywords, convert
+from bf16bridge.core.warn import gathered, warn
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
 #: which shards ``convert_shards`` returns: every shard this process holds, or one per global index
@@ -103,11 +104,31 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
     if replicas not in REPLICAS:
         raise InvalidArgumentError(f"replicas must be one of {', '.join(map(repr, REPLICAS))}; got {replicas!r}")
     _check_flag(compare_replicas)
-    _check(copy, fallback, False, on_alias, on_grad)
+    check_keywords(copy, fallback, False, on_alias, on_grad)
     source = registry.framework_of(x)
     target = registry.resolve(to)
     if as_dtensor is not None and target != "torch":
         raise InvalidArgumentError(f"as_dtensor makes a torch DTensor: pass to='torch' (got to={to!r})")
+    shape, layout, pieces = _local_shards(x, source, to)
+    if replicas == "one":
+        if compare_replicas:  # the replicas dropped here must hold what the kept one holds
+            _check_replicas(pieces, "Keeping one of them (replicas='one') would hide that: recompute the source "
+                            "array so that its replicas agree (replicas='all' returns each, numbered); "
+                            "compare_replicas=False keeps replica 0 without comparing")
+        pieces = [p for p in pieces if p[3] == 0]
+    out = _convert_pieces(pieces, target, copy, fallback, on_alias, on_grad)
+    # the shards' dtype (a fallback may have widened it); with none here, the source's
+    dtype = registry.get(target).shape_dtype(out[0].tensor)[1] if out else registry.get(source).shape_dtype(x)[1]
+    result = Shards(tuple(out), tuple(shape), dtype, layout, source, target)
+    if as_dtensor is not None:
+        return from_shards(result, "torch", sharding=as_dtensor, copy=copy, on_alias=on_alias,
+                           compare_replicas=compare_replicas)
+    return result
+
+
+def _local_shards(x, source: str, to: str) -> tuple:
+    """(global shape, layout, pieces) of sharded tensor ``x`` (``ShardHooks.local_shards``), or our
+    error for a tensor that is not sharded or holds partial sums."""
     got = registry.hooks(source, ShardHooks).local_shards(x)
     if got is None:
         raise UnsupportedTypeError(
@@ -120,33 +141,23 @@ def convert_shards(x, to: str, *, replicas: Replicas = "all", as_dtensor: Any = 
             f"this {source} tensor holds partial sums over mesh axes {layout.partial} (a Partial placement, "
             "or unreduced axes): its shards are not pieces of one array; reduce first (DTensor: "
             "x.redistribute(placements=[Replicate() or Shard(d) ...]); jax: a reshard that reduces)")
-    if replicas == "one":
-        if compare_replicas:  # the replicas dropped here must hold what the kept one holds
-            _check_replicas(pieces, "Keeping one of them (replicas='one') would hide that: recompute the source "
-                            "array so that its replicas agree (replicas='all' returns each, numbered); "
-                            "compare_replicas=False keeps replica 0 without comparing")
-        pieces = [p for p in pieces if p[3] == 0]
+    return shape, layout, pieces
+
+
+def _convert_pieces(pieces, target: str, copy, fallback, on_alias, on_grad) -> list[Shard]:
+    """Each piece's tensor moved to ``target`` as ``convert`` moves it; what every shard would
+    warn is said once, with the number of shards."""
     out: list[Shard] = []
-    pending: dict = {}
-    token = _SAYING.set(pending)  # what every shard would warn, said once
-    try:
+    with gathered() as pending:
         for index, device, tensor, replica in pieces:
             try:
-                y = _one(tensor, target, copy, fallback, False, on_alias, on_grad)
+                y = convert(tensor, target, copy=copy, fallback=fallback, on_alias=on_alias, on_grad=on_grad)
             except Bf16BridgeError as err:
                 raise type(err)(f"the shard {_show(index)} on {device}: {err}") from err
             out.append(Shard(index, device, y, replica))
-    finally:
-        _SAYING.reset(token)
     for message, n in pending.items():
-        _warn(f"{n} shard{'' if n == 1 else 's'}: {message}")
-    # the shards' dtype (a fallback may have widened it); with none here, the source's
-    dtype = registry.get(target).shape_dtype(out[0].tensor)[1] if out else registry.get(source).shape_dtype(x)[1]
-    result = Shards(tuple(out), tuple(shape), dtype, layout, source, target)
-    if as_dtensor is not None:
-        return from_shards(result, "torch", sharding=as_dtensor, copy=copy, on_alias=on_alias,
-                           compare_replicas=compare_replicas)
-    return result
+        warn(f"{n} shard{'' if n == 1 else 's'}: {message}")
+    return out
 
 
 @plain_python
@@ -171,9 +182,24 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
     A layout with partial sums (``Layout.partial``) is refused: its shards are not pieces of one array.
     """
     _check_flag(compare_replicas)
-    _check(copy, "error", False, on_alias, "warn")
+    check_keywords(copy, "error", False, on_alias, "warn")
     target = registry.resolve(to)
-    adapter = registry.get(target)
+    registry.get(target)  # (an unknown or missing framework: the registry's error, before the shards')
+    layout, pieces, dtype, whole = _given(shards, shape)
+    hooks = _assembler(target, layout)
+    _check_pieces(pieces, whole, dtype)
+    if compare_replicas:
+        _check_replicas([(p.index, p.device, p.tensor, p.replica) for p in pieces],
+                        "A sharded array holds one value for each element: give every device of that index the "
+                        "same tensor (one replica's), or recompute the array so that its replicas agree; "
+                        "compare_replicas=False builds it as given, each device with its own shard")
+    return hooks.assemble(whole, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
+                          on_alias, convert)
+
+
+def _given(shards, shape) -> tuple[Layout | None, list[Shard], str | None, tuple[int, ...]]:
+    """(layout, pieces, dtype, global shape) of what ``from_shards`` was given, each shard's index
+    checked; the shape, where not given, read from the largest index bounds."""
     dtype = None
     if isinstance(shards, Shards):
         layout, pieces, dtype = shards.layout, list(shards.shards), shards.dtype
@@ -189,7 +215,12 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
         if not pieces:
             raise InvalidArgumentError("from_shards: no shards, and no shape= to say what they make")
         shape = tuple(max(p.index[d].stop for p in pieces) for d in range(len(pieces[0].index)))
-    shape = _check_shape(shape)
+    return layout, pieces, dtype, _check_shape(shape)
+
+
+def _assembler(target: str, layout: Layout | None) -> ShardHooks:
+    """The shard hooks of ``target`` that build its sharded type, or our error: it has none, or the
+    layout holds partial sums."""
     hooks = registry.hooks(target, ShardHooks)
     if not hooks.assembles:
         raise UnsupportedTypeError(
@@ -201,14 +232,7 @@ def from_shards(shards: Shards | Iterable[Shard], to: str, *, sharding: Any = No
             f"these shards hold partial sums over mesh axes {layout.partial} (their layout says so): they are not "
             "pieces of one array, and building them as replicas would be wrong; reduce first (DTensor: "
             "x.redistribute(placements=[Replicate() or Shard(d) ...])), or give a Layout without partial axes")
-    _check_pieces(pieces, shape, dtype)
-    if compare_replicas:
-        _check_replicas([(p.index, p.device, p.tensor, p.replica) for p in pieces],
-                        "A sharded array holds one value for each element: give every device of that index the "
-                        "same tensor (one replica's), or recompute the array so that its replicas agree; "
-                        "compare_replicas=False builds it as given, each device with its own shard")
-    return hooks.assemble(shape, [(p.index, p.device, p.tensor) for p in pieces], sharding, layout, copy,
-                            on_alias, convert)
+    return hooks
 
 
 def _whole(n) -> int | None:
@@ -258,7 +282,7 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
         except Bf16BridgeError as err:
             raise type(err)(f"{where}: {err}") from err
         want = tuple(s.stop - s.start for s in p.index)
-        got_shape, got_dtype = dtypes.in_values(got_shape, got_dtype)  # torch's packed fp4: two values a byte
+        got_shape, got_dtype = dtypes.in_values(got_shape, got_dtype)  # a packed type (two values a byte) in values
         if tuple(got_shape) != want:
             raise InvalidArgumentError(
                 f"{where} holds a tensor of shape {tuple(got_shape)}; its index spans {want}: give each shard "
@@ -272,7 +296,7 @@ def _check_pieces(pieces: list[Shard], shape: tuple[int, ...], dtype: str | None
 
 
 def _check_flag(compare_replicas) -> None:
-    # None or 0 read as False skipped the comparison without a word (review)
+    # True or False only: a None or 0 must not skip the comparison silently
     if compare_replicas is not True and compare_replicas is not False:
         raise InvalidArgumentError(f"compare_replicas must be True or False; got {compare_replicas!r}")
 
@@ -297,7 +321,7 @@ def _check_replicas(pieces: Sequence[tuple], way_out: str) -> None:
             if ref_bits is None:
                 ref_bits, codes = _bits(ref)
             other = _bits(p)[0]
-            if _same_view(ref_bits, other):  # host memory both views alias (jax replicas put from one buffer)
+            if _same_view(ref_bits, other):  # host memory both views alias (replicas put from one buffer)
                 continue
             at = _first_difference(ref_bits, other, codes)
             if at is not None:
@@ -335,8 +359,8 @@ def _bits(piece: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     """A tensor's elements through numpy (zero-copy from host memory; torch's packed fp4 one value
     a byte) as unsigned integers of their width (bytes on a last axis of their own for a wider
     element), for comparing bits; and, for a type held one value a byte in fewer bits, the pattern
-    each byte holds as ml_dtypes reads it (kernels.byte_codes: jax clears the high bits, numpy need
-    not, and ml_dtypes reads them as the sign in fp4 and fp6), else None."""
+    each byte holds as ml_dtypes reads it (kernels.byte_codes: the unused high bits may differ between
+    holders, and ml_dtypes reads them as the sign in fp4 and fp6), else None."""
     try:
         a = np.asarray(convert(piece[2], "numpy", on_alias="allow", on_grad="drop"))
     except Bf16BridgeError as err:

@@ -14,7 +14,7 @@ import torch
 
 import bf16bridge as bb
 from bf16bridge.core import dtypes
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 
 
 def test_the_environment_is_the_one_we_mean():

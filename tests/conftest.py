@@ -4,7 +4,9 @@ bf16bridge's), so the tests check the bridge against the frameworks."""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import os
 import sys
 
@@ -156,6 +158,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "libraries(*names): the tree libraries a test needs (deselected where "
         "BF16BRIDGE_TEST_LIBRARIES leaves one out)")
+    config.addinivalue_line(
+        "markers", "subprocess: the test starts a Python process (set by reading its source; `make check` "
+        "leaves these out)")
 
 
 def by_first_word(values):
@@ -179,7 +184,36 @@ def needs(item) -> set[str]:
     return out
 
 
+#: what a function's source says when it starts a Python process
+_STARTS_A_PROCESS = ("subprocess", "sys.executable")
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+@functools.cache
+def _process_helpers(module) -> tuple[str, ...]:
+    """The module's own functions that start a process (``_run(code)``, ``dry_run()``)."""
+    return tuple(name for name, obj in vars(module).items()
+                 if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("test_")
+                 and any(w in _source(obj) for w in _STARTS_A_PROCESS))
+
+
+def _starts_a_process(fn) -> bool:
+    source = _source(fn)
+    helpers = _process_helpers(sys.modules[fn.__module__]) if fn.__module__ in sys.modules else ()
+    return any(w in source for w in _STARTS_A_PROCESS) or any(f"{h}(" in source for h in helpers)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is not None and _starts_a_process(fn):
+            item.add_marker(pytest.mark.subprocess)
     keep, drop = [], []
     for item in items:  # every run reads every mark: a misspelt framework fails in the full run too
         (drop if needs(item) & {*EXCLUDED, *EXCLUDED_LIBRARIES} else keep).append(item)

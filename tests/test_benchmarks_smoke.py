@@ -25,7 +25,7 @@ def _copying_importers() -> list[str]:
 
 def _import_copies(name: str) -> bool:
     """Whether the adapter's hand-off from numpy copies a buffer 16 bytes past a 64-byte boundary."""
-    from bf16bridge.adapters.numpy import aligned_empty
+    from bf16bridge.core.memory import aligned_empty
 
     imp = next(h for h in registry.get(name).handoffs() if (h.src, h.dst) == (registry.HUB, name))
     x = aligned_empty((4096 + 64,), "uint8")[16:16 + 4096]
@@ -112,7 +112,7 @@ def _check_kernels(kr: dict, doc: str) -> None:
     import torch
 
     from benchmarks import kernels
-    from bf16bridge.kernels.chunked import FORMATS
+    from bf16bridge.kernels import FORMATS
 
     assert kr["mode"] == "quick" and kr["sizes"] == ["1 KiB", "1 MiB"]
     floats = [n for n, f in FORMATS.items() if not f.integer]

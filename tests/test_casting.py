@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import bf16bridge as bb
 from bf16bridge.core import dtypes
 import strategies  # also loads the derandomized hypothesis profile
-from bf16bridge.casting.cast import DEFAULT_POLICY, Rule
+from bf16bridge.casting import DEFAULT_POLICY, Rule
 from conftest import BF16, FRAMEWORKS, PRESENT, bits, dtype_name, fw, make
 
 # -- rounding, in each framework ----------------------------------------------------------------
@@ -154,11 +154,11 @@ def test_tensorflow_casts_in_numpy_keep_the_gradient(in_graph):
     eagerly and inside a tf.function (under a tape too). There it runs on tensorflow's threads,
     which flush subnormals for numpy as well (a numpy_function gave tf.cast's zeros): they are kept
     for the cast (fpenv). Under jit_compile it cannot leave the compiled graph: our error."""
-    from bf16bridge.adapters.tensorflow import convert as tf_adapter
+    from bf16bridge.adapters.tensorflow import probe as tf_probe
 
     import tensorflow as tf
 
-    assert not tf_adapter._rounds_as_ml_dtypes("float32", "float64")  # (else this tests nothing)
+    assert not tf_probe.rounds_as_ml_dtypes("float32", "float64")  # (else this tests nothing)
     a = np.array([1e-39, -3e-39, 1.5, 2.0], np.float32)
     want = bits(a.astype(np.float64))
     v = tf.Variable(a)
@@ -608,9 +608,9 @@ def test_numpy_dtype_objects_are_taken():
 
 
 @pytest.mark.parametrize("kwargs, says", [
-    ({"keep": [3]}, "neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),
-    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),  # was Python's TypeError
-    ({"policy": 3.5}, "3.5 is neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),
+    ({"keep": [3]}, "neither a pattern (str) nor a bf16bridge.casting.Rule"),
+    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.Rule"),  # was Python's TypeError
+    ({"policy": 3.5}, "3.5 is neither a pattern (str) nor a bf16bridge.casting.Rule"),
     ({"keep": ["("]}, "is not a regular expression"),
     ({"keep_head": "yes"}, "keep_head must be True or False"),
     ({"keep_dtype": "int8"}, "int8 is not a floating dtype"),
@@ -897,7 +897,7 @@ def test_keep_head_on_a_flat_weight_list_keeps_the_last_kernel_and_its_bias():
     ({"keep_types": "Batch["}, "'Batch[' is not a regular expression"),
     ({"keep_dtype": None}, "keep_dtype=None (kept leaves left as they are) is cast_tree's"),
     ({"keep_types": 3}, "keep_types: 3 is not a class"),  # was Python's TypeError (int not iterable)
-    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.cast.Rule"),
+    ({"keep": 3}, "3 is neither a pattern (str) nor a bf16bridge.casting.Rule"),
 ])
 def test_cast_module_bad_arguments_raise_ours(kwargs, says):
     torch = fw("torch")
@@ -1351,14 +1351,14 @@ def test_cast_tree_under_jit_gives_ml_dtypes_bits_or_says_why_it_cannot():
     import jax
     import jax.numpy as jnp
 
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import probe as jax_probe
 
     a = np.array([1e-39, 1.5, -3e-39, 2.0], np.float32)
     want = a.astype(ml_dtypes.bfloat16).view(np.uint16)
     outside = bb.cast_tree({"w": jnp.asarray(a)}, "bfloat16")[0]["w"]
     np.testing.assert_array_equal(np.asarray(outside).view(np.uint16), want)
     traced = jax.jit(lambda x: bb.cast_tree({"w": x}, "bfloat16")[0]["w"])
-    if jax_adapter._host_cast(np.dtype(np.float32), "bfloat16"):
+    if jax_probe.host_cast(np.dtype(np.float32), "bfloat16"):
         with pytest.raises(bb.UnsupportedTypeError, match="cast outside the traced function, or upgrade jax"):
             traced(jnp.asarray(a))
     else:

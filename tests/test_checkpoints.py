@@ -1216,7 +1216,7 @@ _SHARDED = textwrap.dedent("""
         assert "compare_replicas" not in str(err), err
     else:
         raise AssertionError("replicas that disagree were saved")
-    bbconvert = sys.modules["bf16bridge.core.convert"]  # the module (bb.convert is the function)
+    bbconvert = sys.modules["bf16bridge.shards"]  # the module whose convert reads each replica
     real_convert = bbconvert.convert
     def unreadable(x, to, **kw):
         raise bb.DeviceError("numpy cannot reach this device (a test's stand-in)")

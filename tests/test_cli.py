@@ -439,7 +439,7 @@ def test_matrix_dtype_with_a_registered_framework_not_installed_refuses_its_pair
     finally:
         spec = registry._SPECS.pop("ghostfw")
         registry._LOADED.pop(spec.name, None)
-        registry._TYPE_CACHE.clear()
+        registry.TENSOR_TYPES.clear()
     ghost = [r for r in rows if "ghostfw" in (r["source"], r["target"])]
     assert len(ghost) == 8 and all(r["refused"] and "pip install 'bf16bridge[ghostfw]'" in r["reason"] for r in ghost)
     assert any(r["result"] == "zero-copy" for r in rows if r not in ghost)

@@ -135,7 +135,7 @@ def test_a_large_unaligned_copy_lands_at_its_sources_page_offset(target, offset)
     non-temporal stores) ran about 1.4x slower whenever the destination's offset in its 4 KiB page
     is more than 64 bytes past the source's (numpy's allocations sit 16 bytes into a page, the copy
     at 64; docs/routes.md). The copy now starts at the source's page offset, rounded up to 64."""
-    from bf16bridge.adapters.numpy import PAGE_MATCH_FROM
+    from bf16bridge.core.memory import PAGE_MATCH_FROM
 
     x = _at_page_offset(PAGE_MATCH_FROM + 4096, offset)
     y = bb.convert(x, target)
@@ -147,7 +147,7 @@ def test_a_large_unaligned_copy_lands_at_its_sources_page_offset(target, offset)
 def test_a_small_copy_keeps_its_small_slack():
     """Below PAGE_MATCH_FROM the copy is only 64-byte aligned: the extra 4 KiB a page offset needs
     would cost more memory than the copy saves time (no difference measured there)."""
-    from bf16bridge.adapters.numpy import PAGE_MATCH_FROM
+    from bf16bridge.core.memory import PAGE_MATCH_FROM
 
     x = _at_page_offset(PAGE_MATCH_FROM - 2, 16)
     y = bb.convert(x, "numpy", copy=True)
@@ -168,7 +168,7 @@ def test_a_large_torch_copy_faults_no_more_pages_than_np_copy(layout):
 
     import torch
 
-    from bf16bridge.adapters.numpy import FRESH_MEMORY_FROM
+    from bf16bridge.core.memory import FRESH_MEMORY_FROM
 
     side = int((FRESH_MEMORY_FROM // 2) ** 0.5) + 1
     a = np.arange(side * side, dtype=np.uint16).reshape(side, side)

@@ -24,7 +24,7 @@ from conftest import EXCLUDED, FRAMEWORKS, bits, dtype_name, fw, make, ptr, type
 from strategies import NUMPY_LACKS, lacks, needs_newer_ml_dtypes, numpy_holds
 
 #: the rows beyond numpy's own dtypes and bf16 (tests/test_bits.py has bf16's 65,536 patterns)
-NARROW = [d for d in dtypes.NARROW_DTYPES if d not in dtypes.PACKED]
+FORMAT_NAMES = list(dtypes.FORMATS)  # the low-precision rows one value a byte
 
 
 def _holds(framework: str, dtype: str) -> bool:
@@ -192,7 +192,7 @@ def test_dlpack_codes_match_what_the_frameworks_export(framework):
         sorted(known - set(got)))
 
 
-@pytest.mark.parametrize("dtype", [d for d in NARROW if dtypes.ROWS[d].bits < 8 * dtypes.ROWS[d].itemsize])
+@pytest.mark.parametrize("dtype", [d for d in FORMAT_NAMES if dtypes.ROWS[d].bits < 8 * dtypes.ROWS[d].itemsize])
 def test_the_pages_bit_exact_column_sees_a_padding_change(dtype):
     """docs/dtypes.md's bit-exact compares every byte, as these tests do: a route that set a padded
     row's padding bits (the value's own bits unchanged) would not be called bit-exact."""
@@ -227,10 +227,10 @@ def _jax_holds_float6() -> bool:
 #: the issue's findings for torch 2.13, jax 0.10 (0.11: fp6 too), tf 2.21 with ml_dtypes 0.6 (checked
 #: here by trying); HELD below is what of it this environment's libraries have
 NEWEST_HELD = {
-    "numpy": set(NARROW),
+    "numpy": set(FORMAT_NAMES),
     "torch": {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
               "int4", "uint4", "int2", "uint2", "float4_e2m1fn_x2"},
-    "jax": set(NARROW) - (set() if _jax_holds_float6() else {"float6_e2m3fn", "float6_e3m2fn"}),
+    "jax": set(FORMAT_NAMES) - (set() if _jax_holds_float6() else {"float6_e2m3fn", "float6_e3m2fn"}),
     "tensorflow": {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
                    "float4_e2m1fn", "int4", "uint4", "int2", "uint2"},
 }
@@ -265,9 +265,9 @@ HELD = {f: {d for d in held if _here(f, d)} for f, held in NEWEST_HELD.items()}
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_what_each_framework_holds(framework):
     a = registry.get(framework)
-    held = {d for d in dtypes.NARROW_DTYPES if a.holds(d)}
+    held = {d for d in dtypes.LOW_PRECISION if a.holds(d)}
     assert held == HELD[framework]
-    for d in set(dtypes.NARROW_DTYPES) - held:
+    for d in set(dtypes.LOW_PRECISION) - held:
         why = a.cannot_hold(d)
         assert why and d in why, (framework, d, why)
         if d in NEWEST_HELD[framework] and not numpy_holds(d):  # the way out: the ml_dtypes that has it
@@ -276,7 +276,7 @@ def test_what_each_framework_holds(framework):
 
 # -- every bit pattern, every pair ----------------------------------------------------
 
-PAIR_CASES = [(d, s, t) for d in NARROW for s in FRAMEWORKS for t in FRAMEWORKS
+PAIR_CASES = [(d, s, t) for d in FORMAT_NAMES for s in FRAMEWORKS for t in FRAMEWORKS
               if s != t and d in HELD[s] and d in HELD[t]]
 
 
@@ -300,7 +300,7 @@ def test_every_pattern_crosses_unchanged(dtype, source, target):
         assert ptr(y) == ptr(x), p
 
 
-PADDED = [d for d in NARROW if dtypes.ROWS[d].bits < 8 * dtypes.ROWS[d].itemsize and numpy_holds(d)]
+PADDED = [d for d in FORMAT_NAMES if dtypes.ROWS[d].bits < 8 * dtypes.ROWS[d].itemsize and numpy_holds(d)]
 
 
 @pytest.mark.parametrize("dtype,target", [(d, t) for d in PADDED for t in FRAMEWORKS if t != "numpy"
@@ -397,7 +397,7 @@ def test_tensorflow_copies_say_why(dtype, source):
 # -- fallbacks --------------------------------------------------------------------------
 
 #: (ml_dtypes' astype is the reference: the rows this ml_dtypes lacks are test_a_row_numpy_lacks_here's)
-FALLBACK_CASES = [(d, s, t) for d in NARROW for s in FRAMEWORKS for t in FRAMEWORKS if s != t and d in HELD[s]
+FALLBACK_CASES = [(d, s, t) for d in FORMAT_NAMES for s in FRAMEWORKS for t in FRAMEWORKS if s != t and d in HELD[s]
                   and d not in HELD[t] and dtypes.UNPACKED.get(d) not in HELD[t] and numpy_holds(d)]
 
 
@@ -668,11 +668,11 @@ def test_tensorflow_copy_kernel_trial_prints_nothing(capfd):
     """Asking whether tensorflow's DeepCopy takes a narrow row runs it once; its refusal is
     logged natively (W0000 ... Unsupported data type: ...), and the adapter keeps those lines off
     the process's stderr."""
-    from bf16bridge.adapters.tensorflow import convert as tfa
+    from bf16bridge.adapters.tensorflow import probe as tfa
 
-    held = sorted(d for d in NARROW if _holds("tensorflow", d))
+    held = sorted(d for d in FORMAT_NAMES if _holds("tensorflow", d))
     assert held
-    tfa._copy_kernel.cache_clear()
+    tfa.copy_kernel.cache_clear()
     capfd.readouterr()
     answers = {d: registry.get("tensorflow").can_copy(d) for d in held}
     err = capfd.readouterr().err

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
+from bf16bridge.core import registry
 from conftest import BF16, FRAMEWORKS, bits, make, type_framework
 
 AUTODIFF = ("torch", "jax", "tensorflow")
@@ -215,10 +216,10 @@ def test_jax_callbacks_on_the_cpu_run_in_buffer_callback():
     import jax
 
     from bf16bridge.core import versions
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import internals as jax_internals
 
-    assert jax_adapter.BUFFER_CALLBACK is (versions.release(jax.__version__) >= (0, 8, 1))
-    uses = jax_adapter.BUFFER_CALLBACK and len(jax.devices("cpu")) == 1
+    assert jax_internals.BUFFER_CALLBACK is (versions.release(jax.__version__) >= (0, 8, 1))
+    uses = jax_internals.BUFFER_CALLBACK and len(jax.devices("cpu")) == 1
     assert bb.probe().frameworks["jax"].facts["buffer_callback"][0] is uses
     w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
     W, X, C = (make("jax", v) for v in (w, x, ct))
@@ -235,10 +236,10 @@ def test_jax_callbacks_on_the_cpu_run_in_buffer_callback():
 def jax_callback(request, monkeypatch):
     """Each path a traced jax caller's callee can take here: buffer_callback where this jax has it
     (else the test is the pure_callback one again, as the oldest set runs it), pure_callback forced."""
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import probe as jax_probe
 
     if request.param == "pure_callback":
-        monkeypatch.setattr(jax_adapter, "_buffers_here", lambda platform: False)
+        monkeypatch.setattr(jax_probe, "buffers_here", lambda platform: False)
     return request.param
 
 
@@ -281,16 +282,16 @@ def test_types_jax_stores_packed_cross_a_traced_call_as_values(name, jax_callbac
 
     from bf16bridge.core import dtypes
 
-    why = bb.registry.get("jax").cannot_hold(name) or dtypes.numpy_missing(name)
+    why = registry.get("jax").cannot_hold(name) or dtypes.numpy_missing(name)
     if why is not None:  # (not this jax's or ml_dtypes': our error for the call, checked elsewhere)
         return
     values = dtypes.all_patterns(name)[:16].view(dtypes.numpy_dtype(name))
     a = np.resize(values, (3, 5))
     x = jax.device_put(a)
     flip = bb.bridge("numpy")(lambda y: y[::-1])  # (torch has hardly an op for these types)
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import probe as jax_probe
 
-    if not jax_adapter._callback_takes_packed():  # jax 0.4.30: XLA refused them in a callback, its raw error
+    if not jax_probe.callback_takes_packed():  # jax 0.4.30: XLA refused them in a callback, its raw error
         with pytest.raises(bb.UnsupportedDtypeError, match=f"takes or gives {name} under a jax transformation"):
             jax.jit(flip)(x)
         return
@@ -349,9 +350,9 @@ def test_over_several_cpu_devices_a_traced_call_runs_the_callee_once():
     assert r.returncode == 0, r.stderr[-3000:]
     first, again, devices, uses, why = r.stdout.split(" ", 4)
     assert devices == "4" and again == "1", r.stdout  # once a call (the first also declares its results)
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import internals as jax_internals
 
-    reason = "4 CPU devices" if jax_adapter.BUFFER_CALLBACK else "jax 0.4.30 has no buffer_callback"
+    reason = "4 CPU devices" if jax_internals.BUFFER_CALLBACK else "jax 0.4.30 has no buffer_callback"
     assert int(first) == 2 and uses == "False" and why.startswith(reason), r.stdout
 
 
@@ -876,12 +877,12 @@ def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_comp
     # torch after the first bridged call must make torch's hook (torch.compile) count
     code = textwrap.dedent("""
         import numpy as np, bf16bridge as bb
-        from bf16bridge.functions import call as functions
+        from bf16bridge.functions import bridged as functions
         fn = bb.bridge("numpy")(lambda x: x)
         fn(np.ones(2, np.float32))
-        before = [a.name for a in functions._compilers()]
+        before = [a.name for a in functions.compilers()]
         import torch
-        print(before, [a.name for a in functions._compilers()])
+        print(before, [a.name for a in functions.compilers()])
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] ['torch']"

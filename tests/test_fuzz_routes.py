@@ -4,8 +4,8 @@ every framework pair and the input layouts that broke something once or might.
 test_properties.py holds the properties for bf16 and numpy's own dtypes; this file aims at
 what was built later and in one go: the narrow rows (fp8 x8, fp6 x2, fp4 and torch's packed
 float4_e2m1fn_x2, the sub-byte ints), the capsule hand-over between frameworks, the hot
-path's cache of zero-copy plans (``convert._FAST``: keyed per input type, then on
-``Adapter.fast_key``) and convert_tree's per-leaf-type use of it, and the remembered warnings.
+path's cache of zero-copy plans (``fastpath.CACHE``: keyed per input type, then on
+``Adapter.fast_key``) and convert_tree's per-leaf-type use of it, and where the warnings point.
 
 One oracle judges every call (``check``): the result holds the input's values bit for bit in
 the dtype ``plan()`` named (or the exact widening, the raw carrier, the packed or unpacked
@@ -42,19 +42,17 @@ from hypothesis import strategies as st
 
 import bf16bridge as bb
 from bf16bridge.core import dtypes as bbd
-from bf16bridge.core import registry
+from bf16bridge.core import fastpath, registry
+from bf16bridge.core import warn as bb_warn
 from conftest import PRESENT, fw, ptr, type_framework
 from strategies import (ALIGN, Outcome, aligned_raw, attempt, bridge_warnings, lacks, numpy_holds, readonly_memory,
                         writable)
-
-#: the module (``bf16bridge.core.convert`` is the function of that name)
-bb_convert = sys.modules["bf16bridge.core.convert"]
 
 #: every row of the table numpy holds here; the narrow ones drawn most (inputs are made, and results
 #: read, through numpy's dtype of the row: an ml_dtypes without a row, 0.3.1's fp6/fp4/int2/e8m0...,
 #: leaves it out, and test_dtypes.py asserts our error naming the ml_dtypes that has it)
 ROWS = tuple(d for d in bbd.NAMES if numpy_holds(d))
-NARROW = bbd.NARROW_DTYPES
+LOW_PRECISION = bbd.LOW_PRECISION
 
 
 #: every framework's adapter, loaded before any example is drawn (what each holds decides the
@@ -298,7 +296,7 @@ def expected(x_vals: np.ndarray, din: str, dout: str) -> np.ndarray:
     if bbd.UNPACKED.get(din) == dout:  # one a byte -> packed
         u = _low_bits(x_vals, din)
         return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
-    if bbd.NARROW.get(din) == dout:
+    if bbd.INT32_OF.get(din) == dout:
         return x_vals.astype(dout).view(f"u{np.dtype(dout).itemsize}")
     src = x_vals
     if row.packing > 1:
@@ -431,7 +429,7 @@ def judge(x, x_vals, p, out, to, kw, warned=None):
     elif fallback == "float32":
         allowed |= {"float32"} & set(row.widenings or bbd.ROWS[row.unpacked or din].widenings)
     elif fallback == "auto":
-        allowed |= {row.carrier, bbd.NARROW.get(din), *row.widenings, *(bbd.ROWS[row.unpacked].widenings if row.unpacked else ())}
+        allowed |= {row.carrier, bbd.INT32_OF.get(din), *row.widenings, *(bbd.ROWS[row.unpacked].widenings if row.unpacked else ())}
     assert dout in allowed, f"{where}: {din} arrived as {dout}, which fallback={fallback!r} does not allow"
     assert dout == din or plan.decision, f"{where}: {din} arrived as {dout} and plan() says no why"
     assert tuple(y.shape) == tuple(plan.result_shape), f"{where}: plan said shape {plan.result_shape}, got {tuple(y.shape)}"
@@ -475,7 +473,7 @@ def specs(draw, frameworks=PRESENT, rows=None, kinds=True):
     pool = [d for d in pool if held(framework, d)]
     if framework == "jax":
         pool = [d for d in pool if d not in ("int64", "uint64", "float64", "complex128")]
-    narrow = [d for d in pool if d in NARROW]
+    narrow = [d for d in pool if d in LOW_PRECISION]
     if not pool:
         pool = ["bfloat16"]
     dtype = draw(st.sampled_from(narrow * 3 + pool if narrow else pool))
@@ -535,13 +533,13 @@ def test_every_row_every_pair_every_layout(spec, to, copy, fallback, compute):
 
 def _fresh(fn):
     """``fn()`` with convert's cache of zero-copy plans emptied first and restored after."""
-    saved = dict(bb_convert._FAST)
-    bb_convert._FAST.clear()
+    saved = dict(fastpath.CACHE)
+    fastpath.clear()
     try:
         return fn()
     finally:
-        bb_convert._FAST.clear()
-        bb_convert._FAST.update(saved)
+        fastpath.clear()
+        fastpath.CACHE.update(saved)
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_SEQUENCES", 60)))
@@ -554,7 +552,7 @@ def test_cached_plans_answer_as_a_fresh_plan_does(framework, data, to, copy, fal
                     label="sequence")
     jax = fw("jax")
     was = jax.config.jax_enable_x64
-    bb_convert._FAST.clear()
+    fastpath.clear()
     try:
         for spec, x64 in seq:
             jax.config.update("jax_enable_x64", x64)
@@ -661,7 +659,7 @@ def test_tensorflow_storage_only_rows_to_jax_plan_their_copies():
         check(Spec("tensorflow", dtype, (n,), seed=n).build(), "jax")
 
 
-# -- the remembered warnings, against warnings.warn itself ---------------------------------------
+# -- our warnings, against warnings.warn itself -----------------------------------------------------
 
 _SITE = """
 import bf16bridge as bb
@@ -689,11 +687,11 @@ def _sites(n: int) -> list:
     return out
 
 
-def _plain_warn(message: str) -> None:
-    """convert._warn as warnings.warn alone would do it: pointed at the first frame outside the
-    package, nothing remembered."""
+def _plain_warn(message: str, above: int = 1) -> None:
+    """core.warn.warn as warnings.warn does it from the first frame outside the package, found by
+    walking every frame up from the caller (no hint of where to start)."""
     level, f = 2, sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(bb_convert._PACKAGE_DIR):
+    while f is not None and f.f_code.co_filename.startswith(bb_warn.PACKAGE_DIR):
         level, f = level + 1, f.f_back
     warnings.warn(message, bb.Bf16BridgeWarning, stacklevel=level)
 
@@ -707,10 +705,10 @@ _steps = st.one_of(
 
 
 def _replay(steps, inputs, warn) -> list:
-    """What the user is shown along ``steps`` with ``warn`` as convert._warn."""
+    """What the user is shown along ``steps`` with ``warn`` as core.warn.warn."""
     shown: list = []
-    saved = bb_convert._warn
-    bb_convert._warn = warn
+    saved = bb_warn.warn
+    bb_warn.warn = warn
     try:
         with warnings.catch_warnings():
             warnings.resetwarnings()
@@ -721,12 +719,8 @@ def _replay(steps, inputs, warn) -> list:
             for step in steps:
                 if step[0] == "filter":
                     _, action, module = step
-                    first = warnings.filters[0] if warnings.filters else None
                     kw = {} if module is None else {"module": f"fuzzsite{module}$"}
                     warnings.filterwarnings(action, category=bb.Bf16BridgeWarning, **kw)
-                    if warnings.filters[0] == first:
-                        # re-adding the filter already first: a documented difference (convert._warn)
-                        return []
                 elif step[0] == "call":
                     _, fn, k, which = step
                     x = inputs[which]
@@ -737,11 +731,11 @@ def _replay(steps, inputs, warn) -> list:
                 else:
                     sites[step[1]].__dict__.get("__warningregistry__", {}).clear()
     finally:
-        bb_convert._warn = saved
+        bb_warn.warn = saved
     return shown
 
 
-#: sequences the fuzzing found wrong once
+#: sequences the fuzzing found wrong once (in a memory of what warnings had shown, since removed)
 _FOUND = [
     # CPython's "once" is once per module registry: the message, shown once from one module, was
     # remembered as shown everywhere, and a second module's call was silenced
@@ -753,16 +747,16 @@ _FOUND = [
 
 @pytest.mark.frameworks("torch")  # its calls convert to torch (one, other, tree)
 @pytest.mark.parametrize("steps", _FOUND)
-def test_remembered_warnings_as_found(steps):
-    test_remembered_warnings_show_what_warnings_itself_shows.hypothesis.inner_test(steps)
+def test_warnings_as_found(steps):
+    test_warnings_show_what_warnings_itself_shows.hypothesis.inner_test(steps)
 
 
 @pytest.mark.frameworks("torch")
 @settings(max_examples=int(os.environ.get("FUZZ_ROUTES_SEQUENCES", 60)))
 @given(steps=st.lists(_steps, min_size=1, max_size=12))
-def test_remembered_warnings_show_what_warnings_itself_shows(steps):
+def test_warnings_show_what_warnings_itself_shows(steps):
     # a jax and a tensorflow input, each a writable alias in torch: two messages
     inputs = [Spec("jax", "bfloat16", (4,)).build(), Spec("tensorflow", "bfloat16", (4,)).build()]
-    real = _replay(steps, inputs, bb_convert._warn)
+    real = _replay(steps, inputs, bb_warn.warn)
     plain = _replay(steps, inputs, _plain_warn)
     assert real == plain

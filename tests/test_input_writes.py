@@ -97,9 +97,9 @@ def test_a_callee_writing_its_input(caller, how, callee, error, changed):
 
     fn = bb.bridge(callee)(write)
     if error == "unless buffer_callback":
-        from bf16bridge.adapters.jax import convert as jax_adapter
+        from bf16bridge.adapters.jax import probe as jax_probe
 
-        error = not jax_adapter._buffers_here("cpu")
+        error = not jax_probe.buffers_here("cpu")
     if error:
         with _raises_ours(how):
             _run(how, fn, x)
@@ -440,9 +440,10 @@ def test_a_torch_callee_keeps_a_view_only_when_something_besides_the_results_hol
     """A view of an intermediate ((x * 2).reshape(...), torch.split at a model's end) shares its storage
     with its base, which only the view keeps alive: the callee keeps nothing, so no copy. Anything else
     holding the base or its storage (Python, autograd's saved tensors in C++, another view) keeps it."""
+    from bf16bridge.adapters.hooks import BridgeHooks
     from bf16bridge.core import registry
 
-    adapter = registry.get("torch")
+    adapter = registry.hooks("torch", BridgeHooks)
     for name, (results, want) in _torch_results().items():
         outs = results()
         assert want or name == "an intermediate alone" or all(t._is_view() for t in outs), name
@@ -489,10 +490,11 @@ def test_a_jax_result_its_own_pullback_keeps_is_not_counted_as_kept(fn):
     import jax
     import jax.numpy as jnp
 
+    from bf16bridge.adapters.hooks import BridgeHooks
     from bf16bridge.core import registry
 
     f = {"exp": jnp.exp, "jit(exp)": jax.jit(jnp.exp)}[fn]
-    adapter = registry.get("jax")
+    adapter = registry.hooks("jax", BridgeHooks)
     x = jnp.ones((4, 4), jnp.bfloat16)
     outs, pullback = adapter.vjp(lambda x: [f(x)], [x], [True])
     assert adapter.kept(outs) == [0]  # the residual's reference: kept by the count alone
@@ -586,6 +588,7 @@ def test_kept_is_calibrated_outside_a_dispatch_mode_the_adapter_is_first_importe
     code = textwrap.dedent('''
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
+        from bf16bridge.adapters.hooks import BridgeHooks
         from bf16bridge.core import registry
 
         class Keep(TorchDispatchMode):
@@ -595,8 +598,10 @@ def test_kept_is_calibrated_outside_a_dispatch_mode_the_adapter_is_first_importe
                 self.seen.append(out)
                 return out
 
+        first = [torch.ones(4, 6)]
         with Keep():
-            adapter = registry.get("torch")  # imported, and calibrated, here
+            adapter = registry.hooks("torch", BridgeHooks)
+            adapter.kept(first)  # imported, and calibrated, here
         held, x = [], torch.ones(4, 6)
         y = x * 2
         held.append(y)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bf16bridge.core.dtypes import NARROW_DTYPES
+from bf16bridge.core import registry
+from bf16bridge.core.dtypes import LOW_PRECISION
 from conftest import BF16, FRAMEWORKS, PAIRS, aligned_copy, bits, dtype_name, make, ptr, type_framework
 
 TARGETS = FRAMEWORKS
@@ -739,7 +740,7 @@ def test_live_torch_tensors_keep_their_fast_key():
     fast_key gave no key at all; a frozen Parameter lost its key and took 3x as long)."""
     import torch
 
-    adapter = bb.registry.get("torch")
+    adapter = registry.get("torch")
     base = torch.arange(64, dtype=torch.float32).to(torch.bfloat16)
     for x in (base, base[3:40], base.reshape(8, 8)[:, ::2], base.reshape(8, 8).T, base[:0],
               torch.nn.Parameter(base.clone(), requires_grad=False), torch.from_numpy(np.ones(9, np.float32))[2:]):
@@ -876,7 +877,7 @@ def _nibbles(b):
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
-@pytest.mark.parametrize("dtype", NARROW_DTYPES)
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
 def test_narrow_rows_keep_every_bit_or_raise_ours(dtype, src, dst):
     """Every narrow row from every framework that holds it to every target: every bit pattern
     arrives (a packed row's values in their order), or the bridge refuses with its own error, and

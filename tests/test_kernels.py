@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bf16bridge import errors as bb_errors
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 
 BACKENDS = ["ml_dtypes", "numpy", "torch"]
 
@@ -100,8 +100,8 @@ def test_the_core_count_is_read_once(monkeypatch, f32_inputs):
     def asked():
         raise AssertionError("a kernel asked os.cpu_count() during a call")
 
-    monkeypatch.setattr(kernels.os, "cpu_count", asked)
-    monkeypatch.setattr(kernels.os, "sched_getaffinity", asked, raising=False)
+    monkeypatch.setattr(os, "cpu_count", asked)
+    monkeypatch.setattr(os, "sched_getaffinity", asked, raising=False)
     for backend in ("ml_dtypes", "numpy"):
         y = kernels.to_bf16(x, backend=backend, chunk=1 << 20)
         np.testing.assert_array_equal(y.view(np.uint16), ref)
@@ -289,13 +289,15 @@ _FOREIGN_ADAPTER = r"""
 import sys
 import numpy as np
 from bf16bridge.core import registry
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
+from bf16bridge.kernels import bits
 from bf16bridge.core.adapter import Adapter
+from bf16bridge.adapters.hooks import KernelHooks
 
 class Box:
     pass
 
-class BoxAdapter(Adapter):
+class BoxAdapter(Adapter, KernelHooks):  # its kernel hooks on the adapter itself
     name = "box"
     offers_kernels = True
     calls = 0
@@ -306,7 +308,7 @@ class BoxAdapter(Adapter):
 
     def round_bits(self, src, dst):
         BoxAdapter.calls += 1
-        kernels._ROUND["numpy"](src, dst)
+        bits.ROUND_BITS["numpy"](src, dst)
 
 registry.register_adapter("box", BoxAdapter(), types=(f"{__name__}:Box",))
 x = np.array([1.0, -2.5, 3.140625, np.inf, np.nan], dtype=np.float32)

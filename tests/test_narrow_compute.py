@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import fw
 
+from bf16bridge.adapters.hooks import ProbeHooks
 from bf16bridge.core import registry
 
 
@@ -14,7 +15,7 @@ def test_a_running_torch_profiler_is_left_alone():
     torch = fw("torch")
     from torch.profiler import ProfilerActivity, profile
 
-    adapter = registry.get("torch")
+    adapter = registry.hooks("torch", ProbeHooks)
     with profile(activities=[ProfilerActivity.CPU]) as outer:
         torch.ones(3).add_(1)
         found = adapter.narrow_compute("float8_e4m3fn")
@@ -26,6 +27,6 @@ def test_a_running_torch_profiler_is_left_alone():
 
 @pytest.mark.frameworks("torch")
 def test_without_a_profiler_the_trial_reads_its_own_trace():
-    adapter = registry.get("torch")
+    adapter = registry.hooks("torch", ProbeHooks)
     found = dict((d, how) for d, how, _ in adapter.narrow_compute("float8_e4m3fn"))
     assert found["cpu"] in ("emulated", "native")

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from bf16bridge import errors as bb_errors
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
+from bf16bridge.core import dtypes
 from conftest import EXCLUDED
 from strategies import needs_newer_ml_dtypes, numpy_holds
 
-NARROW = [n for n in kernels.NARROW if n != "bfloat16"]
-FLOATS = [n for n in NARROW if not kernels.FORMATS[n].integer]
-INTS = [n for n in NARROW if kernels.FORMATS[n].integer]
+FORMAT_NAMES = list(kernels.FORMATS)  # every kernel dtype but bfloat16
+FLOATS = [n for n in FORMAT_NAMES if not kernels.FORMATS[n].integer]
+INTS = [n for n in FORMAT_NAMES if kernels.FORMATS[n].integer]
 BACKENDS = ["numpy", "ml_dtypes"]
 
 
@@ -102,6 +103,18 @@ def test_the_kernels_take_every_narrow_row_of_the_dtype_table():
     assert {r.unpacked for r in rows.values() if r.packing == 2} <= set(kernels.NIBBLE_DTYPES)
 
 
+@pytest.mark.parametrize("name", ["bfloat16", *FLOATS])
+def test_a_rows_largest_is_its_largest_finite_value(name):
+    """Dtype.largest (from the row's layout and specials, what saturate clamps to) is the largest
+    finite value its patterns decode to, and ml_dtypes' finfo max."""
+    row = dtypes.ROWS[name]
+    val = kernels.decoded(row)
+    assert row.largest == float(np.nanmax(val[np.isfinite(val)]))
+    assert row.value_range == (-row.largest, row.largest)
+    if not _no_reference(name):
+        assert row.largest == float(ml_dtypes.finfo(_dt(name)).max)
+
+
 @pytest.mark.parametrize("name", FLOATS + INTS)
 def test_the_formats_decode_as_ml_dtypes_does(name):
     """decoded(): every pattern's value from the format's own fields equals ml_dtypes' value."""
@@ -175,7 +188,7 @@ def test_saturate_clamps_overflow_to_the_largest_finite(name):
     sat = kernels.to_dtype(x, name, saturate=True)
     bits = np.uint16 if name == "bfloat16" else np.uint8
     pb, sb = plain.view(bits), sat.view(bits)
-    big = kernels._largest(name)
+    big = dtypes.ROWS[name].largest
     with np.errstate(invalid="ignore"):  # signalling NaNs
         over = np.abs(x.astype(np.float64)) > big
     np.testing.assert_array_equal(sb[~over], pb[~over])
@@ -205,7 +218,7 @@ OVERFLOW = {
 
 @pytest.mark.parametrize("name", FLOATS)
 def test_overflow_without_saturate(name):
-    big = kernels._largest(name)
+    big = dtypes.ROWS[name].largest
     x = np.array([big * 1.75, -big * 1.75, np.inf], dtype=np.float32)
     assert tuple(int(v) for v in kernels.to_dtype(x, name).view(np.uint8)) == OVERFLOW[name]
 
@@ -241,7 +254,7 @@ def test_integers_truncate_and_wrap_or_saturate(name, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", NARROW)
+@pytest.mark.parametrize("name", FORMAT_NAMES)
 def test_to_float32_is_exact_on_every_pattern(name, backend):
     if _no_reference(name):
         if backend == "numpy":  # its bits, named: the format's own decoding (ml_dtypes' where it has the row)
@@ -456,7 +469,7 @@ def test_nibbles_over_blocks_and_odd_addresses_are_the_one_liners(n, offset):
 def _doc_row(name: str) -> str:
     """docs/kernels.md's row for a float dtype, from what the kernels do."""
     f = kernels.FORMATS[name]
-    big = kernels._largest(name)
+    big = dtypes.ROWS[name].largest
     x = np.array([big * 1.75, -big * 1.75, np.inf, -np.inf, np.nan, -np.nan, -0.0, -1e-30], dtype=np.float32)
     p = kernels.to_dtype(x, name).view(np.uint8)
     s = kernels.to_dtype(x, name, saturate=True).view(np.uint8)
@@ -532,7 +545,7 @@ def test_how_torchs_own_fp8_widening_relates_to_ours(name):
 
 #: the sub-byte types something packs: pack_nibbles the 4-bit ones, jax its 2- and 4-bit ones (float6
 #: is packed by none: jax and torch cannot hold it, and bb.save refuses it)
-_SUB_BYTE = [n for n in NARROW if kernels.FORMATS[n].bits in (2, 4) and hasattr(ml_dtypes, n)]
+_SUB_BYTE = [n for n in FORMAT_NAMES if kernels.FORMATS[n].bits in (2, 4) and hasattr(ml_dtypes, n)]
 
 
 def _bits32(a):
@@ -604,7 +617,7 @@ def test_every_byte_of_a_sub_byte_type_packs_to_the_value_ml_dtypes_reads_or_is_
         assert refused == {}
 
 
-@pytest.mark.parametrize("name", [n for n in NARROW if hasattr(ml_dtypes, n)])
+@pytest.mark.parametrize("name", [n for n in FORMAT_NAMES if hasattr(ml_dtypes, n)])
 def test_every_byte_widens_to_the_value_ml_dtypes_reads_in_it(name):
     """A sub-byte value lives in a byte's low bits, but a view of other bytes may set the rest,
     and ml_dtypes reads them (as fp4's and fp6's sign; the integer types ignore them): to_float32

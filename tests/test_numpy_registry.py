@@ -279,12 +279,13 @@ def jax_without_handoffs():
             return []
 
     spec = adapters.spec("jax")
-    adapters.register_adapter("jax", NoHandoffs(), types=spec.types, aliases=spec.aliases, replace=True)
+    adapters.register_adapter("jax", NoHandoffs(), types=spec.types, aliases=spec.aliases, replace=True,
+                              hooks=dict(spec.hooks))
     try:
         yield
     finally:
         adapters.register_adapter("jax", spec.module, types=spec.types, aliases=spec.aliases,
-                                  requires=spec.requires, replace=True)
+                                  requires=spec.requires, replace=True, hooks=dict(spec.hooks))
 
 
 @pytest.mark.parametrize("name", MAPPABLE)

@@ -656,16 +656,18 @@ def test_default_frameworks_are_the_registered_ones_that_compute(monkeypatch):
     from bf16bridge.core import registry
     from bf16bridge.core.adapter import Adapter
 
-    want = [n for n in registry.names() if registry.get(n).computes]
+    from bf16bridge.adapters.hooks import NumericsHooks
+
+    want = [n for n in registry.names() if registry.hooks(n, NumericsHooks).computes]
     assert runner.default_frameworks() == want and "numpy" not in want and len(want) >= 3
 
     class Fake(Adapter):
         name = "fake"
         computes = True
 
-    names, get = registry.names, registry.get
+    names, hooks = registry.names, registry.hooks
     monkeypatch.setattr(registry, "names", lambda: names() + ["fake"])
-    monkeypatch.setattr(registry, "get", lambda n: Fake() if n == "fake" else get(n))
+    monkeypatch.setattr(registry, "hooks", lambda n, kind: Fake() if n == "fake" else hooks(n, kind))
     assert runner.default_frameworks() == want + ["fake"]
 
 
@@ -676,7 +678,9 @@ def test_settings_ask_each_imported_framework_its_numerics():
     from bf16bridge.core import registry
 
     s = runner.settings(["torch"])
-    for k, v in registry.get("torch").numerics().items():
+    from bf16bridge.adapters.hooks import NumericsHooks
+
+    for k, v in registry.hooks("torch", NumericsHooks).numerics().items():
         assert s[k] == v
     assert s["torch_threads"] == torch.get_num_threads()
 
@@ -798,7 +802,7 @@ def test_run_over_every_input_value_reports_regions_and_recheck_keeps_them(tmp_p
 
 #: the narrow dtypes numpy holds here: parity compares arrays, and an ml_dtypes without a row (0.3.1: fp6,
 #: fp4, int2, e8m0...) has none of it (test_dtypes.py asserts our error naming the ml_dtypes that has it)
-NARROW = [n for n in bb.kernels.NARROW if n != "bfloat16" and numpy_holds(n)]
+NARROW = [n for n in bb.kernels.KERNEL_DTYPES if n != "bfloat16" and numpy_holds(n)]
 
 # (a bits, b bits, ULP distance in the dtype's own format; None: a NaN/inf disagreement)
 KNOWN_ULPS = {

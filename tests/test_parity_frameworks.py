@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from bf16bridge import parity
 from bf16bridge.core import dtypes
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.errors import UnsupportedDtypeError
 from bf16bridge.parity import metrics, regions, render
 from conftest import BF16
@@ -142,7 +142,7 @@ def test_tolerances_and_arithmetic_dtypes_are_the_helpers_own_for_every_pair_of_
                 common = torch.promote_types(getattr(torch, da), getattr(torch, db))
                 want = (common, common, rtol, atol, False)
                 if rtol or atol:  # (with none, equal values: in the narrow dtype itself or in float32)
-                    assert metrics._torch_arithmetic(da, db)[0].name == str(common).removeprefix("torch."), (da, db)
+                    assert metrics._promoted_arithmetic(da, db)[0].name == str(common).removeprefix("torch."), (da, db)
                 assert got == want, (da, db, got, want)
             else:  # (neither passes equal_nan there: what catch records is its own default)
                 to = dict(pol.widen)

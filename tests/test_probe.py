@@ -215,15 +215,16 @@ def test_fallback_auto_runs_no_trial_and_leaves_a_users_profiler_running():
         import torch
         from torch.profiler import ProfilerActivity, profile
         import bf16bridge as bb
+        from bf16bridge.adapters.hooks import ProbeHooks
         from bf16bridge.core import registry
         calls = []
-        cls = type(registry.get("torch"))
+        cls = type(registry.hooks("torch", ProbeHooks))
         real = cls.narrow_compute
         cls.narrow_compute = lambda self, dtype: calls.append(dtype) or real(self, dtype)
         import jax
         read = []  # reading devices starts a device runtime (a CUDA context, jax's GPU client)
         for name in ("torch", "jax"):
-            kind = type(registry.get(name))
+            kind = type(registry.hooks(name, ProbeHooks))
             kind.devices = (lambda real, name: lambda self: read.append(name) or real(self))(kind.devices, name)
         with profile(activities=[ProfilerActivity.CPU]) as outer:
             y = bb.convert(torch.zeros(4, dtype=torch.bfloat16), "numpy", fallback="auto")
@@ -251,11 +252,12 @@ def test_probe_reads_the_imported_frameworks_devices_by_default(monkeypatch):
     import jax  # noqa: F401 - imported, so the probe reads it
     import torch  # noqa: F401
 
+    from bf16bridge.adapters.hooks import ProbeHooks
     from bf16bridge.core import registry
 
     read = []
     for name in ("torch", "jax"):
-        kind = type(registry.get(name))
+        kind = type(registry.hooks(name, ProbeHooks))
         monkeypatch.setattr(kind, "devices", (lambda real, name: lambda self: read.append(name) or real(self))(
             kind.devices, name))
     caps = bb.probe(trials=False, refresh=True)
@@ -638,7 +640,9 @@ def test_probe_asks_the_adapters_narrow_compute_for_each_fp8_dtype_held(monkeypa
             raise RuntimeError("boom")
         return (("cpu", "emulated", f"widened {dtype}"),)
 
-    adapter = registry.get("torch")
+    from bf16bridge.adapters.hooks import ProbeHooks
+
+    adapter = registry.hooks("torch", ProbeHooks)
     monkeypatch.setattr(type(adapter), "narrow_compute", narrow_compute, raising=False)
     caps = bb.probe(frameworks=["torch"], refresh=True)
     held = [d for d, s in caps.frameworks["torch"].dtypes.items() if s.holds]

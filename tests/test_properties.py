@@ -552,20 +552,20 @@ def test_convert_tree_of_a_tree_that_contains_itself_is_our_error(to):
     for c in ["numpy", "offset", "big-endian", "torch", "torch-expand", "regressions"]])
 @given(data=st.data(), to=targets)
 def test_copies_made_as_large_ones_keep_the_bits(concept, data, to):
-    """A large copy is made differently (adapters.numpy: at its source's page offset from
+    """A large copy is made differently (core.memory: at its source's page offset from
     PAGE_MATCH_FROM bytes on; torch's into numpy's memory from FRESH_MEMORY_FROM on); with both
     limits at 0, every input takes those paths: the bits arrive, and a numpy copy of a contiguous
     input starts at the input's page offset rounded up to 64."""
-    from bf16bridge.adapters import numpy as np_adapter
+    from bf16bridge.core import memory
 
     x = _input(data, concept)
     want = result_bits(x)
-    limits = np_adapter.PAGE_MATCH_FROM, np_adapter.FRESH_MEMORY_FROM
-    np_adapter.PAGE_MATCH_FROM = np_adapter.FRESH_MEMORY_FROM = 0
+    limits = memory.PAGE_MATCH_FROM, memory.FRESH_MEMORY_FROM
+    memory.PAGE_MATCH_FROM = memory.FRESH_MEMORY_FROM = 0
     try:
         out = _convert(x, to, copy=True)
     finally:
-        np_adapter.PAGE_MATCH_FROM, np_adapter.FRESH_MEMORY_FROM = limits
+        memory.PAGE_MATCH_FROM, memory.FRESH_MEMORY_FROM = limits
     if not out.ok:
         return  # what it raises is test_result_holds_the_input_bits_or_raises_ours's concern
     y = out.value

@@ -38,7 +38,7 @@ def _unregister(name):
     for a in s.aliases:
         registry._ALIASES.pop(a, None)
     registry._LOADED.pop(name, None)
-    registry._TYPE_CACHE.clear()
+    registry.TENSOR_TYPES.clear()
 
 
 def test_register_refuses_a_taken_name():

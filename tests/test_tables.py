@@ -1,8 +1,8 @@
-"""bf16bridge.cli.tables.table: one renderer for text and markdown tables."""
+"""bf16bridge.core.text.table: one renderer for text and markdown tables."""
 
 import pytest
 
-from bf16bridge.cli.tables import table
+from bf16bridge.core.text import table
 
 HEAD = ("pair", "time", "ok")
 ROWS = [("torch -> numpy", "12 us", True), ("numpy -> tensorflow", "3.5 ms", False)]

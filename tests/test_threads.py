@@ -30,7 +30,7 @@ torch, jax, tf = (mods.get(f) for f in ("torch", "jax", "tensorflow"))
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 THREADS = 8
-# numpy's adapter is the core's (bb.aligned_empty lives there); the others load on first use
+# numpy's adapter loads with the package (numpy is the hub); the others load on first use
 loaded_before = sorted(m for m in sys.modules if m.split(".")[-1] in ("torch", "jax", "tensorflow")
                        and m.startswith("bf16bridge."))
 

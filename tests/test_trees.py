@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
+from bf16bridge.trees import hints
 from conftest import BF16, bits, fw, make, type_framework
 
 Pair = namedtuple("Pair", "w b")
@@ -885,7 +886,7 @@ def test_a_look_past_its_budget_refuses_the_object_saying_so_naming_the_attribut
     big = types.SimpleNamespace(name="vocab", vocab=[f"w{i}" for i in range(3000)], dims=[1, 2, 3] * 100)
     tree = {"v": big}
     assert bb.convert_tree(tree, "torch")["v"] is big  # read through: no tensor
-    monkeypatch.setattr(bb.registry, "LOOK_BUDGET", 3500)  # (vocab read through, dims runs it out)
+    monkeypatch.setattr(hints, "LOOK_BUDGET", 3500)  # (vocab read through, dims runs it out)
     says = (r"at \['v'\]: .*its attributes hold more than a look for tensors reads \(3,500 values or 1,000 objects; "
             r"the most in vocab\), so whether it holds tensors is not known")
     with pytest.raises(bb.UnsupportedTypeError, match=says):
@@ -924,7 +925,7 @@ def _nested(n):
 def test_a_look_charges_each_object_and_level_it_reads_and_stops_at_its_limits(monkeypatch, make_config, small,
                                                                             big, limits):
     for name, value in limits.items():
-        monkeypatch.setattr(bb.registry, name, value)
+        monkeypatch.setattr(hints, name, value)
     cfg = make_config(small)
     assert bb.convert_tree({"c": cfg}, "numpy")["c"] is cfg
     with pytest.raises(bb.UnsupportedTypeError, match=r"at \['c'\]: .*more than a look for tensors reads"):
@@ -934,19 +935,19 @@ def test_a_look_charges_each_object_and_level_it_reads_and_stops_at_its_limits(m
 def test_a_look_refuses_too_many_objects_before_reading_their_attributes(monkeypatch):
     # (review: a list of 1.5M objects was read attribute by attribute, 3 s, before the look refused it)
     read: list = []
-    attributes = bb.registry._attributes
-    monkeypatch.setattr(bb.registry, "_attributes", lambda x: read.append(x) or attributes(x))
-    cfg = _flat(bb.registry.LOOK_OBJECTS + 1)
+    attributes = hints._attributes
+    monkeypatch.setattr(hints, "_attributes", lambda x: read.append(x) or attributes(x))
+    cfg = _flat(hints.LOOK_OBJECTS + 1)
     with pytest.raises(bb.UnsupportedTypeError, match=r"at \['c'\]: .*the most in items\)"):
         bb.convert_tree({"c": cfg}, "numpy")
     assert read and all(x is cfg for x in read)  # the config's own attributes only
     read.clear()
-    cfg = _flat(bb.registry.LOOK_OBJECTS)
+    cfg = _flat(hints.LOOK_OBJECTS)
     assert bb.convert_tree({"c": cfg}, "numpy")["c"] is cfg
-    assert len(read) == bb.registry.LOOK_OBJECTS + 1
+    assert len(read) == hints.LOOK_OBJECTS + 1
     # one object many times over is one object entered: what follows it is still looked at
     one = types.SimpleNamespace(i=0)
-    cfg = types.SimpleNamespace(items=[one] * (bb.registry.LOOK_OBJECTS + 1) + [_Holder(np.ones(2))])
+    cfg = types.SimpleNamespace(items=[one] * (hints.LOOK_OBJECTS + 1) + [_Holder(np.ones(2))])
     with pytest.raises(bb.UnsupportedTypeError, match=r"at \['c'\]: .*attributes \(items\)"):
         bb.convert_tree({"c": cfg}, "torch")
 
@@ -994,13 +995,13 @@ def test_an_attribute_whose_look_found_no_tensor_is_not_read_again_and_one_that_
     plain = types.SimpleNamespace(rows=[["x"] * 10])
     holding = [[t]]
     cfg = types.SimpleNamespace(a=plain, b=[plain, "y"], c=holding, d={"k": holding})
-    assert bb.registry.look(cfg) == (("c", "d"), (), "")
+    assert hints.look(cfg) == (("c", "d"), (), "")
 
 
 @pytest.mark.frameworks("tensorflow")
 def test_a_kept_config_asks_once_per_kind_of_tensor_whether_it_comes_back_as_it_is(monkeypatch):
     # (review: a full plan and a conversion per held tensor on every call: 5,000 arrays, 15x their cost as leaves)
-    conv = sys.modules["bf16bridge.core.convert"]  # (bb.convert is the function)
+    conv = sys.modules["bf16bridge.trees.convert"]  # (convert_tree's module: it plans what it keeps)
     planned: list = []
     plan = conv.plan
     monkeypatch.setattr(conv, "plan", lambda x, *a, **k: planned.append(x) or plan(x, *a, **k))

@@ -79,6 +79,13 @@ def device(obj) -> tuple[int, int]:
     return (d.device_type, d.device_id)
 
 
+def dtype(obj) -> tuple[int, int, int]:
+    """``(code, bits, lanes)``, the DLPack data type of a legacy capsule or producer."""
+    capsule = obj if _is_capsule(obj) else obj.__dlpack__()
+    d = _tensor(capsule).dtype
+    return (d.code, d.bits, d.lanes)
+
+
 class _DLPackVersion(ctypes.Structure):
     _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
 

@@ -245,8 +245,8 @@ class KernelHooks:
     #: the framework these hooks serve (set by the registry)
     name: str = ""
 
-    # -- float32 <-> bf16 kernels for bf16bridge.kernels.chunked (optional) -------------
-    #: widen_bits / round_bits are offered: bf16bridge.kernels.chunked may run them as a backend
+    # -- float32 <-> bf16 kernels for bf16bridge.kernels (optional) ---------------------
+    #: widen_bits / round_bits are offered: bf16bridge.kernels may run them as a backend
     #: named after this adapter (chosen by "auto" only when the framework is already imported)
     offers_kernels: ClassVar[bool] = False
 

@@ -3,106 +3,16 @@ so bf16 crosses as a uint16 bit-view, which is free."""
 
 from __future__ import annotations
 
-import ctypes
-import math
 import operator
-import sys
 
 import numpy as np
 
-from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
+from bf16bridge.core.memory import aligned_bytes, aligned_empty
 from bf16bridge.errors import InvalidArgumentError, UnsupportedDtypeError, UnsupportedTypeError
 from bf16bridge.adapters import numpy_registry as _numpy_registry
+from bf16bridge.adapters.numpy_internals import data_pointer
 from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, NEGATIVE, Adapter, Source, layout_of
-
-
-@plain_python
-def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
-    """An uninitialised C-ordered numpy array whose buffer starts on a 64-byte boundary.
-
-    jax and tensorflow take such arrays without a copy; numpy's own allocations
-    are usually not so aligned. ``dtype`` is a numpy dtype or a name ("bfloat16").
-    """
-    try:
-        dtype = dtypes.numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-    except TypeError as err:
-        raise InvalidArgumentError(
-            f"aligned_empty: {dtype!r} is not a dtype; pass a numpy dtype or a name such as 'bfloat16'"
-        ) from err
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise InvalidArgumentError(f"aligned_empty: the shape must be whole numbers >= 0; got {shape!r}")
-    if dtype.hasobject or dtype.itemsize == 0 or dtype.subdtype is not None:
-        # a raw buffer viewed as Python objects is not an array of them; a sub-array dtype adds dimensions
-        raise InvalidArgumentError(f"aligned_empty: dtype {dtype} holds Python objects, no bytes, or a sub-array; "
-                                   "pass a numeric dtype (a sub-array's shape goes into the shape), or use np.empty")
-    n = math.prod(shape) * dtype.itemsize
-    if n > np.iinfo(np.intp).max - ALIGN:
-        raise InvalidArgumentError(f"aligned_empty: shape {shape} of {dtype} is {n} bytes, more than any "
-                                   "array can address")
-    return _aligned_bytes(n).view(dtype).reshape(shape)
-
-
-#: the size of a memory page, for placing a copy's destination (``_aligned_bytes``)
-PAGE = 4096
-#: from this many bytes on, a copy of a contiguous array starts at its source's offset within a
-#: page (rounded up to ALIGN): into fresh memory, this machine's memcpy (glibc's non-temporal path
-#: for copies beyond the cache) took about 1.4x as long whenever the destination sat more than 64
-#: bytes past the source in its page, as it does for numpy's own allocations (16 bytes into a
-#: page) copied to an aligned array (64); 32 and 64 MiB here, no difference measured at 1 to 16
-#: MiB or into memory already touched. Below it the extra page of slack is not worth it.
-PAGE_MATCH_FROM = 1 << 20
-
-
-#: from this many bytes on, glibc's malloc by default maps fresh memory for every allocation (its
-#: mmap threshold grows to 32 MiB at most), which faults in page by page on first touch;
-#: numpy asks the kernel for huge pages for its allocations (its hugepage madvise: 528 page faults
-#: for 32 MiB here, where torch's own allocation took 8192). Adapters whose framework allocates
-#: without that put large host copies in numpy's memory from this size on (torch: a transposed
-#: 32 MiB tensor's copy 32 -> 18 ms, a contiguous 64 MiB one's 44 -> 15 ms); below it, in a loop,
-#: glibc reuses memory already touched and no difference was measured.
-FRESH_MEMORY_FROM = 32 << 20
-
-
-def _aligned_bytes(n: int, like: int | None = None) -> np.ndarray:
-    """``n`` uninitialised bytes starting on an ALIGN boundary; with ``like`` (an address) and
-    ``n >= PAGE_MATCH_FROM``, at ``like``'s offset within a page, rounded up to ALIGN."""
-    if like is None or n < PAGE_MATCH_FROM:
-        raw = np.empty(n + ALIGN, dtype=np.uint8)
-        start = (-raw.__array_interface__["data"][0]) % ALIGN
-    else:
-        raw = np.empty(n + PAGE, dtype=np.uint8)
-        at = -(-(like % PAGE) // ALIGN) * ALIGN  # a multiple of ALIGN, PAGE itself at most
-        start = (at - raw.__array_interface__["data"][0]) % PAGE
-    return raw[start:start + n]
-
-
-def _data_offset() -> int | None:
-    """Where an ndarray object keeps its data pointer: right after the object header (NumPy's
-    ``PyArrayObject_fields``), checked here once against ``__array_interface__``; None if not.
-    Only on CPython, where ``id(x)`` is the object's address: elsewhere (PyPy) it is not, and
-    reading memory there could crash the process."""
-    if sys.implementation.name != "cpython":
-        return None
-    a = np.arange(16, dtype=np.uint8)
-    off = object.__basicsize__
-    for x in (a, a[3:], np.empty((2, 3), np.uint16)[:, 1:]):
-        if (_read_pointer(id(x) + off).value or 0) != x.__array_interface__["data"][0]:
-            return None
-    return off
-
-
-_read_pointer = ctypes.c_void_p.from_address
-#: the hot path reads an array's data pointer from the object itself (``__array_interface__``
-#: builds a dict of six entries to say it: about 1 us a call)
-_DATA_OFFSET = _data_offset()
-
-
-def _pointer(x: np.ndarray) -> int:
-    if _DATA_OFFSET is None:
-        return x.__array_interface__["data"][0]
-    return _read_pointer(id(x) + _DATA_OFFSET).value or 0
 
 
 class _WritableAlias:
@@ -119,8 +29,8 @@ class _WritableAlias:
 
 
 #: NumPy 2.5's DLPack dtype registry: the table's bf16 and fp8 rows registered where ml_dtypes
-#: has not (issue 13; nothing to register on NumPy <= 2.4), and which rows numpy passes over
-#: DLPack, found by trying its own round trip (none in NumPy <= 2.4)
+#: has not (nothing to register on NumPy <= 2.4), and which rows numpy passes over DLPack,
+#: found by trying its own round trip (none in NumPy <= 2.4)
 REGISTRATION = _numpy_registry.register()
 
 
@@ -168,8 +78,7 @@ class NumpyAdapter(Adapter):
             # a field of a structured array: strides in bytes that no element stride expresses
             must_copy = f"its strides {x.strides} are not whole multiples of its {itemsize}-byte elements"
         elif x.size and x.__array_interface__["data"][0] % itemsize:
-            # numpy aligns complex128 to 8 bytes, torch's kernels load 16: copying a 1- or
-            # 3-element complex128 tensor 8 bytes past a 16-byte boundary segfaults (torch 2.13 CPU)
+            # numpy aligns complex128 to half an element; an importer's kernels may load whole ones
             must_copy = f"the buffer is not aligned to its {itemsize}-byte elements"
         ptr = x.__array_interface__["data"][0]
         return Source(
@@ -190,7 +99,7 @@ class NumpyAdapter(Adapter):
             return None  # (a dimension of size 0 or 1 may carry a negative stride: the full path)
         dt = x.dtype
         if alignment or dt.alignment < dt.itemsize:  # complex: numpy's alignment is half an element
-            ptr = _pointer(x)  # an ndarray itself (checked above)
+            ptr = data_pointer(x)  # an ndarray itself (checked above)
             if ptr % dt.itemsize:
                 return None  # describe copies it: the full path
             return (dt, f.writeable, False, alignment and ptr % ALIGN == 0)
@@ -221,7 +130,7 @@ class NumpyAdapter(Adapter):
         dtype = x.dtype.newbyteorder("=")
         # a contiguous source is copied by memcpy: its destination goes where memcpy runs fastest
         like = x.__array_interface__["data"][0] if x.flags.c_contiguous else None
-        out = _aligned_bytes(x.nbytes, like).view(dtype).reshape(x.shape)
+        out = aligned_bytes(x.nbytes, like).view(dtype).reshape(x.shape)
         if x.dtype.name in dtypes.BITS_OF:  # copy the bits: numpy's loops for ml_dtypes types are slower
             bits = np.dtype(dtypes.BITS_OF[x.dtype.name])
             # read the bits in the input's byte order, so a big-endian input is swapped, not garbled
@@ -235,7 +144,7 @@ class NumpyAdapter(Adapter):
     label_unpack = "kernels.unpack_nibbles ({dtype})"
 
     def pack(self, x, dtype):
-        from bf16bridge.kernels.chunked import pack_nibbles
+        from bf16bridge.core.nibbles import pack_nibbles  # (loaded on first use, as the dtypes it packs are rare)
 
         out = aligned_empty((*x.shape[:-1], x.shape[-1] // 2) if x.ndim else (), dtypes.BITS_OF[dtype])
         try:
@@ -244,14 +153,14 @@ class NumpyAdapter(Adapter):
             raise InvalidArgumentError(f"packing {x.dtype.name} as {dtype} (the target holds it packed), {err}") from err
 
     def unpack(self, x, dtype):
-        from bf16bridge.kernels.chunked import unpack_nibbles
+        from bf16bridge.core.nibbles import unpack_nibbles
 
         values = dtypes.PACKED[dtype]
         return unpack_nibbles(x, values, out=aligned_empty((*x.shape[:-1], x.shape[-1] * 2), values))
 
-    narrows = True
+    fits_int = True
 
-    def narrow(self, x, dtype):
+    def fit_int(self, x, dtype):
         info = np.iinfo(dtype)
         if x.size and (x.min() < info.min or x.max() > info.max):
             raise UnsupportedDtypeError(
@@ -277,12 +186,9 @@ class NumpyAdapter(Adapter):
         # abort the process on an unaligned buffer); numpy's own allocation of a small array is not
         out = aligned_empty(x.shape, dtype)
         if dtype == "float32" and x.dtype.name == "bfloat16" and x.flags.c_contiguous and x.dtype.isnative:
-            from bf16bridge.kernels.chunked import to_float32  # chunked: extra memory bounded by a chunk
-
-            return to_float32(x, out=out)
+            return _widen_bf16(x, out)
         out[...] = x  # numpy's cast, as astype runs it (a same-kind or wider one: exact widenings only)
         return out
-
 
     def cast(self, x, dtype):
         if type(x) is np.ndarray:
@@ -297,6 +203,22 @@ class NumpyAdapter(Adapter):
 
 
 ADAPTER = NumpyAdapter()
+
+
+def _widen_bf16(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """bf16 to float32 into ``out``, exactly, chunk by chunk on threads (extra memory bounded by a chunk)."""
+    from bf16bridge.core.chunks import CHUNK, Progress, spread  # (loaded on first use)
+
+    src, dst = x.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32)
+    spread(_widen_bits, False, src, dst, CHUNK, None, Progress(src.size, "bf16 -> float32", None))
+    return out
+
+
+def _widen_bits(src: np.ndarray, dst: np.ndarray) -> None:
+    if dtypes.bfloat16 is not None:  # ml_dtypes' own cast, the reference
+        np.copyto(dst.view(np.float32), src.view(dtypes.bfloat16))
+    else:  # the same bits: bf16's 16 bits are the top half of the float32
+        np.left_shift(src, 16, out=dst, dtype=np.uint32)
 
 
 def _refuse_masked(x) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from bf16bridge.core import dtypes
+from bf16bridge.core import dtypes, formats
 
 
 def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
@@ -15,7 +15,7 @@ def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
 
     ``run`` gets every ``src`` value as a numpy array of ``src``, or, where numpy cannot hold
     ``src`` (no ml_dtypes), as its carrier's bits: the expected values then come from the
-    kernels, which read the format's bits without ml_dtypes."""
+    row's own decoding (``core.formats``), which reads its bits without ml_dtypes."""
     import numpy as np
 
     try:
@@ -27,10 +27,8 @@ def cast_matches(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
                 a = bits.view(dtypes.numpy_dtype(src))
                 want = a.astype(np.float64)
             else:
-                from bf16bridge.kernels import chunked as kernels
-
                 a = bits
-                want = kernels.to_float32(bits, dtype=src).astype(np.float64)
+                want = formats.widen(bits, src).astype(np.float64)
             got = np.asarray(run(a)).astype(np.float64)
     except Exception:  # noqa: BLE001 - any failure means it does not convert
         return False

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bf16bridge.core import dtypes
-from bf16bridge.errors import CheckpointError, InvalidArgumentError, UnsupportedDtypeError
+from bf16bridge.errors import CheckpointError, InvalidArgumentError
 
 def fspath(path, what: str) -> str:
     """``path`` as a str, or InvalidArgumentError naming what was given (3, None, "", a NUL
@@ -345,10 +345,8 @@ _ONE = (1,)
 
 @functools.lru_cache(maxsize=1)
 def max_dims() -> int:
-    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making one
-    (NumpyVersion's regular expression, compiled on first use, cost a fifth of a millisecond), and
-    asked only of a shape of more than 32, since making a 64-dimensional array is a process's first
-    costs it too."""
+    """The most dimensions this numpy's arrays take (32 before numpy 2, 64 since), found by making
+    one rather than parsing the version; asked only of a shape of more than 32."""
     try:
         np.empty((1,) * 64, np.uint8)
     except ValueError:

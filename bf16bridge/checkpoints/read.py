@@ -7,7 +7,6 @@ a result changes this process's copy of that page, never the file; jax and tenso
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import io
 import math
@@ -19,9 +18,9 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from bf16bridge.core.autograph import plain_python
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.core import registry
-from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.memory import aligned_empty
 from bf16bridge.core.convert import Fallback, convert, plan, run_plan
 from bf16bridge.errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
                       UnsupportedDtypeError)
@@ -30,12 +29,8 @@ from bf16bridge.checkpoints import format as fmt
 from bf16bridge.checkpoints.keys import nest
 
 
-#: from this many bytes on, a tensor read from the file (the copy a route needs: an unaligned one into jax
-#: or tensorflow, copy=True) goes into memory mapped for it with MAP_POPULATE, which makes every page in
-#: one call, rather than into numpy's memory, whose pages fault in one by one as the read fills them,
-#: and which numpy asks to be huge pages: on this machine (transparent huge pages on "madvise", and
-#: defrag too) such a fault can stall compacting memory, and the full load into jax swung widely from
-#: run to run (the checkpoints benchmark measures it). Below this size glibc reuses memory already touched.
+#: from this many bytes on, a tensor read from the file goes into memory mapped for it with MAP_POPULATE
+#: (every page made in one call), not numpy's memory, whose huge-page faults can stall; below, glibc reuses pages
 POPULATE_FROM = 1 << 20
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 
@@ -257,16 +252,13 @@ class Checkpoint:
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
-        # whether to read depends on what the route depends on: the dtype, the address modulo 64
-        # (a map begins on a page; numpy's ALIGNED flag, which decides some routes, needs the
-        # element size's alignment), emptiness and the keywords (copy's type too: 0 == False, and 0 is
-        # refused, not taken for a decided False); asked of the planner once per file
+        # whether to read depends on what the route does: the dtype, the address modulo 64, emptiness
+        # and the keywords (copy's type too: 0 is refused, not a decided False); planned once per file
         decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, type(copy), fallback)
         known = self._reads.get(decided)
         if known is None and not copy and t.code not in fmt.NIBBLES and registry.resolve(to) == registry.HUB:
-            # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned,
-            # which cost a process's first get a tenth of a millisecond; the keywords and the dtype
-            # are checked as the plan checks them (copy=True is planned: the plan checks its size)
+            # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned, but
+            # the keywords are checked as the plan checks them (copy=True is planned: it checks the size)
             from bf16bridge.core import planner as routes
 
             try:
@@ -330,8 +322,8 @@ class Checkpoint:
             self._map = None
 
     def __del__(self) -> None:
-        # dropped without close(): its file is closed when it is collected (at once, in CPython). Not
-        # weakref.finalize: the first one a process makes costs a tenth of a millisecond, a tenth of an open
+        # dropped without close(): its file is closed when it is collected (at once, in CPython);
+        # cheaper than weakref.finalize on a process's first open
         f = self.__dict__.get("_file")
         if f is not None:
             f.close()

@@ -11,9 +11,9 @@ import numpy as np
 
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.core import registry
-from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.memory import aligned_empty
 from bf16bridge.core.convert import Fallback, convert, plan
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, MissingKeyError
 from bf16bridge.core.plan import size
@@ -189,6 +189,40 @@ def _nbytes(value, shape: tuple[int, ...], held: str) -> int:
         return math.prod(shape) * dtypes.itemsize(held)
 
 
+def _load_one(f: Checkpoint, key: str, target: str, dtype_out: str, fallback: Fallback):
+    """(the tensor in ``target``, cast to ``dtype_out`` where the file holds another dtype; whether
+    it is a copy, not a view of the file; what a narrowing cast lost beyond rounding)."""
+    info = f.info(key)
+    if dtype_out == info.dtype:
+        value = f.get(key, target, fallback=fallback)
+        return value, info.nbytes > 0 and key not in f._shared, ""  # get() notes the keys it handed out as views
+    a = f._view(key)
+    cast = _cast(a, dtype_out)
+    lost = "" if exact(info.dtype, dtype_out) else _lost(a, cast, dtype_out)
+    del a
+    f._release(key)
+    try:
+        return convert(cast, target, on_alias="allow", fallback=fallback), True, lost
+    except Bf16BridgeError as err:
+        raise type(err)(f"{f.path}: key {key!r}: {err}") from err
+
+
+def _held(info: fmt.TensorInfo, target: str, value, dtype_out: str, reason: str, fallback: Fallback):
+    """(the dtype ``value`` is held in, its shape, the reason with what changed on the way): what
+    the caller gets, said as it is."""
+    shape_out, held = registry.get(target).shape_dtype(value)
+    shape_out = tuple(shape_out)
+    if held != dtype_out:
+        if dtypes.PACKED.get(held, held) == dtype_out:  # torch's float4_e2m1fn_x2: the same values, two a byte
+            reason = (f"{reason}; {target} holds {dtype_out} packed, two values a byte, as {held}: "
+                      f"shape {list(info.shape)} -> {list(shape_out)}")
+        elif fallback != "error":
+            reason = f"{reason}; then fallback={fallback!r}: {target} cannot hold {dtype_out}, so {held}"
+        else:  # pragma: no cover - a route that changed the dtype unasked: said, not hidden
+            reason = f"{reason}; {target} holds it as {held}"
+    return held, shape_out, reason
+
+
 @plain_python
 def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = "auto", for_compute: bool = True,
                     device: str = "cpu", nested: bool = False, fallback: Fallback = "error") -> tuple[dict, LoadReport]:
@@ -211,7 +245,7 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
     if for_compute not in (True, False):
         raise InvalidArgumentError(f"for_compute must be True or False; got {for_compute!r}")
     target = registry.resolve(to)
-    adapter = registry.get(target)
+    registry.get(target)  # a framework that is not installed is refused before the file is read
     out: dict = {}
     reports: list[KeyReport] = []
     with Checkpoint(path) as f:
@@ -222,37 +256,12 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
                 dtype_out, reason = _choose(info, target, dtype, for_compute, device)
             except Bf16BridgeError as err:  # (a dtype this ml_dtypes lacks: numpy cannot hold F4)
                 raise type(err)(f"{f.path}: key {key!r}: {err}") from err
-            if dtype_out == info.dtype:
-                value = f.get(key, target, fallback=fallback)
-                copied = info.nbytes > 0 and key not in f._shared  # get() notes the keys it handed out as views
-            else:
-                a = f._view(key)
-                cast = _cast(a, dtype_out)
-                if not exact(info.dtype, dtype_out):
-                    reason += _lost(a, cast, dtype_out)
-                del a
-                f._release(key)
-                try:
-                    value = convert(cast, target, on_alias="allow", fallback=fallback)
-                except Bf16BridgeError as err:
-                    raise type(err)(f"{f.path}: key {key!r}: {err}") from err
-                copied = True
-            shape_out, held = adapter.shape_dtype(value)  # what the caller gets, said as it is
-            shape_out = tuple(shape_out)
-            values = dtypes.PACKED.get(held, held)  # the dtype of the values (one a byte for a packed one)
-            if held != dtype_out:
-                if values == dtype_out:  # torch's float4_e2m1fn_x2: the same values, two a byte
-                    reason = (f"{reason}; {target} holds {dtype_out} packed, two values a byte, as {held}: "
-                              f"shape {list(info.shape)} -> {list(shape_out)}")
-                elif fallback != "error":
-                    reason = f"{reason}; then fallback={fallback!r}: {target} cannot hold {dtype_out}, so {held}"
-                else:  # pragma: no cover - a route that changed the dtype unasked: said, not hidden
-                    reason = f"{reason}; {target} holds it as {held}"
-                dtype_out = held
+            value, copied, lost = _load_one(f, key, target, dtype_out, fallback)
+            held, shape_out, reason = _held(info, target, value, dtype_out, reason + lost, fallback)
             out[key] = value
-            nbytes_out = _nbytes(value, shape_out, held)
-            reports.append(KeyReport(key, info.dtype, dtype_out, reason, exact(info.dtype, values)
-                                     if _floating(info.dtype) else True, copied, info.nbytes, nbytes_out,
-                                     info.shape, shape_out))
+            values = dtypes.PACKED.get(held, held)  # the dtype of the values (one a byte for a packed one)
+            reports.append(KeyReport(key, info.dtype, held, reason, exact(info.dtype, values)
+                                     if _floating(info.dtype) else True, copied, info.nbytes,
+                                     _nbytes(value, shape_out, held), info.shape, shape_out))
     report = LoadReport(f.path, target, dtype, for_compute, tuple(reports))
     return (nest(out, f.path) if nested else out), report

@@ -13,11 +13,12 @@ import numpy as np
 from bf16bridge.adapters.hooks import ShardHooks
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.core import registry
 from bf16bridge.trees import walk as trees
-from bf16bridge.adapters.numpy import aligned_empty
-from bf16bridge.core.convert import _warn, convert, plan
+from bf16bridge.core.memory import aligned_empty
+from bf16bridge.core.convert import convert, plan
+from bf16bridge.core.warn import warn
 from bf16bridge.errors import (Bf16BridgeError, CheckpointError, InvalidArgumentError, UnsupportedDtypeError,
                       UnsupportedTypeError)
 from bf16bridge.shards import convert_shards
@@ -63,8 +64,7 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
         if registry.framework_of(x) == registry.HUB:
             name = dtypes.name_of_numpy(x.dtype) if type(x) is np.ndarray else None
             if name is None:  # a subclass, a scalar, a dtype the bridge lacks: the numpy adapter's checks
-                src = registry.get(registry.HUB).describe(x, alignment=False)  # (a masked array refused, as
-                name = src.dtype  # convert refuses it)
+                name = registry.get(registry.HUB).describe(x, alignment=False).dtype  # (a masked array refused)
             shape = np.shape(x)
         else:
             p = plan(x, registry.HUB)
@@ -74,15 +74,16 @@ def _describe(key: str, x, sharded: set[str]) -> fmt.Entry:
             raise UnsupportedDtypeError(f"key {key!r}: {err}; {_way_out(np.asarray(x).dtype)}") from err
         raise type(err)(f"key {key!r}: {err}") from err
     except UnsupportedTypeError as err:
+        framework = registry.framework_of(x)
         try:
-            pieces = registry.hooks(registry.framework_of(x), ShardHooks).local_shards(x)
+            pieces = registry.hooks(framework, ShardHooks).local_shards(x)
         except Bf16BridgeError:
             pieces = None  # (a deleted array: the error above says so)
         if pieces is None:  # not a sharded tensor (a jax array over several devices, a DTensor)
             raise type(err)(f"key {key!r}: {err}") from err
         sharded.add(key)
         # the global shape; held packed (torch's fp4 x2): written, as gathered, in values
-        shape, name = dtypes.in_values(*adapter.shape_dtype(x))
+        shape, name = dtypes.in_values(*registry.get(framework).shape_dtype(x))
     except Bf16BridgeError as err:
         raise type(err)(f"key {key!r}: {err}") from err
     code = fmt.NAMES.get(name)
@@ -174,51 +175,38 @@ def _umask() -> int:
     return 0o022
 
 
-@plain_python
-def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
-    """Write ``tree``'s tensors (any framework's, nested) to a safetensors file at ``path``.
+def _check_metadata(metadata) -> None:
+    """Refuse ``metadata`` that is not a mapping of str -> str the header can hold (UTF-8)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgumentError(f"metadata must be a dict of str -> str; got {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError(
+                f"metadata key {k!r}: keys and values must be strings (got {type(k).__name__} -> "
+                f"{type(v).__name__}); write numbers as str(...) or json.dumps(...)")
+        for what, text in (("key", k), ("value", v)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise InvalidArgumentError(f"metadata key {k!r}: its {what} cannot be written as UTF-8 "
+                                           f"({err.reason}); the header is UTF-8 JSON") from None
 
-    Keys are the leaves' paths joined with "." (``{"h": [{"w": x}]}`` -> ``"h.0.w"``); two leaves
-    whose keys collide, a leaf that is not a tensor, and ``metadata`` that is not str -> str are
-    refused (InvalidArgumentError, naming the key). Tensors are written one at a time, each moved
-    to numpy by ``convert`` (zero-copy where the route allows) and written from its buffer, into a
-    temporary file in the same directory that is fsynced and renamed over ``path``: an
-    interrupted save leaves ``path`` as it was. The header is padded so that the data begins on
-    a 64-byte boundary, and tensors whose size is a multiple of 64 bytes come first (each of
-    them then begins aligned, which lets jax and tensorflow load it without a copy).
-    """
-    path = fmt.fspath(path, "bb.save")
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise InvalidArgumentError(f"metadata must be a dict of str -> str; got {type(metadata).__name__}")
-        for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise InvalidArgumentError(
-                    f"metadata key {k!r}: keys and values must be strings (got {type(k).__name__} -> "
-                    f"{type(v).__name__}); write numbers as str(...) or json.dumps(...)")
-            for what, text in (("key", k), ("value", v)):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as err:
-                    raise InvalidArgumentError(f"metadata key {k!r}: its {what} cannot be written as UTF-8 "
-                                               f"({err.reason}); the header is UTF-8 JSON") from None
-    pairs, empty = leaves(tree)
-    sharded: set[str] = set()
-    entries = fmt.order([_describe(k, x, sharded) for k, x in pairs])
-    tensors = dict(pairs)
-    head = fmt.header_bytes(entries, metadata)
-    if len(head) - fmt.PREFIX > fmt.MAX_HEADER:  # every reader (ours, safetensors') refuses such a file
-        raise InvalidArgumentError(
-            f"{path}: the header would be {len(head) - fmt.PREFIX} bytes, past the format's cap of "
-            f"{fmt.MAX_HEADER} that readers refuse; shorten the metadata or the keys, or save fewer tensors a file")
-    if empty:  # said before anything is written: a warnings filter of "error" leaves the target as it was
-        n = len(empty)
-        _warn(f"bb.save writes {path} without {n} empty container{'' if n == 1 else 's'} of the tree "
-              f"({', '.join(map(trees.where, empty[:3]))}{f' and {n - 3} more' if n > 3 else ''}): a file holds "
-              "tensors under keys, and an empty container (or a pytree's None) has none, so bb.load does not "
-              "give it back; "
-              "rebuild it after loading, or leave it out of what you save")
-    directory = os.path.dirname(os.path.abspath(path))
+
+def _warn_empty(path: str, empty: list) -> None:
+    """Warn that the tree's empty containers are not written (a file holds only tensors under keys)."""
+    n = len(empty)
+    warn(f"bb.save writes {path} without {n} empty container{'' if n == 1 else 's'} of the tree "
+         f"({', '.join(map(trees.where, empty[:3]))}{f' and {n - 3} more' if n > 3 else ''}): a file holds "
+         "tensors under keys, and an empty container (or a pytree's None) has none, so bb.load does not "
+         "give it back; "
+         "rebuild it after loading, or leave it out of what you save")
+
+
+def _write_replacing(path: str, directory: str, head: bytes, entries: list, tensors: dict, sharded: set) -> None:
+    """Write the file into a temporary one beside ``path``, fsync it and rename it over ``path``;
+    on any failure the temporary file is removed and ``path`` is left as it was."""
     # the temporary name stays within a directory entry's 255 bytes whatever the target's length
     stem = os.path.basename(path).encode("utf-8", "surrogateescape")[:100].decode("utf-8", "ignore")
     try:
@@ -248,6 +236,35 @@ def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = Non
             raise CheckpointError(f"{path}: cannot write it ({err.strerror or err}); {path} is left as "
                                   "it was") from err
         raise
+
+
+@plain_python
+def save(tree, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tree``'s tensors (any framework's, nested) to a safetensors file at ``path``.
+
+    Keys are the leaves' paths joined with "." (``{"h": [{"w": x}]}`` -> ``"h.0.w"``); two leaves
+    whose keys collide, a leaf that is not a tensor, and ``metadata`` that is not str -> str are
+    refused (InvalidArgumentError, naming the key). Tensors are written one at a time, each moved
+    to numpy by ``convert`` (zero-copy where the route allows) and written from its buffer, into a
+    temporary file in the same directory that is fsynced and renamed over ``path``: an
+    interrupted save leaves ``path`` as it was. The header is padded so that the data begins on
+    a 64-byte boundary, and tensors whose size is a multiple of 64 bytes come first (each of
+    them then begins aligned, which lets jax and tensorflow load it without a copy).
+    """
+    path = fmt.fspath(path, "bb.save")
+    _check_metadata(metadata)
+    pairs, empty = leaves(tree)
+    sharded: set[str] = set()
+    entries = fmt.order([_describe(k, x, sharded) for k, x in pairs])
+    head = fmt.header_bytes(entries, metadata)
+    if len(head) - fmt.PREFIX > fmt.MAX_HEADER:  # every reader (ours, safetensors') refuses such a file
+        raise InvalidArgumentError(
+            f"{path}: the header would be {len(head) - fmt.PREFIX} bytes, past the format's cap of "
+            f"{fmt.MAX_HEADER} that readers refuse; shorten the metadata or the keys, or save fewer tensors a file")
+    if empty:  # said before anything is written: a warnings filter of "error" leaves the target as it was
+        _warn_empty(path, empty)
+    directory = os.path.dirname(os.path.abspath(path))
+    _write_replacing(path, directory, head, entries, dict(pairs), sharded)
     _fsync_dir(directory)
 
 

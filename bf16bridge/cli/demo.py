@@ -11,10 +11,11 @@ import numpy as np
 
 from bf16bridge.core import dtypes
 from bf16bridge.core import registry
-from bf16bridge.adapters.numpy import aligned_empty
+from bf16bridge.core.memory import aligned_empty
 from bf16bridge.core.convert import convert, plan
 from bf16bridge.errors import FrameworkNotInstalledError, InvalidArgumentError
-from bf16bridge.cli.tables import aligned_source, table
+from bf16bridge.cli.tables import aligned_source
+from bf16bridge.core.text import table
 from bf16bridge.cli.workarounds import WORKAROUNDS, ZERO_COPY_ALREADY
 
 

@@ -34,10 +34,8 @@ QUIET_LEVEL = 1
 # jax's JAX_LOGGING_LEVEL, counted as jax counts it for its C++ logs (jax/_src/logging_config.py)
 _JAX_LEVELS = {"DEBUG": 0, "INFO": 0, "WARN": 1, "WARNING": 1, "ERROR": 2, "CRITICAL": 3, "FATAL": 3}
 
-# The native log lines of tensorflow and jaxlib, whose C++ logs through absl: absl's notice that
-# it is not set up yet, and lines like "I0000 00:00:1795.. 1900 port.cc:153] oneDNN custom
-# operations are on ..."; tensorflow 2.21 writes these two at import, twice, whatever
-# TF_CPP_MIN_LOG_LEVEL says.
+# The native log lines the frameworks' C++ writes through absl (absl's not-set-up notice, and
+# lines like "I0000 00:00:1795.. 1900 port.cc:153] ..."), some at import whatever TF_CPP_MIN_LOG_LEVEL says.
 _ABSL_NOTICE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR")
 _ABSL_LINE = re.compile(r"([IWE])\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
 _SEVERITY = {"I": 0, "W": 1, "E": 2}
@@ -220,45 +218,8 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
     from bf16bridge.parity import parse, render, runner
 
     parse(args.policy)  # a policy that cannot be read is refused before anything runs
-    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        parser.error(f"--output {args.output}: no such directory; create it or write elsewhere")
-    if args.output and os.path.isdir(args.output):
-        parser.error(f"--output {args.output} is a directory; name a file in it")
-    if args.output:  # before the run, which would otherwise end in a raw error and lose its results
-        _writable(parser, args.output)
-    if args.recheck:
-        # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
-        # the one asked for
-        ignored = [opt for opt, given in (("--ops", args.ops is not None),
-                                          ("--frameworks", args.frameworks is not None),
-                                          ("--set", args.set), ("--seed", args.seed is not None)) if given]
-        if ignored:
-            parser.error(f"--recheck judges saved results again and runs nothing; {', '.join(ignored)} "
-                         "would change nothing: leave them out, or run without --recheck")
-        reports = runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
-    else:
-        params = {}
-        for item in args.set:
-            name, _, value = item.partition("=")
-            if not value.isdecimal():
-                parser.error(f"--set takes NAME=INTEGER; got {item!r}")
-            if name in params:
-                parser.error(f"--set {name} given twice")
-            params[name] = int(value)
-        for opt, value in (("--ops", args.ops), ("--frameworks", args.frameworks)):
-            if value is not None and not value.strip(", "):  # left out, it means all; given, it names none
-                parser.error(f"{opt} {value!r} names nothing; name one or more (or leave {opt} out for all)")
-        ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) if args.ops is not None else None
-        unknown = [o for o in ops or () if o not in runner.OPS]
-        if unknown:
-            parser.error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                         f"built-in ops: {', '.join(runner.OPS)}")
-        frameworks = _asked(args.frameworks, parser) if args.frameworks is not None else None
-        if frameworks is not None and len(frameworks) < 2:
-            parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
-                         f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
-        reports = runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed or 0, params=params,
-                               allow_missing=args.allow_missing)
+    _check_output(parser, args.output)
+    reports = _recheck(parser, args, runner) if args.recheck else _suite(parser, args, runner)
     summary = _summary(reports, args.policy)
     if args.format == "json":
         out = runner.dumps(reports)
@@ -278,6 +239,55 @@ def _parity(parser: argparse.ArgumentParser, args) -> int:
         if args.format != "text":  # the report is data; the verdict goes where a person sees it
             print(summary, file=sys.stderr)
     return 0 if reports and all(r.passed for r in reports) and any(r.pairs for r in reports) else 1
+
+
+def _check_output(parser: argparse.ArgumentParser, output: str | None) -> None:
+    """A usage error unless --output names a file that can be written, checked before the run,
+    which would otherwise end in a raw error and lose its results."""
+    if not output:
+        return
+    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        parser.error(f"--output {output}: no such directory; create it or write elsewhere")
+    if os.path.isdir(output):
+        parser.error(f"--output {output} is a directory; name a file in it")
+    _writable(parser, output)
+
+
+def _recheck(parser: argparse.ArgumentParser, args, runner) -> list:
+    # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
+    # the one asked for
+    ignored = [opt for opt, given in (("--ops", args.ops is not None),
+                                      ("--frameworks", args.frameworks is not None),
+                                      ("--set", args.set), ("--seed", args.seed is not None)) if given]
+    if ignored:
+        parser.error(f"--recheck judges saved results again and runs nothing; {', '.join(ignored)} "
+                     "would change nothing: leave them out, or run without --recheck")
+    return runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
+
+
+def _suite(parser: argparse.ArgumentParser, args, runner) -> list:
+    params = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not value.isdecimal():
+            parser.error(f"--set takes NAME=INTEGER; got {item!r}")
+        if name in params:
+            parser.error(f"--set {name} given twice")
+        params[name] = int(value)
+    for opt, value in (("--ops", args.ops), ("--frameworks", args.frameworks)):
+        if value is not None and not value.strip(", "):  # left out, it means all; given, it names none
+            parser.error(f"{opt} {value!r} names nothing; name one or more (or leave {opt} out for all)")
+    ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) if args.ops is not None else None
+    unknown = [o for o in ops or () if o not in runner.OPS]
+    if unknown:
+        parser.error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                     f"built-in ops: {', '.join(runner.OPS)}")
+    frameworks = _asked(args.frameworks, parser) if args.frameworks is not None else None
+    if frameworks is not None and len(frameworks) < 2:
+        parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
+                     f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
+    return runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed or 0, params=params,
+                        allow_missing=args.allow_missing)
 
 
 def _writable(parser: argparse.ArgumentParser, path: str) -> None:
@@ -376,11 +386,10 @@ def _native_logs_below(level: int):
 def console_main() -> None:
     """The console script (``bf16bridge``, ``python -m bf16bridge``): main(), then leave at once.
 
-    torch, tensorflow and jax imported into one process have crashed at interpreter
-    shutdown here ("terminate called without an active exception"), turning a run that
-    passed into a failed exit status. The script owns its process, so it flushes its
-    output and exits with main()'s status without that shutdown; library callers use
-    main(), which returns.
+    Several frameworks' native libraries in one process can abort at interpreter shutdown,
+    turning a run that passed into a failed exit status. The script owns its process, so it
+    flushes its output and exits with main()'s status without that shutdown; library callers
+    use main(), which returns.
 
     A reader that closes the pipe early (``| head``) ends the script quietly with status
     BROKEN_PIPE (141), not a traceback.

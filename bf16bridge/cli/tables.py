@@ -1,38 +1,13 @@
-"""Tables as plain text (columns padded with spaces) or GitHub markdown: the one renderer
-the demo, the route matrix, the benchmark report and the parity report share."""
+"""The dtype support matrix (`bf16bridge matrix --dtype`) and docs/dtypes.md's generated block,
+asked of bb.plan and bb.convert on real tensors of each framework."""
 
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
-FORMATS = ("text", "markdown")
+from bf16bridge.core.text import table
 
-
-def table(head: Sequence, rows: Iterable[Sequence], fmt: Literal["text", "markdown"] = "text") -> str:
-    """``head`` and each row of ``rows`` as one table, every cell through ``str``.
-
-    ``text``: columns left-aligned, two spaces apart, trailing spaces dropped.
-    ``markdown``: a pipe table; a ``|`` inside a cell is escaped and a newline
-    becomes a space, so a cell never breaks the table.
-    """
-    head = [str(c) for c in head]
-    body = [[str(c) for c in r] for r in rows]
-    for i, r in enumerate(body):
-        if len(r) != len(head):
-            raise ValueError(f"table: row {i} has {len(r)} cells, the head {len(head)}: {r!r}")
-    if fmt == "markdown":
-        def line(cells):
-            return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
-
-        return "\n".join([line(head), "|" + "---|" * len(head)] + [line(r) for r in body])
-    if fmt != "text":
-        raise ValueError(f"table: fmt must be one of {', '.join(FORMATS)}; got {fmt!r}")
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + body)
-
-
-# -- the dtype support matrix: `bf16bridge matrix --dtype`, docs/dtypes.md ---------------------
 # Asked of bb.plan and bb.convert on real tensors of each framework (imported here, lazily),
 # never written down: the tests compare docs/dtypes.md with what these return.
 
@@ -59,7 +34,7 @@ def _base(dtype: str):
     """A numpy array of every bit pattern of ``dtype`` (of the row it unpacks to, for a packed
     row numpy cannot hold), 64-byte aligned: what each source tensor is made from."""
     from bf16bridge.core import dtypes
-    from bf16bridge.adapters.numpy import aligned_empty
+    from bf16bridge.core.memory import aligned_empty
 
     name = dtypes.PACKED.get(dtype, dtype)
     bits = dtypes.all_patterns(name)
@@ -92,8 +67,8 @@ def _source(base, dtype: str, framework: str):
 def aligned_source(base, framework: str):
     """``base`` (a 64-byte aligned numpy array) as a tensor of ``framework``, 64-byte aligned as the
     matrices assume of their inputs: a copy in memory of the framework's own where that lands aligned,
-    else one sharing ``base``'s memory where the route takes it as it is (jax 0.4.30 aligns its own
-    buffers to 16 bytes, 64 only by chance, so the jax -> tensorflow row varied run to run). Where
+    else one sharing ``base``'s memory where the route takes it as it is (a framework's own buffers
+    may be aligned to fewer bytes, and a row would then vary from run to run). Where
     neither is aligned, or no pointer can be read, the copy: its rows then say why they copy."""
     from bf16bridge.core import registry
     from bf16bridge.core.adapter import ALIGN
@@ -232,7 +207,7 @@ def packing_rows() -> list[dict]:
 
     from bf16bridge.core import dtypes
     from bf16bridge.core import registry
-    from bf16bridge.adapters.numpy import aligned_empty
+    from bf16bridge.core.memory import aligned_empty
     from bf16bridge.core.convert import convert
 
     out = []

@@ -18,6 +18,15 @@ def _np():
     return np, ml_dtypes
 
 
+def _tf():
+    from bf16bridge.core import registry
+
+    registry.get("tensorflow")  # its adapter imports it first, quieting its import warning
+    import tensorflow as tf
+
+    return tf
+
+
 def torch_to_numpy(t):
     np, ml = _np()
     return t.float().numpy().astype(ml.bfloat16)
@@ -30,7 +39,7 @@ def torch_to_jax(t):
 
 
 def torch_to_tensorflow(t):
-    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
+    tf = _tf()
 
     return tf.cast(tf.constant(t.float().numpy()), tf.bfloat16)
 
@@ -49,7 +58,7 @@ def numpy_to_jax(a):
 
 
 def numpy_to_tensorflow(a):
-    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
+    tf = _tf()
 
     return tf.constant(a)
 
@@ -67,7 +76,7 @@ def jax_to_torch(j):
 
 
 def jax_to_tensorflow(j):
-    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
+    tf = _tf()
 
     np, _ = _np()
     return tf.constant(np.asarray(j))

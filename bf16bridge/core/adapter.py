@@ -144,7 +144,7 @@ class Adapter:
     label_import: ClassVar[str] = "from_dlpack"
     label_copy: ClassVar[str] = "copy"
 
-    #: the narrow rows (dtypes.NARROW_DTYPES) this framework holds, and why not each of the
+    #: the low-precision rows (dtypes.LOW_PRECISION) this framework holds, and why not each of the
     #: others, found by trying when the adapter is built; the base cannot_hold reads them
     narrow_held: ClassVar[frozenset] = frozenset()
     narrow_why: ClassVar[dict[str, str]] = {}
@@ -284,13 +284,13 @@ class Adapter:
         """``x`` (the carrier of packed row ``dtype``) as its values one a byte: the last dimension doubles."""
         raise NotImplementedError(f"{self.name} does not unpack")
 
-    #: ``narrow`` is offered (a checked int64 -> int32 conversion for fallback="auto")
-    narrows: ClassVar[bool] = False
+    #: ``fit_int`` is offered (a checked int64 -> int32 conversion for fallback="auto": dtypes.INT32_OF)
+    fits_int: ClassVar[bool] = False
 
-    def narrow(self, x, dtype: str):
-        """``x`` as the narrower integer ``dtype``, after checking every value fits; else our
+    def fit_int(self, x, dtype: str):
+        """``x`` as the 32-bit integer ``dtype``, after checking every value fits; else our
         ``UnsupportedDtypeError`` naming the range and the way out."""
-        raise NotImplementedError(f"{self.name} does not narrow")
+        raise NotImplementedError(f"{self.name} does not fit 64-bit integers into 32 bits")
 
     def mark_readonly(self, x):
         """``x`` marked read-only, for frameworks that mark memory (default: as it is)."""

@@ -21,18 +21,18 @@ import os
 from functools import lru_cache, partial
 from typing import Any, Callable, NamedTuple
 
-from bf16bridge.core import dtypes
-from bf16bridge.core import registry
+from bf16bridge.core import dtypes, policy, registry
 from bf16bridge.core.adapter import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
-from bf16bridge.errors import CopyRequiredError, CopyTooLargeError, DeviceError, InvalidArgumentError, UnsupportedDtypeError
 from bf16bridge.core.plan import Plan, Step, size
 from bf16bridge.core.registry import HUB
+from bf16bridge.errors import (CopyRequiredError, CopyTooLargeError, DeviceError, InvalidArgumentError,
+                               UnsupportedDtypeError)
 
 FALLBACKS = ("error", "float32", "bits", "auto")
 
 
-class State(NamedTuple):
-    """A node of the graph: a tensor in some framework, with what matters for the next step."""
+class Node(NamedTuple):
+    """A node of the route graph: a tensor in some framework, with what matters for the next step."""
 
     framework: str
     dtype: str
@@ -48,7 +48,7 @@ class State(NamedTuple):
 
 class Route(NamedTuple):
     steps: tuple
-    final: State
+    final: Node
     dtype: str
     decision: str | None  # why the dtype changed (fallback), or None
 
@@ -62,7 +62,7 @@ def _holds_readonly(a: Adapter) -> bool:
     return a.immutable or a.marks_readonly
 
 
-def _copy_reason(s: State, target: Adapter, copy: bool | None) -> str:
+def _copy_reason(s: Node, target: Adapter, copy: bool | None) -> str:
     if copy:
         return "copy=True"
     if not s.host:
@@ -77,9 +77,9 @@ def _copy_reason(s: State, target: Adapter, copy: bool | None) -> str:
     return "; ".join(why) or "needed by the next step"
 
 
-def _fresh(a: Adapter, dtype: str, host: bool) -> State:
-    """The state of a new buffer ``a`` made: contiguous, aligned as ``a`` allocates, writable, not shared."""
-    return State(a.name, dtype, CONTIGUOUS, a.copies_aligned, False, False, host)
+def _fresh(a: Adapter, dtype: str, host: bool) -> Node:
+    """The node of a new buffer ``a`` made: contiguous, aligned as ``a`` allocates, writable, not shared."""
+    return Node(a.name, dtype, CONTIGUOUS, a.copies_aligned, False, False, host)
 
 
 def _widenings(dtype: str) -> tuple[str, ...]:
@@ -96,8 +96,8 @@ def _wider(goal: frozenset) -> frozenset:
     return frozenset(d for d in dtypes.NAMES if goal & set(_widenings(d)))
 
 
-def _enter(s: State, src: Adapter, dst: Adapter, copies: bool) -> State | None:
-    """The state after moving into ``dst``; None if ``dst`` cannot take it that way."""
+def _enter(s: Node, src: Adapter, dst: Adapter, copies: bool) -> Node | None:
+    """The node after moving into ``dst``; None if ``dst`` cannot take it that way."""
     if dst.host_only and not s.host:
         return None
     if not dst.holds(s.dtype):
@@ -140,95 +140,143 @@ def _via_dlpack(a: Adapter, b: Adapter, readonly: bool, host: bool, aligned: boo
     return run
 
 
-def _edges(s: State, adapters: dict, target: str, goal: frozenset, copy: bool | None):
-    """Yield (cost, Step, next State) for every step out of state ``s``."""
-    a = adapters[s.framework]
-    # bit-views within a framework: a row <-> the unsigned integer carrying its bits, and back
-    # to that row only (the state remembers which row a carrier carries)
+class _Search(NamedTuple):
+    """What one search asks of every edge: the adapters it may pass through, the target, the goal
+    dtypes, and ``copy``."""
+
+    adapters: dict
+    target: str
+    goal: frozenset
+    copy: bool | None
+
+
+def _bitviews(s: Node, a: Adapter, q: _Search):
+    """A row <-> the unsigned integer carrying its bits, and back to that row only."""
     view: tuple[str, str | None] | None = None
     if s.carries is not None:
         if a.views_bits(s.carries):
             view = (s.carries, None)
     elif s.dtype in dtypes.BITS_OF and a.views_bits(s.dtype):
         view = (dtypes.BITS_OF[s.dtype], s.dtype)
-    if view is not None and not (copy is False and not a.bitview_free):  # jax's bit-cast copies
+    if view is not None and not (q.copy is False and not a.bitview_free):  # jax's bit-cast copies
         d, carries = view
         copies = not a.bitview_free
         nxt = (_fresh(a, d, s.host) if copies else s)._replace(dtype=d, carries=carries)
         yield int(copies), Step("bitview", a.name, a.label_bitview.format(dtype=d), d, copies,
                                 "the framework's bit-view copies" if copies else "", False,
                                 run=a.bitview_to(d)), nxt
-    # packing: one value a byte <-> two a byte (torch's float4_e2m1fn_x2), by an adapter's kernels
-    if a.packs and s.host and copy is not False:
-        packed = dtypes.UNPACKED.get(s.dtype) if s.carries is None else None
-        if packed is not None and packed in goal:
-            carrier = dtypes.BITS_OF[packed]
-            yield 1, Step("pack", a.name, a.label_pack.format(dtype=packed), carrier, True,
-                          f"{target} holds {s.dtype} packed {dtypes.ROWS[packed].packing} a byte ({packed})",
-                          run=partial(a.pack, dtype=packed)), _fresh(a, carrier, s.host)._replace(carries=packed)
-        carried = s.carries or ""
-        unpacked = dtypes.PACKED.get(carried)
-        if unpacked is not None and unpacked in goal | _wider(goal) and a.holds(unpacked):
-            yield 1, Step("unpack", a.name, a.label_unpack.format(dtype=unpacked), unpacked, True,
-                          f"{carried} holds {dtypes.ROWS[carried].packing} values a byte; {unpacked} holds one",
-                          run=partial(a.unpack, dtype=carried)), _fresh(a, unpacked, s.host)
-    # no copy or widening by a framework whose kernels abort on this unaligned buffer (tensorflow)
-    if copy is not False and (s.aligned or a.kernels_unaligned):
-        # a copy within the framework: contiguous, aligned as the framework allocates, writable
-        if (s.host or copy) and a.can_copy(s.dtype):
-            # a device tensor is copied on its device; only a host-only target takes it to the host
-            bias = 0 if s.framework == target else 0.5  # with copy=True, copy where the result lives
-            yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True,
-                                 _copy_reason(s, adapters[target], copy), run=a.copy), _fresh(a, s.dtype, s.host)._replace(carries=s.carries)
-        if not s.host and copy and adapters[target].host_only:
-            yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
-                          run=a.to_host), _fresh(a, s.dtype, True)._replace(carries=s.carries)
-        narrow = dtypes.NARROW.get(s.dtype)
-        if narrow is not None and narrow in goal and a.narrows and s.host:
-            yield 2, Step("narrow", a.name, f"narrow to {narrow}, checked", narrow, True,
-                          f"fallback='auto': narrowed where every value fits in {narrow} (checked)",
-                          run=partial(a.narrow, dtype=narrow)), _fresh(a, narrow, s.host)
-        if s.carries is None and s.host:
-            for w in _widenings(s.dtype):
-                if w in goal and a.casts(s.dtype, w):
-                    yield 2, Step("widen", a.name, f"widen to {w} (exact)", w, True, f"fallback: widen to {w}",
-                                  run=partial(a.astype, dtype=w)), _fresh(a, w, s.host)
-    for b in adapters.values():
-        if b is a:
+
+
+def _packings(s: Node, a: Adapter, q: _Search):
+    """One value a byte <-> two a byte (torch's float4_e2m1fn_x2), by an adapter's kernels."""
+    if not (a.packs and s.host and q.copy is not False):
+        return
+    packed = dtypes.UNPACKED.get(s.dtype) if s.carries is None else None
+    if packed is not None and packed in q.goal:
+        carrier = dtypes.BITS_OF[packed]
+        yield 1, Step("pack", a.name, a.label_pack.format(dtype=packed), carrier, True,
+                      f"{q.target} holds {s.dtype} packed {dtypes.ROWS[packed].packing} a byte ({packed})",
+                      run=partial(a.pack, dtype=packed)), _fresh(a, carrier, s.host)._replace(carries=packed)
+    carried = s.carries or ""
+    unpacked = dtypes.PACKED.get(carried)
+    if unpacked is not None and unpacked in q.goal | _wider(q.goal) and a.holds(unpacked):
+        yield 1, Step("unpack", a.name, a.label_unpack.format(dtype=unpacked), unpacked, True,
+                      f"{carried} holds {dtypes.ROWS[carried].packing} values a byte; {unpacked} holds one",
+                      run=partial(a.unpack, dtype=carried)), _fresh(a, unpacked, s.host)
+
+
+def _copies_here(s: Node, a: Adapter, q: _Search) -> bool:
+    """Whether ``a`` may copy (or convert) this tensor: not under copy=False, and not by a framework
+    whose kernels abort on an unaligned buffer (tensorflow)."""
+    return q.copy is not False and (s.aligned or a.kernels_unaligned)
+
+
+def _copies(s: Node, a: Adapter, q: _Search):
+    """A copy within the framework (contiguous, aligned as it allocates, writable), or to the host."""
+    if not _copies_here(s, a, q):
+        return
+    if (s.host or q.copy) and a.can_copy(s.dtype):
+        # a device tensor is copied on its device; only a host-only target takes it to the host
+        bias = 0 if s.framework == q.target else 0.5  # with copy=True, copy where the result lives
+        yield 1 + bias, Step("copy", a.name, a.label_copy, s.dtype, True, _copy_reason(s, q.adapters[q.target], q.copy),
+                             run=a.copy), _fresh(a, s.dtype, s.host)._replace(carries=s.carries)
+    if not s.host and q.copy and q.adapters[q.target].host_only:
+        yield 1, Step("to_host", a.name, "copy to host memory", s.dtype, True, "to host memory",
+                      run=a.to_host), _fresh(a, s.dtype, True)._replace(carries=s.carries)
+
+
+def _int32s(s: Node, a: Adapter, q: _Search):
+    """A 64-bit integer to 32 bits, checked on the values (fallback='auto')."""
+    narrow = dtypes.INT32_OF.get(s.dtype)
+    if narrow is not None and narrow in q.goal and a.fits_int and s.host and _copies_here(s, a, q):
+        yield 2, Step("narrow", a.name, f"narrow to {narrow}, checked", narrow, True,
+                      f"fallback='auto': narrowed where every value fits in {narrow} (checked)",
+                      run=partial(a.fit_int, dtype=narrow)), _fresh(a, narrow, s.host)
+
+
+def _widens(s: Node, a: Adapter, q: _Search):
+    """An exact widening the row's table lists (a fallback)."""
+    if s.carries is None and s.host and _copies_here(s, a, q):
+        for w in _widenings(s.dtype):
+            if w in q.goal and a.casts(s.dtype, w):
+                yield 2, Step("widen", a.name, f"widen to {w} (exact)", w, True, f"fallback: widen to {w}",
+                              run=partial(a.astype, dtype=w)), _fresh(a, w, s.host)
+
+
+def _handoffs(s: Node, a: Adapter, b: Adapter, q: _Search):
+    """An adapter's own hand-off to another framework (its framework's direct call)."""
+    for h in (*a.handoffs(), *b.handoffs()):
+        if h.src != a.name or h.dst != b.name or s.dtype not in h.dtypes or s.layout > h.layouts:
             continue
-        # hand-offs first: at equal copy cost, the first found wins, and an adapter's own
-        # hand-off is its framework's direct call, cheaper per call than a DLPack round trip
-        for h in (*a.handoffs(), *b.handoffs()):
-            if h.src != a.name or h.dst != b.name or s.dtype not in h.dtypes or s.layout > h.layouts:
-                continue
-            reason = h.copies(s.layout, s.aligned)
-            entered = _enter(s, a, b, reason is not None)
-            if entered is not None and reason and not h.copies_aligned:
-                entered = entered._replace(aligned=False)
-            if entered is not None and not (reason and copy is False):
-                yield b.import_copy_cost if reason else 0, Step(
-                    "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
-                    verify=h.verify, run=h.run), entered
-        # DLPack between frameworks
-        unaligned = b.dlpack_unaligned if not s.aligned else "ok"
-        if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts
-                and unaligned != "refuse"):
-            copies = unaligned == "copies"
-            entered = _enter(s, a, b, copies)
-            if entered is not None and not (copies and copy is False):
-                yield b.import_copy_cost if copies else 0, Step(
-                    "dlpack", b.name, b.label_import, s.dtype, copies,
-                    "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
-                    run=_via_dlpack(a, b, s.readonly, s.host, s.aligned)), entered
+        reason = h.copies(s.layout, s.aligned)
+        entered = _enter(s, a, b, reason is not None)
+        if entered is not None and reason and not h.copies_aligned:
+            entered = entered._replace(aligned=False)
+        if entered is not None and not (reason and q.copy is False):
+            yield b.import_copy_cost if reason else 0, Step(
+                "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
+                verify=h.verify, run=h.run), entered
 
 
-def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bool | None, raw: bool = False):
-    """Dijkstra over states: the cheapest list of steps reaching the target with a goal dtype.
+def _dlpacks(s: Node, a: Adapter, b: Adapter, q: _Search):
+    """A DLPack hand-over between frameworks."""
+    unaligned = b.dlpack_unaligned if not s.aligned else "ok"
+    if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts
+            and unaligned != "refuse"):
+        copies = unaligned == "copies"
+        entered = _enter(s, a, b, copies)
+        if entered is not None and not (copies and q.copy is False):
+            yield b.import_copy_cost if copies else 0, Step(
+                "dlpack", b.name, b.label_import, s.dtype, copies,
+                "not 64-byte aligned" if copies else "", verify=b.dlpack_unaligned == "copies",
+                run=_via_dlpack(a, b, s.readonly, s.host, s.aligned)), entered
 
-    A carrier state (an unsigned integer holding another row's bits) ends a route only when
+
+#: the edges out of a node, in the order ties are broken: steps within its framework, then, per other
+#: framework, steps into it (hand-offs before DLPack: an adapter's own is cheaper per call)
+_WITHIN = (_bitviews, _packings, _copies, _int32s, _widens)
+_BETWEEN = (_handoffs, _dlpacks)
+
+
+def _edges(s: Node, q: _Search):
+    """Yield (cost, Step, next Node) for every step out of node ``s``."""
+    a = q.adapters[s.framework]
+    for within in _WITHIN:
+        yield from within(s, a, q)
+    for b in q.adapters.values():
+        if b is not a:
+            for between in _BETWEEN:
+                yield from between(s, a, b, q)
+
+
+def _search(start: Node, adapters: dict, target: str, goal: frozenset, copy: bool | None, raw: bool = False):
+    """Dijkstra over nodes: the cheapest list of steps reaching the target with a goal dtype.
+
+    A carrier node (an unsigned integer holding another row's bits) ends a route only when
     ``raw`` (fallback='bits'): uint8 is uint4's widening and its carrier too, and a bit-view is
     not a widening (padding bits would arrive as values).
     """
+    q = _Search(adapters, target, goal, copy)
     tie = itertools.count()
     heap = [(0, 0, next(tie), start, ())]
     seen = set()
@@ -239,20 +287,20 @@ def _search(start: State, adapters: dict, target: str, goal: frozenset, copy: bo
         seen.add(s)
         if s.framework == target and s.dtype in goal and not (copy and s.shared) and (raw or s.carries is None):
             return steps, s
-        for c, step, nxt in _edges(s, adapters, target, goal, copy):
+        for c, step, nxt in _edges(s, q):
             if nxt not in seen:
                 heapq.heappush(heap, (cost + c, n + 1, next(tie), nxt, steps + (step,)))
     return None
 
 
 @lru_cache(maxsize=1024)
-def _route(source: str, target: str, start: State, must_copy: str | None,
-           copy: bool | None, attempts: tuple, state: tuple) -> Route:
+def _route(source: str, target: str, start: Node, must_copy: str | None,
+           copy: bool | None, attempts: tuple, key: tuple) -> Route:
     """The cheapest route; ``attempts`` are (goal dtypes, decision, raw bits accepted) tried in order.
 
-    ``state`` is ``registry.state(...)`` of the adapters involved: the registry's
-    generation and each adapter's run-time settings (jax's x64 flag). It is part
-    of the cache key only: a route depends on it through what adapters declare.
+    ``key`` is ``registry.route_key(...)``: the registry's generation and the adapters' run-time
+    settings (jax's x64 flag). It is part of the cache key only: a route depends on it through what
+    adapters declare.
     """
     names = dict.fromkeys((source, HUB, target))
     adapters = {n: registry.get(n) for n in names}
@@ -263,17 +311,19 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
         a = adapters[source]
         prefix = (Step("copy", source, a.label_copy, start.dtype, True, must_copy, run=a.copy),)
         start = _fresh(a, start.dtype, start.host)
-    dtype = start.dtype
-
     for goal, decision, raw in attempts:
         found = _search(start, adapters, target, goal, copy, raw)
         if found:
             steps, final = found
             return Route(prefix + steps, final, final.dtype, decision)
+    raise _no_route(source, target, start, adapters, copy, attempts)
 
-    # No route: say why, as precisely as we can.
-    with_copies = next((found for found in (_search(start, adapters, target, goal, None, raw) for goal, _, raw in attempts)
-                        if found), None) if copy is False else None
+
+def _no_route(source: str, target: str, start: Node, adapters: dict, copy: bool | None, attempts: tuple):
+    """Our error when no attempt found a route: why, as precisely as we can, and the way out."""
+    dtype = start.dtype
+    with_copies = next((found for found in (_search(start, adapters, target, goal, None, raw)
+                                            for goal, _, raw in attempts) if found), None) if copy is False else None
     if with_copies:
         steps, _ = with_copies
         why = "; ".join(f"{s.label}: {s.reason}" for s in steps if s.copies)
@@ -281,23 +331,23 @@ def _route(source: str, target: str, start: State, must_copy: str | None,
         # jax's bit-cast, leaves only copy=None)
         fix = [w for w, bad in (("contiguous", start.layout != CONTIGUOUS), ("64-byte aligned", not start.aligned),
                                 ("writable", start.readonly)) if bad]
-        raise CopyRequiredError(f"copy=False, but {source} -> {target} must copy here ({why}); "
-                                "pass copy=None to allow the copy"
-                                + (f", or make the input {' and '.join(fix)}" if fix else ""))
+        return CopyRequiredError(f"copy=False, but {source} -> {target} must copy here ({why}); "
+                                 "pass copy=None to allow the copy"
+                                 + (f", or make the input {' and '.join(fix)}" if fix else ""))
     if not start.host and adapters[target].host_only:
-        raise DeviceError(f"{target} holds host memory only and the {source} input is on a device; "
-                          "pass copy=True to copy it to the host, or move it yourself first")
+        return DeviceError(f"{target} holds host memory only and the {source} input is on a device; "
+                           "pass copy=True to copy it to the host, or move it yourself first")
     if not start.host:
-        raise DeviceError(f"no route takes this {source} device tensor to {target} without a host copy; "
-                          "pass copy=True to allow one")
+        return DeviceError(f"no route takes this {source} device tensor to {target} without a host copy; "
+                           "pass copy=True to allow one")
     held = adapters[target].cannot_hold(dtype)
-    # only the fallbacks that reach the target from here (torch's int2 has no widening kernel, and an
-    # ml_dtypes without int2 leaves no other side to widen it on); asked as copy=None would: a fallback
-    # that copies is still offered under copy=False, whose own error then names copy=None
+    # only the fallbacks that reach the target from here (a row with no widening kernel, or no other
+    # side to widen it on, has none); asked as copy=None would: a fallback that copies is still
+    # offered under copy=False, whose own error then names copy=None
     works = frozenset(fb for fb in ("auto", "float32", "bits")
                       if any(_search(start, adapters, target, goal, None if copy is False else copy, raw)
                              for goal, _, raw in _fixed_attempts(dtype, target, fb)[1:]))
-    raise UnsupportedDtypeError(
+    return UnsupportedDtypeError(
         f"{target} cannot hold {dtype} from {source} bit for bit here"
         + (f" ({held})" if held else "") + "; "
         + _way_out(dtype, target, frozenset().union(*(goal for goal, _, _ in attempts)), works))
@@ -307,8 +357,8 @@ def _way_out(dtype: str, target: str, tried: frozenset = frozenset(),
              works: frozenset = frozenset(("auto", "float32", "bits"))) -> str:
     """The fallbacks the table offers for ``dtype`` and not ``tried`` already, of those that ``works``
     (reach the target), as an error message ends."""
-    if dtype in dtypes.NARROW:
-        return f"or pass fallback='auto' (narrows to {dtypes.NARROW[dtype]} when every value fits, checked)"
+    if dtype in dtypes.INT32_OF:
+        return f"or pass fallback='auto' (narrows to {dtypes.INT32_OF[dtype]} when every value fits, checked)"
     ways = []
     wide = _widenings(dtype)
     if wide and dtypes.ROWS[dtype].family == "narrow" and not tried & set(wide) and "auto" in works:
@@ -324,18 +374,11 @@ def _attempts(dtype: str, target: str, fallback: str, for_compute: bool, device:
     """The goal dtypes to try in order, each with the decision to report and whether a raw
     bit-view (a carrier of the row's bits) may end the route."""
     if dtype in dtypes.PROBED and fallback == "auto":
-        from bf16bridge.capabilities.probing import probe  # cached; it imports no framework
-
-        # no trials: a conversion runs no compute of its own behind the user's back (the narrow
-        # dtypes' matmuls run under the framework's profiler, which stopped a user's running one)
-        # and no device runtime started unless the decision is for compute on that device
-        d = probe(trials=False, devices=for_compute and device != "cpu").decide(
-            target, for_compute=for_compute, device=device)
-        # the probe answers the row's own name, "float32" or "bits"
-        goal = {"float32": "float32", "bits": dtypes.BITS_OF[dtype]}.get(d.dtype, dtype)
-        return ((frozenset([goal]), f"{goal} (fallback='auto': {d.reason})", d.dtype == "bits"),)
-    if dtype in dtypes.NARROW and fallback == "auto":
-        narrow = dtypes.NARROW[dtype]
+        chosen, reason = policy.decide(target, for_compute, device)  # the row's own name, "float32" or "bits"
+        goal = {"float32": "float32", "bits": dtypes.BITS_OF[dtype]}.get(chosen, dtype)
+        return ((frozenset([goal]), f"{goal} (fallback='auto': {reason})", chosen == "bits"),)
+    if dtype in dtypes.INT32_OF and fallback == "auto":
+        narrow = dtypes.INT32_OF[dtype]
         return ((frozenset([dtype]), None, False),
                 (frozenset([narrow]), f"{narrow} (fallback='auto': {target} cannot hold {dtype} here; "
                                       f"narrowed where every value fits in {narrow}, checked when converting: "
@@ -445,9 +488,9 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
              fallback: str = "error", for_compute: bool = False) -> Plan:
     """The plan for an already-described input (``convert`` calls this; arguments already checked)."""
     host = src.device == "cpu"
-    start = State(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
+    start = Node(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
-    route = _route(source, target, start, src.must_copy, copy, attempts, registry.state(source, target))
+    route = _route(source, target, start, src.must_copy, copy, attempts, registry.route_key(source, target))
     if _packing_fails(src, route.steps):
         # packing pairs values along the last dimension: an odd one, or a 0-d input either way
         # (a 0-d packed tensor holds two values), takes the next fallback asked for, if any, else
@@ -455,7 +498,7 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         twins = dtypes.PACKED.keys() | dtypes.UNPACKED.keys()
         later = tuple(a for a in attempts if not (a[0] & twins))
         try:
-            route = _route(source, target, start, src.must_copy, copy, later, registry.state(source, target))
+            route = _route(source, target, start, src.must_copy, copy, later, registry.route_key(source, target))
         except UnsupportedDtypeError:
             _check_packing(src, source, target, route.steps)
             raise

@@ -10,24 +10,16 @@ first use, under a lock, so several threads may ask at once.
 
 from __future__ import annotations
 
-import collections
-import functools
 import importlib
-import itertools
-import operator
-import struct
+import inspect
 import sys
 import threading
-import types
-import weakref
-from collections import abc
-from typing import Any, NamedTuple, TypeVar
-
-import numpy as np
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core.adapter import Adapter
-from bf16bridge.errors import FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError, UnsupportedTypeError
+from bf16bridge.errors import (FrameworkNotInstalledError, InvalidArgumentError, UnknownFrameworkError,
+                               UnsupportedTypeError)
 
 
 class AdapterSpec(NamedTuple):
@@ -50,7 +42,9 @@ HUB = "numpy"
 _SPECS: dict[str, AdapterSpec] = {}
 _ALIASES: dict[str, str] = {}
 _LOADED: dict[str, Adapter] = {}
-_TYPE_CACHE: dict[type, str] = {}
+#: type -> the framework whose tensors are of that type, for every type seen so far (read it; the
+#: registry fills it, and empties it when a framework is registered)
+TENSOR_TYPES: dict[type, str] = {}
 _LOCK = threading.RLock()
 #: names that stand for a framework decided when asked: name -> "module:function" returning it
 _DYNAMIC: dict[str, str] = {}
@@ -80,6 +74,29 @@ def register_adapter(
     path whose ``HOOKS`` attribute serves it (``bf16bridge.adapters.hooks``); a feature left out
     gets the adapter itself where it implements that protocol, else the protocol's defaults.
     """
+    spec = _spec(name, module, types, aliases, extra, requires, hooks)
+    key = spec.name
+    with _LOCK:
+        taken = {key, *spec.aliases}
+        clash = [n for n in taken if (n in _SPECS or n in _ALIASES) and _ALIASES.get(n, n) != key]
+        if (key in _SPECS or clash) and not replace:
+            raise InvalidArgumentError(
+                f"register_adapter: {sorted(clash) or [key]} already registered; pass replace=True to override"
+            )
+        _SPECS[key] = spec
+        for alias in spec.aliases:
+            _ALIASES[alias] = key
+        _LOADED.pop(key, None)
+        _HOOKS.clear()
+        TENSOR_TYPES.clear()
+        global _GENERATION
+        _GENERATION += 1
+        for callback in _ON_CHANGE:
+            callback()
+
+
+def _spec(name, module, types, aliases, extra, requires, hooks) -> AdapterSpec:
+    """``register_adapter``'s arguments checked (our error naming the one that is wrong), as a row."""
     def names(what: str, value, check=lambda v: True, form: str = "names") -> tuple:
         # a str is a sequence too: taken as one, each letter would be a type or an alias
         if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(
@@ -99,33 +116,26 @@ def register_adapter(
     if hooks is not None and not (isinstance(hooks, dict) and all(
             isinstance(k, str) and isinstance(v, str) and v for k, v in hooks.items())):
         raise InvalidArgumentError(f"register_adapter: hooks must be a dict of feature -> import path; got {hooks!r}")
-    key = name.lower()
-    with _LOCK:
-        taken = {key, *(a.lower() for a in aliases)}
-        clash = [n for n in taken if (n in _SPECS or n in _ALIASES) and _ALIASES.get(n, n) != key]
-        if (key in _SPECS or clash) and not replace:
-            raise InvalidArgumentError(
-                f"register_adapter: {sorted(clash) or [key]} already registered; pass replace=True to override"
-            )
-        instance = module if isinstance(module, Adapter) else None
-        spec = AdapterSpec(
-            name=key,
-            module=module if isinstance(module, str) else "",
-            types=tuple(types),
-            aliases=tuple(a.lower() for a in aliases),
-            extra=extra,
-            requires=requires,
-            instance=instance,
-            hooks=tuple(sorted((hooks or {}).items())),
-        )
-        _SPECS[key] = spec
-        for alias in spec.aliases:
-            _ALIASES[alias] = key
-        _LOADED.pop(key, None)
-        _HOOKS.clear()
-        _TYPE_CACHE.clear()
-        global _GENERATION
-        _GENERATION += 1
+    return AdapterSpec(
+        name=name.lower(),
+        module=module if isinstance(module, str) else "",
+        types=types,
+        aliases=tuple(a.lower() for a in aliases),
+        extra=extra,
+        requires=requires,
+        instance=module if isinstance(module, Adapter) else None,
+        hooks=tuple(sorted((hooks or {}).items())),
+    )
+
+
+#: what register_adapter calls after every change: caches of what adapters declare empty themselves
+_ON_CHANGE: list[Callable[[], None]] = []
+
+
+def on_change(callback: Callable[[], None]) -> None:
+    """Call ``callback()`` after every ``register_adapter`` (a cache of plans or routes forgets them)."""
+    if callback not in _ON_CHANGE:
+        _ON_CHANGE.append(callback)
 
 
 def generation() -> int:
@@ -133,9 +143,9 @@ def generation() -> int:
     return _GENERATION
 
 
-def state(source: str, target: str) -> tuple:
-    """What a route from ``source`` to ``target`` depends on beyond the input: the registry's
-    generation and the run-time settings of the adapters a route may pass through
+def route_key(source: str, target: str) -> tuple:
+    """What a route from ``source`` to ``target`` depends on beyond the input, as a cache key: the
+    registry's generation and the run-time settings of the adapters a route may pass through
     (``Adapter.state()``, e.g. jax's x64 flag, which can change between two calls)."""
     return (_GENERATION, get(source).state(), get(HUB).state(), get(target).state())
 
@@ -321,265 +331,60 @@ def not_a_tensor(x) -> str | None:
     return None
 
 
-#: how much one look into an object's attributes reads before it stops, in values (a value's type
-#: is asked where it is, in C: some 25 ns, so a vocabulary of 400,000 words is read in a few
-#: milliseconds); an object entered (its attributes read in Python) and a level of the look (its
-#: sets and lists) are charged what they cost, measured against a value: about 1 and 2 us
-LOOK_BUDGET = 2_000_000
-OBJECT_COST = 50
-LEVEL_COST = 100
-#: the most objects one look enters: a look through an object graph (a linked list of nodes, a
-#: level each) stops after a few milliseconds, whatever the budget has left
-LOOK_OBJECTS = 1_000
-#: a tuple or frozenset longer than this is entered once a look, as a list is (a label tuple shared
-#: by many examples is read once); shorter ones are read wherever they are (asking costs more)
-_SHARED_LEN = 16
-
-
-def held_in_attributes(x, as_is=None) -> tuple[str, ...]:
-    """The names of the attributes of a plain object (its ``__dict__`` and ``__slots__``; a
-    ``functools.partial``'s arguments) that hold a tensor of a registered framework, at any depth
-    of the lists, tuples, sets, dicts (keys and values), weak references, numpy object arrays and
-    other objects' attributes there (each object and container entered once: a cycle ends); numpy
-    scalars and numpy arrays of strings are plain values. ``as_is(tensor)``: a tensor for which it
-    is true (the caller would hand it back as it is) does not count. The attributes whose holdings
-    are not known are named too: the look read more than its budget (``LOOK_BUDGET`` values,
-    ``LOOK_OBJECTS`` objects; the attribute it read most of is named), or reading one raised. () for
-    an object with none, and for a class or a module, whose attributes are no data of theirs."""
-    found, unknown, _ = look(x, as_is)
-    return found + unknown
-
-
-def look(x, as_is=None) -> tuple[tuple[str, ...], tuple[str, ...], str]:
-    """``held_in_attributes``'s answer in parts: the attributes found holding a tensor, those whose
-    holdings are not known, and why not ("" where every one is known)."""
-    if issubclass(type(x), (type, types.ModuleType)):
-        return (), (), ""
-    found: list[str] = []
-    unknown: list[str] = []
-    why = ""
-    state = _Look(as_is, id(x))
-    spent: dict[str, int] = {}
-    for name, value in _attributes(x):
-        name = str(name)
-        before = state.values
-        try:
-            holds = _holds_tensor(value, state)
-        except Exception as err:  # noqa: BLE001 - a container's own error (its __iter__, values(), a type's __hash__)
-            unknown.append(name)
-            why = why or f"reading its attribute {name} raised {type(err).__name__}: {err}"
-            continue
-        spent[name] = before - state.values
-        if holds is None:  # the budget is spent: named after the attribute that took most of it
-            most = max(spent, key=spent.__getitem__)
-            return (tuple(found), (*unknown, most), why or (
-                f"its attributes hold more than a look for tensors reads ({LOOK_BUDGET:,} values or "
-                f"{LOOK_OBJECTS:,} objects; the most in {most})"))
-        if holds:
-            found.append(name)
-    return tuple(found), tuple(unknown), why
-
-
-#: ids shifted right by this are still distinct: every object holds at least a reference count and
-#: a type pointer (two pointers: 16 bytes where a pointer has 8), so no two share a block of that size
-_ID_SHIFT = (2 * struct.calcsize("P")).bit_length() - 1
-
-
-class _Look:
-    """What one look carries across an object's attributes: what is left of its budget, the kinds
-    of the types met, and the containers entered under attributes found to hold no tensor (each of
-    them was read through, so another attribute reaching one need not read it again)."""
-
-    __slots__ = ("as_is", "values", "objects", "kinds", "clean", "entered")
-
-    def __init__(self, as_is, root: int):
-        self.as_is = as_is
-        self.values = LOOK_BUDGET
-        self.objects = LOOK_OBJECTS
-        self.kinds: dict = {}  # type -> kind: a long list is asked once a type
-        self.clean = {root >> _ID_SHIFT}  # (the object itself: each of its attributes is looked at on its own)
-        self.entered: set = set()  # under the attribute being looked at
-
-    def fresh(self, values: list) -> list:
-        """Those of ``values`` (containers, objects) not entered yet, now entered."""
-        if len(values) == 1:  # (a level of one: the common case in a nested config)
-            k = id(values[0]) >> _ID_SHIFT
-            if k in self.entered or k in self.clean:
-                return []
-            self.entered.add(k)
-            return values
-        # (a set of the ids, in C, where all are new: a Python loop over 600,000 small lists costs
-        # more than reading them; ids shifted: an object's address is a multiple of 16, which
-        # leaves a set of them colliding, and no two objects share one shifted: _ID_SHIFT)
-        keys = set(map(operator.rshift, map(id, values), itertools.repeat(_ID_SHIFT)))
-        if len(keys) == len(values) and keys.isdisjoint(self.entered) and keys.isdisjoint(self.clean):
-            self.entered |= keys
-            return values
-        fresh = []
-        for v in values:
-            k = id(v) >> _ID_SHIFT
-            if k not in self.entered and k not in self.clean:
-                self.entered.add(k)
-                fresh.append(v)
-        return fresh
-
-
-def _attributes(x) -> list:
-    """``(name, value)`` of an object's attributes: its ``__dict__``, its ``__slots__``, a
-    ``functools.partial``'s arguments; none where reading them raises (a proxy)."""
-    try:  # a proxy's __getattr__ may raise anything: then there is nothing we can read
-        attrs = getattr(x, "__dict__", None)
-    except Exception:  # noqa: BLE001
-        attrs = None
-    items = list(attrs.items()) if isinstance(attrs, dict) else []
-    if isinstance(x, functools.partial):
-        items += [("args", x.args), ("keywords", x.keywords)]
-    for cls in type(x).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            stored = f"_{cls.__name__.lstrip('_')}{name}" if name.startswith("__") and not name.endswith("__") else name
-            try:
-                items.append((name, getattr(x, stored)))
-            except Exception:  # noqa: BLE001 - an unset slot (AttributeError), a failing descriptor
-                pass
-    return items
-
-
-_PLAIN, _TENSOR, _IMMUTABLE, _MUTABLE, _DICT, _REF, _OBJECT = range(7)
-#: values that hold no tensor: Python's scalars, numpy's (a numpy type, but a plain value), classes, modules
-_PLAIN_TYPES = (str, bytes, int, float, complex, type(None), type, types.ModuleType, np.generic,
-                types.FunctionType, types.BuiltinFunctionType, range)
-
-
-def _kind(t: type, kinds: dict) -> int:
-    kind = kinds.get(t)
-    if kind is None:
-        if issubclass(t, _PLAIN_TYPES):
-            kind = _PLAIN
-        elif _framework_of_type(t) is not None:
-            kind = _TENSOR
-        elif issubclass(t, (tuple, frozenset)):
-            kind = _IMMUTABLE  # (a cycle through one passes through a mutable container or an object)
-        elif issubclass(t, (list, set, collections.deque)):
-            kind = _MUTABLE
-        elif issubclass(t, dict):
-            kind = _DICT
-        elif issubclass(t, weakref.ref):
-            kind = _REF  # (a WeakValueDictionary's values: their referents are looked at)
-        else:
-            kind = _OBJECT
-        kinds[t] = kind
-    return kind
-
-
-def _holds_tensor(value, state: _Look) -> bool | None:
-    """Whether ``value`` holds a tensor ``state.as_is`` does not pass, looking level by level (a
-    level's values by type, a type's kind asked once: 400,000 words are one set of types, read where
-    they are); None where the look runs past its budget, which is charged before what it pays for
-    is read (a level's values, the attributes of the objects entered there)."""
-    state.entered = set()
-    level: list = [(value,)]  # a level: the containers (or lists) whose values are looked at
-    while level:
-        state.values -= sum(map(len, level)) + LEVEL_COST
-        if state.values < 0:
-            return None
-        types_here: set = set()
-        for chunk in level:
-            types_here.update(map(type, chunk))
-        groups: dict[int, set] = {}
-        for t in types_here:
-            kind = _kind(t, state.kinds)
-            if kind != _PLAIN:
-                groups.setdefault(kind, set()).add(t)
-        one_type = len(types_here) == 1
-        deeper: list = []
-        for kind in sorted(groups):  # (tensors first: a look that finds one stops)
-            members = _members(level, groups, one_type, kind)
-            if kind == _TENSOR:
-                arrays = []
-                for v in members:
-                    if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
-                        if v.dtype.kind == "O":  # its elements are objects: looked at as a list's
-                            arrays.append(v)
-                        continue  # strings: plain values
-                    if state.as_is is None or not state.as_is(v):
-                        return True
-                deeper += (a.ravel().tolist() for a in state.fresh(arrays))
-            elif kind == _IMMUTABLE:
-                immutable = list(members)
-                if max(map(len, immutable)) > _SHARED_LEN:
-                    immutable = [v for v in immutable if len(v) <= _SHARED_LEN] + state.fresh(
-                        [v for v in immutable if len(v) > _SHARED_LEN])
-                # (many short containers read as one: a Python loop over them costs more)
-                deeper.append(immutable[0] if len(immutable) == 1 else list(itertools.chain.from_iterable(immutable)))
-            elif kind == _MUTABLE:
-                fresh = state.fresh(list(members))
-                deeper.append(fresh[0] if len(fresh) == 1 else list(itertools.chain.from_iterable(fresh)))
-            elif kind == _DICT:  # keys too: a torch tensor is hashable
-                fresh = state.fresh(list(members))
-                deeper += ((fresh[0], fresh[0].values()) if len(fresh) == 1 else
-                           (list(itertools.chain.from_iterable(fresh)),
-                            list(itertools.chain.from_iterable(d.values() for d in fresh))))
-            elif kind == _REF:
-                deeper.append([r() for r in state.fresh(list(members))])
-            else:
-                members = list(members)
-                n = state.objects + 1  # (where the first n are all new, the look stops: the rest is not asked)
-                fresh = state.fresh(members[:n])
-                if len(fresh) < n:
-                    fresh += state.fresh(members[n:])
-                state.objects -= len(fresh)  # charged before their attributes are read
-                state.values -= OBJECT_COST * len(fresh)
-                if state.objects < 0 or state.values < 0:
-                    return None
-                deeper.append([v for obj in fresh for _, v in _attributes(obj)])
-        level = [chunk for chunk in deeper if len(chunk)]
-    state.clean |= state.entered
-    return False
-
-
-def _members(level: list, groups: dict, one_type: bool, kind: int):
-    """The values of ``level`` of that kind (``groups``: kind -> its types there)."""
-    if kind not in groups:
-        return ()
-    if one_type:
-        return itertools.chain.from_iterable(level)
-    ts = groups[kind]
-    return (v for chunk in level for v in chunk if type(v) in ts)
-
-
-#: containers of Python's own that a tree walk does not enter, and the way out
-_NOT_WALKED = (
-    ((set, frozenset), "a set is not walked (its order is not fixed, and most tensors cannot be set "
-                       "members): pass a list or a tuple"),
-    ((types.GeneratorType,), "a generator is not walked (walking it would use it up): pass a list of "
-                             "what it yields"),
-    ((abc.MappingView,), "a dict view (d.values(), d.items()) is not walked: pass the dict, or list(view)"),
-    ((abc.Iterator,), "an iterator (map, zip, iter(...)) is not walked (walking it would use it up): pass a "
-                      "list of what it yields"),
-)
-
-
 def tensor_framework(x) -> str | None:
     """``framework_of``'s answer, or None where ``x`` is no registered framework's tensor (without
     asking what it is instead: a walk that keeps such objects asks only when it must)."""
     t = type(x)
-    name = _TYPE_CACHE.get(t)  # (the common answer without a call)
-    return name if name is not None else _framework_of_type(t)
+    name = TENSOR_TYPES.get(t)  # (the common answer without a call)
+    return name if name is not None else framework_of_type(t)
 
 
-def _framework_of_type(t: type) -> str | None:
+def framework_of_type(t: type) -> str | None:
     """The registered framework whose tensors are of type ``t`` (cached per type), or None."""
-    name = _TYPE_CACHE.get(t)
+    name = TENSOR_TYPES.get(t)
     if name is not None:
         return name
     for s in _SPECS.values():
         if any(issubclass(t, cls) for cls in _classes(s)):
-            _TYPE_CACHE[t] = s.name
+            TENSOR_TYPES[t] = s.name
             return s.name
     return None
+
+
+def unwrap(x):
+    """The tensor a variable-like wrapper holds in ``.value`` (keras.Variable, nnx.Param), or None.
+    A wrapper with a ``get_value()`` accessor is read through it (flax deprecates ``.value``: read
+    under a warnings filter of "error", it would raise)."""
+    cls = type(x)
+    if callable(getattr(cls, "get_value", None)) and isinstance(inspect.getattr_static(cls, "value", None), property):
+        try:
+            value = x.get_value()
+        except Exception:  # noqa: BLE001 - an accessor that wants arguments, or fails: .value below
+            value = None
+        if value is not None and not callable(value) and tensor_framework(value) is not None:
+            return value
+    try:
+        value = getattr(x, "value", None)
+    except Exception:  # noqa: BLE001 - a property that fails: not a wrapper we can read
+        return None
+    if value is None or callable(value):
+        return None
+    try:
+        framework_of(value)
+    except UnsupportedTypeError:
+        return None
+    return value
+
+
+#: functions adding a hint to framework_of's error: x -> "; what it holds and the way out", or None
+_HINTS: list[Callable[[Any], str | None]] = []
+
+
+def register_hint(function: Callable[[Any], str | None]) -> None:
+    """Make ``framework_of``'s error for an object that is no tensor ask ``function(x)`` for a hint
+    (the trees' scanner: which attributes hold tensors a walk does not enter)."""
+    if function not in _HINTS:
+        _HINTS.append(function)
 
 
 @plain_python
@@ -593,23 +398,16 @@ def framework_of(x) -> str:
     if why is not None:
         raise UnsupportedTypeError(why)
     hint = ""
-    for kinds, way_out in _NOT_WALKED:
-        if isinstance(x, kinds):  # the first that fits: a generator is an iterator too
-            hint = f"; {way_out}"
-            break
-    held, unknown, why = look(x) if not hint else ((), (), "")
-    if held:
-        hint = (f"; it holds tensors in its attributes ({', '.join(held)}), which a tree walk does not enter "
-                "(it keeps such an object only where each of them would come back as it is): make it a "
-                "dataclass (whose fields are walked), or pass the tensors it holds")
-    elif unknown:
-        hint = (f"; {why}, so whether it holds tensors is not known: make it a dataclass (whose fields are "
-                "walked), or leave it out of the tree")
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         hint = (
             "; make an array first, for example "
             "numpy.asarray(x, dtype=ml_dtypes.bfloat16) or torch.tensor(x, dtype=torch.bfloat16)"
         )
+    else:
+        for ask in _HINTS:
+            hint = ask(x) or ""
+            if hint:
+                break
     raise UnsupportedTypeError(
         f"{t.__module__}.{t.__qualname__} is not a tensor of any registered framework "
         f"({', '.join(_SPECS)}){hint}"
@@ -619,11 +417,19 @@ def framework_of(x) -> str:
 register_adapter("numpy", "bf16bridge.adapters.numpy", types=("numpy:ndarray", "numpy:generic"),
                  aliases=("np",), requires="numpy")
 register_adapter("torch", "bf16bridge.adapters.torch.convert", types=("torch:Tensor",),
-                 aliases=("pt", "pytorch"), extra="torch", requires="torch")
+                 aliases=("pt", "pytorch"), extra="torch", requires="torch",
+                 hooks={"bridge": "bf16bridge.adapters.torch.bridge", "cast": "bf16bridge.adapters.torch.cast",
+                        "shard": "bf16bridge.adapters.torch.shards", "probe": "bf16bridge.adapters.torch.probe",
+                        "numerics": "bf16bridge.adapters.torch.numerics", "kernel": "bf16bridge.adapters.torch.kernels"})
 register_adapter("jax", "bf16bridge.adapters.jax.convert", types=("jax:Array", "jax:core.Tracer"),
-                 extra="jax", requires="jax")
+                 extra="jax", requires="jax",
+                 hooks={"bridge": "bf16bridge.adapters.jax.bridge", "shard": "bf16bridge.adapters.jax.shards",
+                        "probe": "bf16bridge.adapters.jax.probe", "numerics": "bf16bridge.adapters.jax.numerics"})
 register_adapter("tensorflow", "bf16bridge.adapters.tensorflow.convert",
                  types=("tensorflow:Tensor", "tensorflow:Variable"),
-                 aliases=("tf",), extra="tensorflow", requires="tensorflow")
+                 aliases=("tf",), extra="tensorflow", requires="tensorflow",
+                 hooks={"bridge": "bf16bridge.adapters.tensorflow.bridge",
+                        "probe": "bf16bridge.adapters.tensorflow.probe",
+                        "numerics": "bf16bridge.adapters.tensorflow.numerics"})
 register_dynamic_alias("keras", "bf16bridge.adapters.keras:backend")
 register_holder("keras", "bf16bridge.adapters.keras:not_a_tensor")

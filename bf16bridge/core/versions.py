@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from bf16bridge.errors import FrameworkNotInstalledError
+from bf16bridge.errors import FrameworkNotInstalledError, PrivateApiError
 
 #: the Pythons CI runs: the oldest (pyproject.toml's requires-python) and the newest (.venv-numpy25)
 PYTHON = ("3.11", "3.12")
@@ -56,6 +56,14 @@ def release(version: str) -> tuple:
 def tested_range(name: str) -> str:
     oldest, newest = TESTED[name]
     return oldest if oldest == newest else f"{oldest} to {newest}"
+
+
+def private_api_missing(framework: str, version: str, api: str, stops: str) -> PrivateApiError:
+    """Our error for private API ``api`` of ``framework`` that this version lacks: names it, what stops
+    working without it, and the versions bf16bridge was checked with."""
+    return PrivateApiError(
+        f"{framework} {version} has no {api}, a private {framework} API bf16bridge relies on: {stops}; "
+        f"bf16bridge is tested with {framework} {tested_range(framework)} (docs/adapters.md, private APIs)")
 
 
 def status(name: str, version: str | None) -> str:

@@ -7,10 +7,11 @@
     rep = bb.parity.run("matmul", frameworks=["torch", "jax", "tensorflow"])
 """
 
-from bf16bridge.parity.compare import Against, Element, Pair, Report, assert_parity, compare, rounding_multiple
+from bf16bridge.parity.compare import Against, Element, Pair, Report, assert_parity, compare
 from bf16bridge.parity.outputs import (LeafOutput, OutputMismatchError, OutputReport, OutputsDifferError, assert_outputs_close,
                       check_cast, compare_outputs)
-from bf16bridge.parity.policies import FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference, ulp
+from bf16bridge.parity.policies import (FRAMEWORK_DEFAULTS, Policy, PolicyError, allclose, exact, parse, reference,
+                                        rounding_multiple, ulp)
 
 __all__ = ["Against", "Element", "FRAMEWORK_DEFAULTS", "Pair", "Policy", "PolicyError", "Report", "allclose",
            "assert_parity", "compare", "exact", "parse", "recheck", "reference", "rounding_multiple", "run", "suite",

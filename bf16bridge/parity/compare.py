@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 from bf16bridge.errors import InvalidArgumentError
-from bf16bridge.parity import metrics
-from bf16bridge.parity.policies import Policy, parse
+from bf16bridge.parity import metrics, render
+from bf16bridge.parity.policies import Policy, parse, rounding_multiple
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,7 @@ class Report:
         return d
 
     def __str__(self) -> str:
-        from bf16bridge.parity.render import text
-
-        return text(self)
+        return render.text(self)
 
 
 def _names(results, names):
@@ -181,91 +180,125 @@ def _one_tensor(what: str, x) -> np.ndarray:
             "its bf16 cast), parity.compare_outputs(reference, candidate)") from err
 
 
+@dataclass(frozen=True)
+class _Elements:
+    """Two results of one shape, flattened element by element: what a Pair counts."""
+
+    a: np.ndarray  # both in the dtype they are compared in (the coarser's)
+    b: np.ndarray
+    note: str | None
+    ca: dict  # metrics.classify of each
+    cb: dict
+    ba: np.ndarray  # their bits
+    bb: np.ndarray
+    lost: np.ndarray  # not held in the compared dtype
+    same: np.ndarray  # bit-identical, and nothing lost by rounding to the compared dtype
+    both: np.ndarray  # finite on both sides, and held
+    both_nan: np.ndarray  # NaN on both sides (payloads may differ: not a mismatch)
+    d: np.ndarray  # ULP distance in the compared dtype
+    xa: np.ndarray  # the values as given, in float64
+    xb: np.ndarray
+    diff: np.ndarray  # |xa - xb|
+
+
+def _elements(a0: np.ndarray, b0: np.ndarray) -> _Elements:
+    a, b, note, lost = metrics.same_dtype(a0, b0)
+    ca, cb = metrics.classify(a), metrics.classify(b)
+    ba, bb_ = metrics.bits(a).reshape(-1), metrics.bits(b).reshape(-1)
+    lost = np.zeros(a.size, bool) if lost is None else lost.reshape(-1)
+    same = ba == bb_
+    for orig, now in ((a0, a), (b0, b)):
+        if orig.dtype != now.dtype and (metrics.kind_of(now) in metrics.KERNEL_KINDS
+                                        or now.dtype.itemsize < orig.dtype.itemsize):
+            # a side rounded to the other's coarser dtype is identical only where the
+            # rounding lost nothing: 1.0001 in float32 is not the bf16 1.0 it rounds to
+            same &= metrics.held_exactly(orig, now).reshape(-1)
+    both = ca["finite"].reshape(-1) & cb["finite"].reshape(-1) & ~lost
+    # errors in value are of the results as given, not as rounded to the compared dtype:
+    # only ULP distances are counted there
+    xa, xb = metrics.to_float64(a0).reshape(-1), metrics.to_float64(b0).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: those elements are counted apart
+        diff = np.abs(xa - xb)
+    return _Elements(a, b, note, ca, cb, ba, bb_, lost, same, both, ca["nan"].reshape(-1) & cb["nan"].reshape(-1),
+                     metrics.ulp_distance(a, b).reshape(-1), xa, xb, diff)
+
+
+def _ulp_counts(e: _Elements) -> dict:
+    """Identical elements, and the ULP distances of those finite on both sides."""
+    df = e.d[e.both]
+    pct = np.percentile(df, [50, 99, 99.9]) if df.size else np.zeros(3)
+    n = e.a.size
+    return dict(identical_fraction=int(np.count_nonzero(e.same)) / n if n else 1.0,
+                finite_compared=int(e.both.sum()), ulp_histogram=metrics.histogram(df),
+                ulp_p50=float(pct[0]), ulp_p99=float(pct[1]), ulp_p999=float(pct[2]),
+                max_ulp=int(df.max()) if df.size else 0)
+
+
+def _value_errors(e: _Elements) -> dict:
+    """max_abs, max_rel, rmse, cosine and the smallest passing rtol, over elements finite on both sides."""
+    diff_f, va, vb = e.diff[e.both], e.xa[e.both], e.xb[e.both]
+    denom = np.maximum(np.abs(va), np.abs(vb))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(denom > 0, diff_f / denom, 0.0)
+        rel_b = np.where(np.abs(vb) > 0, diff_f / np.abs(vb), np.where(diff_f > 0, np.inf, 0.0))
+    return dict(max_abs=float(diff_f.max()) if diff_f.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
+                rmse=_rms(diff_f), cosine=_cosine(va, vb), smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0)
+
+
+def _special_counts(e: _Elements) -> dict:
+    """NaN, infinity, signed-zero and subnormal disagreements, counted apart from the finite ones."""
+    ca, cb = e.ca, e.cb
+    lost_nan = e.lost & (np.isnan(e.xa) | np.isnan(e.xb))  # a float NaN against an integer
+    nan_differ = (ca["nan"] != cb["nan"]).reshape(-1) | lost_nan
+    inf_a, inf_b = ca["inf"].reshape(-1), cb["inf"].reshape(-1)
+    inf_differ = (inf_a != inf_b) | (inf_a & inf_b & (e.ba != e.bb)) | (e.lost & ~lost_nan)  # or beyond its range
+    return dict(
+        # an element inf on one side and NaN on the other is in both columns, counted once here
+        nonfinite_mismatches=int(np.count_nonzero(nan_differ | inf_differ)),
+        nan_mismatches=int(np.count_nonzero(nan_differ)),
+        inf_mismatches=int(np.count_nonzero(inf_differ)),
+        nan_both=int(np.count_nonzero(e.both_nan)),
+        signed_zero_mismatches=int(np.count_nonzero(ca["zero"] & cb["zero"] & (ca["negzero"] != cb["negzero"]))),
+        subnormal_mismatches=int(np.count_nonzero(ca["subnormal"] != cb["subnormal"])))
+
+
+def _worst(e: _Elements, k_worst: int) -> tuple:
+    """The ``k_worst`` elements that differ most: non-finite disagreements first, then the largest ULP distances."""
+    nonfinite = (~e.both & ~e.both_nan & (e.ba != e.bb)) | e.lost
+    score = np.where(e.both, e.d.astype(np.float64), -1.0)
+    score = np.where(nonfinite, np.inf, score)
+    order = np.argsort(-score, kind="stable")[:k_worst]
+    return tuple(
+        Element(tuple(int(i) for i in np.unravel_index(int(j), e.a.shape)), float(e.xa[j]), float(e.xb[j]),
+                metrics.hexbits(e.a, j), metrics.hexbits(e.b, j), int(e.d[j]) if e.both[j] else None, float(e.diff[j]))
+        for j in order if not e.same[j]
+    )
+
+
+def _notes(p: Pair, pol: Policy, a: np.ndarray, b: np.ndarray) -> str | None:
+    """The pair's note, with what the policy adds: a framework's tolerances for these two dtypes,
+    and why close values failed where NaN is on both sides."""
+    notes = [p.note]
+    if pol.by_dtype:
+        kinds = a.dtype.name if a.dtype == b.dtype else f"{a.dtype.name} against {b.dtype.name}"
+        rtol, atol = pol.tolerances(a.dtype.name, b.dtype.name)
+        notes.append(f"{pol.name}'s tolerances for {kinds}: rtol={rtol:g}, atol={atol:g}")
+    if p.nan_both and not pol.equal_nan:
+        notes.append(f"{p.nan_both} element(s) NaN on both sides: {pol.name or 'this policy'} (equal_nan=false) "
+                     "counts a NaN close to nothing")
+    return "; ".join(filter(None, notes)) or p.note
+
+
 def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     """How two results differ, judged by ``pol``."""
     if a.shape != b.shape:
         return Pair(na, nb, tuple(a.shape), a.dtype.name, a.size, passed=False,
                     shape_mismatch=f"shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
-    a0, b0 = a, b
-    a, b, note, lost = metrics.same_dtype(a, b)
-    ca, cb = metrics.classify(a), metrics.classify(b)
-    ba, bb_ = metrics.bits(a).reshape(-1), metrics.bits(b).reshape(-1)
-    n = a.size
-    lost = np.zeros(n, bool) if lost is None else lost.reshape(-1)  # not held in the compared dtype
-    same = ba == bb_
-    for orig, now in ((a0, a), (b0, b)):
-        if orig.dtype != now.dtype and (metrics.kind_of(now) in metrics.NARROW_KINDS
-                                        or now.dtype.itemsize < orig.dtype.itemsize):
-            # a side rounded to the other's coarser dtype is identical only where the
-            # rounding lost nothing: 1.0001 in float32 is not the bf16 1.0 it rounds to
-            same &= metrics.held_exactly(orig, now).reshape(-1)
-    identical = int(np.count_nonzero(same))
-    fa, fb = ca["finite"].reshape(-1), cb["finite"].reshape(-1)
-    both = fa & fb & ~lost
-    d = metrics.ulp_distance(a, b).reshape(-1)
-    df = d[both]
-    # errors in value (max_abs, max_rel, rmse, cosine, worst's values) are of the results as given,
-    # not as rounded to the compared dtype: only ULP distances are counted there
-    xa, xb = metrics.to_float64(a0).reshape(-1), metrics.to_float64(b0).reshape(-1)
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: those elements are counted apart
-        diff = np.abs(xa - xb)
-    diff_f = diff[both]
-    denom = np.maximum(np.abs(xa[both]), np.abs(xb[both]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(denom > 0, diff_f / denom, 0.0)
-        rel_b = np.where(np.abs(xb[both]) > 0, diff_f / np.abs(xb[both]), np.where(diff_f > 0, np.inf, 0.0))
-    va, vb = xa[both], xb[both]
-    cosine = _cosine(va, vb)
-    # worst: non-finite disagreements first, then the largest ULP distances
-    both_nan = ca["nan"].reshape(-1) & cb["nan"].reshape(-1)  # NaN payloads may differ: not a mismatch here
-    nonfinite = (~both & ~both_nan & (ba != bb_)) | lost
-    score = np.where(both, d.astype(np.float64), -1.0)
-    score = np.where(nonfinite, np.inf, score)
-    order = np.argsort(-score, kind="stable")[:k_worst]
-    worst = tuple(
-        Element(tuple(int(i) for i in np.unravel_index(int(j), a.shape)), float(xa[j]), float(xb[j]),
-                metrics.hexbits(a, j), metrics.hexbits(b, j), int(d[j]) if both[j] else None, float(diff[j]))
-        for j in order if not same[j]
-    )
-    pct = np.percentile(df, [50, 99, 99.9]) if df.size else np.zeros(3)
-    lost_nan = lost & (np.isnan(xa) | np.isnan(xb))  # a float NaN against an integer
-    nan_differ = (ca["nan"] != cb["nan"]).reshape(-1) | lost_nan
-    nan_mis = int(np.count_nonzero(nan_differ))
-    inf_a, inf_b = ca["inf"].reshape(-1), cb["inf"].reshape(-1)
-    inf_differ = (inf_a != inf_b) | (inf_a & inf_b & (ba != bb_)) | (lost & ~lost_nan)  # or beyond its range
-    inf_mis = int(np.count_nonzero(inf_differ))
-    # an element inf on one side and NaN on the other is in both columns, counted once here
-    nonfinite_mis = int(np.count_nonzero(nan_differ | inf_differ))
-    p = Pair(
-        na, nb, tuple(a.shape), a.dtype.name, n, None, note,
-        identical_fraction=identical / n if n else 1.0,
-        finite_compared=int(both.sum()),
-        ulp_histogram=metrics.histogram(df),
-        ulp_p50=float(pct[0]), ulp_p99=float(pct[1]), ulp_p999=float(pct[2]),
-        max_ulp=int(df.max()) if df.size else 0,
-        max_abs=float(diff_f.max()) if diff_f.size else 0.0,
-        max_rel=float(rel.max()) if rel.size else 0.0,
-        rmse=_rms(diff_f),
-        cosine=cosine,
-        nonfinite_mismatches=nonfinite_mis,
-        nan_mismatches=nan_mis,
-        inf_mismatches=inf_mis,
-        nan_both=int(np.count_nonzero(both_nan)),
-        signed_zero_mismatches=int(np.count_nonzero(ca["zero"] & cb["zero"] & (ca["negzero"] != cb["negzero"]))),
-        subnormal_mismatches=int(np.count_nonzero(ca["subnormal"] != cb["subnormal"])),
-        worst=worst,
-        smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0,
-    )
-    if pol.by_dtype:  # a framework's tolerances for these two dtypes: the report says which
-        kinds = a0.dtype.name if a0.dtype == b0.dtype else f"{a0.dtype.name} against {b0.dtype.name}"
-        rtol, atol = pol.tolerances(a0.dtype.name, b0.dtype.name)
-        p = replace(p, note="; ".join(filter(None, (p.note, f"{pol.name}'s tolerances for {kinds}: rtol={rtol:g}, "
-                                                            f"atol={atol:g}"))))
-    if p.nan_both and not pol.equal_nan:  # the report says why close values failed
-        p = replace(p, note="; ".join(filter(None, (p.note, f"{p.nan_both} element(s) NaN on both sides: "
-                                                          f"{pol.name or 'this policy'} (equal_nan=false) "
-                                                          "counts a NaN close to nothing"))))
-    return replace(p, passed=_judge(pol, p, a0, b0))
+    e = _elements(a, b)
+    p = Pair(na, nb, tuple(e.a.shape), e.a.dtype.name, e.a.size, None, e.note, **_ulp_counts(e), **_value_errors(e),
+             **_special_counts(e), worst=_worst(e, k_worst))
+    p = replace(p, note=_notes(p, pol, a, b))
+    return replace(p, passed=_judge(pol, p, a, b))
 
 
 def _cosine(va: np.ndarray, vb: np.ndarray) -> float:
@@ -289,11 +322,41 @@ def _rms(e: np.ndarray) -> float:
     return s * float(np.sqrt(np.mean((e / s) ** 2)))
 
 
-def _against(name, x, held, ref64, cond, nonfinite, kind: str) -> Against:
-    ok = np.isfinite(x) & np.isfinite(held) & np.isfinite(ref64)
+def _against_reference(labels, arrays, reference, condition) -> list:
+    """Each result's error against the float64 ``reference`` (and its ``condition`` scale)."""
+    ref_a = _one_tensor("reference=", reference)
+    shape = tuple(ref_a.shape)
+    if arrays and not any(tuple(c.shape) == shape for c in arrays):
+        raise InvalidArgumentError(
+            f"compare: the reference has shape {shape}, no result has it ("
+            + ", ".join(f"{n} {tuple(c.shape)}" for n, c in zip(labels, arrays))
+            + "); pass the reference of the same computation, in the results' shape (elements are paired "
+              "by position, so a reshaped or transposed reference would measure the wrong ones)")
+    ref = metrics.to_float64(ref_a).reshape(-1)
+    cond = None
+    if condition is not None:
+        cond_a = _one_tensor("condition=", condition)
+        if tuple(cond_a.shape) != shape:
+            raise InvalidArgumentError(f"compare: condition= has shape {tuple(cond_a.shape)}, the reference "
+                                       f"{shape}; pass the condition scale of each element of the reference")
+        cond = metrics.to_float64(cond_a).reshape(-1)
+    return [_against(name, c, ref, cond, shape) for name, c in zip(labels, arrays)]
+
+
+def _against(name: str, c: np.ndarray, ref64: np.ndarray, cond, shape: tuple) -> Against:
+    """One result's error against the float64 reference: infinite where the shapes differ."""
+    kind = c.dtype.name
+    if tuple(c.shape) != shape:
+        inf = float("inf")
+        return Against(name, inf, inf, inf, inf, None if cond is None else inf, None if cond is None else inf, 0,
+                       passed=False, ulp_unit=kind, shape_mismatch=f"shape {tuple(c.shape)}, the reference {shape}")
+    held = metrics.round_to(ref64, c.dtype)  # the reference as the result's dtype holds it: beyond its range, infinite
+    x = metrics.to_float64(c).reshape(-1)
+    xf, hf = np.isfinite(x), np.isfinite(held)
+    nonfinite = int(np.count_nonzero((xf != hf) | (~xf & ~hf & ~(np.isnan(x) & np.isnan(held)) & (x != held))))
+    ok = xf & hf & np.isfinite(ref64)
     err = np.abs(x[ok] - ref64[ok])
-    unit = metrics.ulp_of(ref64[ok], kind)
-    ulps = err / unit
+    ulps = err / metrics.ulp_of(ref64[ok], kind)
     norm = None
     if cond is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -310,24 +373,6 @@ def _against(name, x, held, ref64, cond, nonfinite, kind: str) -> Against:
     )
 
 
-def rounding_multiple(r: Against) -> float:
-    """How many times what its own dtype's rounding allows one result's error against the reference
-    is: with ``condition=``, its largest error in units of u * condition (a correct result of a
-    backward-stable computation stays near or below 1, cancellation or not); without, its RMS error
-    over the RMS error of the reference correctly rounded to its dtype (1 for a correctly rounded
-    result; 0 for an exact one; infinite for an error where that floor is 0). reference(k)'s ``cap``
-    bounds it, so a fault every result shares fails. Without a condition scale it is no sound
-    bound: a correct result of an ill-conditioned computation (cancellation, a long float32 sum)
-    may be many rounding floors off."""
-    if r.shape_mismatch:
-        return float("inf")
-    if r.max_normalised is not None:
-        return r.max_normalised
-    if r.rounding_rms > 0:
-        return r.rms_error / r.rounding_rms
-    return 0.0 if r.rms_error == 0 else float("inf")
-
-
 def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     """Whether one pair passes the policy (None: the policy judges against the reference).
     ``a``, ``b``: the results as given (allclose judges their values, not as rounded to one dtype)."""
@@ -340,6 +385,28 @@ def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     if p.nonfinite_mismatches or (pol.signed_zeros and p.signed_zero_mismatches) or (p.nan_both and not pol.equal_nan):
         return False
     return p.max_ulp <= pol.n  # ulp(n)
+
+
+def _verdict(pol: Policy, pairs: list, refs: list) -> tuple[list, bool]:
+    """The references judged (under reference(k)), and whether the report passes."""
+    if pol.kind == "reference":
+        best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
+        refs = [replace(r, passed=(r.rms_error <= pol.n * max(best, r.rounding_rms) and not r.nonfinite_mismatches
+                                   and not r.shape_mismatch
+                                   and (pol.cap is None or rounding_multiple(r) <= pol.cap))) for r in refs]
+        return refs, all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
+    return refs, all(p.passed for p in pairs) and not any(r.shape_mismatch for r in refs)
+
+
+def _not_compared(labels: list, not_run: dict | None) -> str | None:
+    """What was asked for but not compared: results that did not come, fewer than two results."""
+    missing = []
+    if not_run:
+        missing.append("not run: " + "; ".join(f"{k} ({v})" for k, v in not_run.items()))
+    if len(labels) < 2:
+        missing.append(f"only {len(labels)} result{'' if len(labels) == 1 else 's'} ({', '.join(labels) or 'none'}):"
+                       " no pair of results to judge")
+    return "; ".join(missing) or None
 
 
 def compare(*results, reference=None, condition=None, policy="ulp(1)", names=None, k_worst: int = 5,
@@ -370,61 +437,18 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
         raise InvalidArgumentError(f"compare needs two results or more, or one and a reference; got {len(values)} "
                                    "result(s)" + (" and a reference" if reference is not None else ""))
     arrays = [_one_tensor(f"result {i + 1} ({n!r})", v) for i, (n, v) in enumerate(zip(labels, values))]
-    pairs = []
-    for i in range(len(arrays)):
-        for j in range(i + 1, len(arrays)):
-            pairs.append(_pair(labels[i], labels[j], arrays[i], arrays[j], k_worst, pol))
+    pairs = [_pair(labels[i], labels[j], arrays[i], arrays[j], k_worst, pol)
+             for i, j in itertools.combinations(range(len(arrays)), 2)]
     refs: list = []
     outlier, why = None, None
     if reference is not None:
-        ref_a = _one_tensor("reference=", reference)
-        shape = tuple(ref_a.shape)
-        if arrays and not any(tuple(c.shape) == shape for c in arrays):
-            raise InvalidArgumentError(
-                f"compare: the reference has shape {shape}, no result has it ("
-                + ", ".join(f"{n} {tuple(c.shape)}" for n, c in zip(labels, arrays))
-                + "); pass the reference of the same computation, in the results' shape (elements are paired "
-                  "by position, so a reshaped or transposed reference would measure the wrong ones)")
-        ref = metrics.to_float64(ref_a).reshape(-1)
-        cond = None
-        if condition is not None:
-            cond_a = _one_tensor("condition=", condition)
-            if tuple(cond_a.shape) != shape:
-                raise InvalidArgumentError(f"compare: condition= has shape {tuple(cond_a.shape)}, the reference "
-                                           f"{shape}; pass the condition scale of each element of the reference")
-            cond = metrics.to_float64(cond_a).reshape(-1)
-        for name, c in zip(labels, arrays):
-            if tuple(c.shape) != shape:
-                inf = float("inf")
-                refs.append(Against(name, inf, inf, inf, inf, None if cond is None else inf,
-                                    None if cond is None else inf, 0, passed=False, ulp_unit=c.dtype.name,
-                                    shape_mismatch=f"shape {tuple(c.shape)}, the reference {shape}"))
-                continue
-            # the reference as the result's dtype would hold it: beyond its range is infinite
-            held = metrics.round_to(ref, c.dtype)
-            x = metrics.to_float64(c).reshape(-1)
-            xf, hf = np.isfinite(x), np.isfinite(held)
-            differ = (xf != hf) | (~xf & ~hf & ~(np.isnan(x) & np.isnan(held)) & (x != held))
-            refs.append(_against(name, x, held, ref, cond, int(np.count_nonzero(differ)), c.dtype.name))
+        refs = _against_reference(labels, arrays, reference, condition)
         outlier, why = _outlier(refs)
     elif pol.kind == "reference":
         raise InvalidArgumentError("policy reference(k) needs reference=: the float64 result of the same "
                                    "computation (or judge the results against each other: ulp(n), allclose)")
-    if pol.kind == "reference":
-        best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
-        refs = [replace(r, passed=(r.rms_error <= pol.n * max(best, r.rounding_rms) and not r.nonfinite_mismatches
-                                   and not r.shape_mismatch
-                                   and (pol.cap is None or rounding_multiple(r) <= pol.cap))) for r in refs]
-        passed = all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
-    else:
-        passed = all(p.passed for p in pairs) and not any(r.shape_mismatch for r in refs)
-    missing = []
-    if not_run:
-        missing.append("not run: " + "; ".join(f"{k} ({v})" for k, v in not_run.items()))
-    if len(values) < 2:
-        missing.append(f"only {len(values)} result{'' if len(values) == 1 else 's'} ({', '.join(labels) or 'none'}):"
-                       " no pair of results to judge")
-    not_compared = "; ".join(missing) or None
+    refs, passed = _verdict(pol, pairs, refs)
+    not_compared = _not_compared(labels, not_run)
     if not_compared and not allow_missing:
         passed = False
     return Report(str(pol), tuple(pairs), tuple(refs), outlier, why, _smallest(pairs, refs), bool(passed), op,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from bf16bridge.core import dtypes
-from bf16bridge.kernels import chunked as kernels
+from bf16bridge import kernels
 from bf16bridge.errors import UnsupportedDtypeError
 from bf16bridge.parity.policies import Policy
 
@@ -32,7 +32,7 @@ _LAYOUT = {
 }
 
 #: every dtype parity compares, by name: the standard floats, then the narrow dtypes
-KINDS = tuple(dict.fromkeys([*_LAYOUT, *kernels.NARROW]))
+KINDS = tuple(dict.fromkeys([*_LAYOUT, *kernels.KERNEL_DTYPES]))
 
 
 def kind_of(a: np.ndarray) -> str:
@@ -145,7 +145,7 @@ def histogram(d: np.ndarray) -> dict:
 
 
 def to_float64(a: np.ndarray) -> np.ndarray:
-    if a.dtype.name in kernels.NARROW:  # exact
+    if a.dtype.name in kernels.KERNEL_DTYPES:  # exact
         return kernels.to_float32(np.ascontiguousarray(a)).astype(np.float64)
     return a.astype(np.float64)
 
@@ -177,7 +177,7 @@ def rounded(x: np.ndarray, name: str) -> np.ndarray:
     if x.dtype.name == name:
         return x
     with np.errstate(over="ignore", invalid="ignore"):
-        if name not in kernels.NARROW:  # float16/32/64: numpy rounds from float64 directly
+        if name not in kernels.KERNEL_DTYPES:  # float16/32/64: numpy rounds from float64 directly
             return to_float64(x).astype(name)
         fmt = kernels.FORMATS.get(name)
         if fmt is not None and fmt.integer:  # the nearest integer it holds (ties to even; NaN: 0), not astype's
@@ -189,7 +189,7 @@ def rounded(x: np.ndarray, name: str) -> np.ndarray:
 
 
 #: the dtypes same_dtype rounds a float32 side to (bf16, the fp8/fp6/fp4 family, the sub-byte ints)
-NARROW_KINDS = frozenset(kernels.NARROW)
+KERNEL_KINDS = frozenset(kernels.KERNEL_DTYPES)
 
 
 def held_exactly(orig: np.ndarray, rounded: np.ndarray) -> np.ndarray:
@@ -256,7 +256,7 @@ def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, st
     ia, ib = (k in kernels.FORMATS and kernels.FORMATS[k].integer for k in (ka, kb))
     if not ia and not ib and mantissa_bits(ka) != mantissa_bits(kb):
         coarse = ka if mantissa_bits(ka) < mantissa_bits(kb) else kb
-    elif ia != ib and {ka, kb} - set(kernels.NARROW) == {"float32"}:
+    elif ia != ib and {ka, kb} - set(kernels.KERNEL_DTYPES) == {"float32"}:
         coarse = ka if ia else kb
     else:
         wide = np.dtype(np.float64) if "float64" in (ka, kb) else np.dtype(np.float32)
@@ -285,9 +285,10 @@ def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, st
     return (held, b, note, lost) if coarse == kb else (a, held, note, lost)
 
 
-def _torch_arithmetic(ka: str, kb: str) -> tuple[np.dtype, type]:
-    """The dtype torch.promote_types gives two results (a narrow dtype, which torch has no
-    arithmetic for: float32), and the type torch computes its ops in (float32 for bf16 and float16)."""
+def _promoted_arithmetic(ka: str, kb: str) -> tuple[np.dtype, type]:
+    """Arithmetic "promoted": the dtype torch.promote_types gives two results (a narrow dtype,
+    which torch has no arithmetic for: float32), and the type torch computes its ops in (float32
+    for bf16 and float16)."""
     if ka == kb and ka in _LAYOUT:
         dt = dtypes.bfloat16 if ka == "bfloat16" else np.dtype(ka)  # (a bf16 result: ml_dtypes is here)
     else:
@@ -321,7 +322,7 @@ def isclose(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: b
                     "integer side to int8") from err
     ka, kb = kind_of(a), kind_of(b)
     if arithmetic == "promoted":
-        dt, op = _torch_arithmetic(ka, kb)
+        dt, op = _promoted_arithmetic(ka, kb)
     else:
         dt, op = np.dtype(np.float64), np.float64
     rnd = (lambda v: v) if dt == op else (lambda v: v.astype(dt).astype(op))  # noqa: E731

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from bf16bridge.core import dtypes
+from bf16bridge.core import dtypes, registry
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Op:
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
-    from bf16bridge.kernels.chunked import to_bf16
+    from bf16bridge.kernels import to_bf16
 
     return to_bf16(np.ascontiguousarray(x, dtype=np.float32))
 
@@ -87,7 +87,8 @@ def _jax():
 
 
 def _tf():
-    from bf16bridge.adapters.tensorflow.convert import tf  # imported as the adapter does (its import warning filtered)
+    registry.get("tensorflow")  # its adapter imports it first, quieting its import warning
+    import tensorflow as tf
 
     return tf
 

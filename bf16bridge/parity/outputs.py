@@ -200,7 +200,7 @@ def _host64(x, path: str, side: str) -> tuple[np.ndarray, str]:
     a = x if isinstance(x, np.ndarray) else convert(x, "numpy", fallback="float32", on_grad="drop",
                                                      on_alias="allow")
     name = a.dtype.name
-    if a.dtype.kind not in _FLOATING_KINDS and name not in metrics.kernels.NARROW:
+    if a.dtype.kind not in _FLOATING_KINDS and name not in metrics.KERNEL_KINDS:
         raise OutputMismatchError(
             f"the {side}'s leaf at {path} is {name}: compare_outputs measures floating outputs; leave integer "
             "or boolean outputs out of the trees (compare them for equality)")
@@ -282,6 +282,47 @@ def _logits(r: np.ndarray, c: np.ndarray, axis: int, path: str) -> dict:
     return out
 
 
+def _same_tree(ref: dict, cand: dict) -> None:
+    """Refuse two output trees whose leaves' paths differ, naming what each lacks."""
+    missing = [p for p in ref if p not in cand]
+    extra = [p for p in cand if p not in ref]
+    if missing or extra:
+        raise OutputMismatchError(
+            "the outputs are not the same tree: "
+            + "; ".join(s for s in (f"the candidate lacks {', '.join(missing)}" if missing else "",
+                                    f"the reference lacks {', '.join(extra)}" if extra else "") if s)
+            + "; compare the same model's outputs (or pass the matching subtrees)")
+
+
+def _measure_leaf(path: str, rx, cx, axis: int | None) -> tuple[dict, _Sums]:
+    """One leaf's LeafOutput fields (with ``kl_sum`` for logits), and its sums for the overall norms."""
+    r, rname = _host64(rx, path, "reference")
+    c, cname = _host64(cx, path, "candidate")
+    if r.shape != c.shape:
+        raise OutputMismatchError(f"the leaf at {path} has shape {c.shape} in the candidate, "
+                                  f"{r.shape} in the reference")
+    rf, cf = np.isfinite(r), np.isfinite(c)
+    both = rf & cf
+    with np.errstate(invalid="ignore"):  # inf == inf with NaN around
+        differ = (rf != cf) | (~rf & ~cf & ~(np.isnan(r) & np.isnan(c)) & (r != c))
+    vr, vc = r[both], c[both]
+    with np.errstate(over="ignore"):  # a difference past float64's range: inf, as it is
+        d = np.abs(vc - vr)
+    own = _Sums.of(vr, vc)
+    with np.errstate(over="ignore"):  # past float64's range (2**1000 against a zero): inf
+        rel_each = d / np.maximum(np.abs(vr), TINY)
+    leaf: dict[str, Any] = dict(
+        path=path, shape=tuple(r.shape), reference_dtype=rname, candidate_dtype=cname, size=int(r.size),
+        finite_compared=int(vr.size), max_abs=float(d.max()) if d.size else 0.0,
+        max_rel=float(rel_each.max()) if d.size else 0.0,
+        rel_norm=own.rel_norm(), cosine=own.cosine(),
+        new_nonfinite=int(np.count_nonzero(~cf & differ)), nonfinite_mismatches=int(np.count_nonzero(differ)))
+    if axis is not None:
+        leaf["axis"] = axis
+        leaf.update(_logits(r, c, axis, path))
+    return leaf, own
+
+
 def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
     """The candidate's outputs against the reference's (the float32 model's), leaf by leaf.
 
@@ -297,14 +338,7 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
     ref, cand = _leaves(reference, "reference"), _leaves(candidate, "candidate")
     axes = _axes(logits, list(ref))
     any_logits = any(a is not None for a in axes.values())
-    missing = [p for p in ref if p not in cand]
-    extra = [p for p in cand if p not in ref]
-    if missing or extra:
-        raise OutputMismatchError(
-            "the outputs are not the same tree: "
-            + "; ".join(s for s in (f"the candidate lacks {', '.join(missing)}" if missing else "",
-                                    f"the reference lacks {', '.join(extra)}" if extra else "") if s)
-            + "; compare the same model's outputs (or pass the matching subtrees)")
+    _same_tree(ref, cand)
     rows_out = []
     tot: Counter[str] = Counter()
     sums = _Sums()  # over all leaves
@@ -312,38 +346,13 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
     kl_max: float | None = None
     agree = rows = 0.0
     for path, rx in ref.items():
-        r, rname = _host64(rx, path, "reference")
-        c, cname = _host64(cand[path], path, "candidate")
-        if r.shape != c.shape:
-            raise OutputMismatchError(f"the leaf at {path} has shape {c.shape} in the candidate, "
-                                      f"{r.shape} in the reference")
-        rf, cf = np.isfinite(r), np.isfinite(c)
-        both = rf & cf
-        with np.errstate(invalid="ignore"):  # inf == inf with NaN around
-            differ = (rf != cf) | (~rf & ~cf & ~(np.isnan(r) & np.isnan(c)) & (r != c))
-        vr, vc = r[both], c[both]
-        with np.errstate(over="ignore"):  # a difference past float64's range: inf, as it is
-            d = np.abs(vc - vr)
-        own = _Sums.of(vr, vc)
+        leaf, own = _measure_leaf(path, rx, cand[path], axes[path])
         sums.add(own)
-        with np.errstate(over="ignore"):  # past float64's range (2**1000 against a zero): inf
-            rel_each = d / np.maximum(np.abs(vr), TINY)
-        leaf: dict[str, Any] = dict(
-            path=path, shape=tuple(r.shape), reference_dtype=rname, candidate_dtype=cname, size=int(r.size),
-            finite_compared=int(vr.size), max_abs=float(d.max()) if d.size else 0.0,
-            max_rel=float(rel_each.max()) if d.size else 0.0,
-            rel_norm=own.rel_norm(), cosine=own.cosine(),
-            new_nonfinite=int(np.count_nonzero(~cf & differ)), nonfinite_mismatches=int(np.count_nonzero(differ)))
-        axis = axes[path]
-        if axis is not None:
-            lg = _logits(r, c, axis, path)
-            leaf["axis"] = axis
-            if "kl_sum" in lg:
-                kl_sum += lg.pop("kl_sum")
-                kl_max = lg["kl_max"] if kl_max is None else max(kl_max, lg["kl_max"])
-                agree += lg["top1"] * lg["rows"]
-            rows += lg["rows"]
-            leaf.update(lg)
+        if "kl_sum" in leaf:
+            kl_sum += leaf.pop("kl_sum")
+            kl_max = leaf["kl_max"] if kl_max is None else max(kl_max, leaf["kl_max"])
+            agree += leaf["top1"] * leaf["rows"]
+        rows += leaf.get("rows", 0)
         rows_out.append(LeafOutput(**leaf))
         for k in ("new_nonfinite", "nonfinite_mismatches"):
             tot[k] += leaf[k]
@@ -449,13 +458,14 @@ def _model_dtype(model) -> str | None:
                     (params if i < s.parameters else buffers)[name] += math.prod(shape)
         break
     count = params or buffers
-    narrow = Counter({name: n for name, n in count.items() if name in _NARROW})
+    narrow = Counter({name: n for name, n in count.items() if name in _HALF_WIDTH})
     return (narrow or count).most_common(1)[0][0] if count else None
 
 
 #: the dtypes check_cast casts floating inputs between, narrowest first
 _INPUT_DTYPES = ("bfloat16", "float16", "float32", "float64")
-_NARROW = ("bfloat16", "float16")
+#: the 16-bit floating dtypes: a model holding either computes in it
+_HALF_WIDTH = ("bfloat16", "float16")
 
 
 def _feed(args: tuple, kwargs: dict, dtype: str | None) -> tuple[tuple, dict, int]:

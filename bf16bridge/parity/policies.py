@@ -53,7 +53,7 @@ class Policy:
     #: by_dtype: the rtol a pair whose larger rtol is 0 gets (jax passes no 0 on: numpy's 1e-7)
     rtol_when_0: float = 0.0
     #: reference: how far each result's error may be from what its own dtype's rounding allows
-    #: (``compare.rounding_multiple``), whatever the best result does: a fault every result shares
+    #: (``rounding_multiple``), whatever the best result does: a fault every result shares
     #: fails it. None: no such bound (each result judged against the best one only)
     cap: float | None = REFERENCE_CAP
 
@@ -121,6 +121,24 @@ def reference(k: float = 2.0, *, cap: float | None = REFERENCE_CAP) -> Policy:
         raise PolicyError(f"reference(k, cap): cap needs a finite number >= 1 (1: no result beyond its dtype's "
                           f"rounding), or None (no absolute bound: a fault every result shares passes); got {cap!r}")
     return Policy("reference", n=k, cap=cap)
+
+
+def rounding_multiple(r) -> float:
+    """How many times what its own dtype's rounding allows one result's error against the reference
+    is (``r``: a compare.Against): with ``condition=``, its largest error in units of u * condition (a
+    correct result of a backward-stable computation stays near or below 1, cancellation or not);
+    without, its RMS error over the RMS error of the reference correctly rounded to its dtype (1 for a
+    correctly rounded result; 0 for an exact one; infinite for an error where that floor is 0).
+    reference(k)'s ``cap`` bounds it, so a fault every result shares fails. Without a condition scale
+    it is no sound bound: a correct result of an ill-conditioned computation (cancellation, a long
+    float32 sum) may be many rounding floors off."""
+    if r.shape_mismatch:
+        return float("inf")
+    if r.max_normalised is not None:
+        return r.max_normalised
+    if r.rounding_rms > 0:
+        return r.rms_error / r.rounding_rms
+    return 0.0 if r.rms_error == 0 else float("inf")
 
 
 _NARROW_FLOATS = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",

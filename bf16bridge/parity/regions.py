@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bf16bridge.kernels import chunked as kernels
 from bf16bridge.parity import metrics
 from bf16bridge.parity.policies import Policy
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import html as _html
 
-from bf16bridge.cli.tables import table
+from bf16bridge.core.text import table
 from bf16bridge.parity.metrics import BIN_LABELS, KINDS
-from bf16bridge.parity.compare import rounding_multiple
-from bf16bridge.parity.policies import FRAMEWORK_DEFAULTS, REFERENCE_CAP, parse
+from bf16bridge.parity.policies import FRAMEWORK_DEFAULTS, REFERENCE_CAP, parse, rounding_multiple
 
 
 def _g(x) -> str:

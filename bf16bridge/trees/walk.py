@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import copy as _copy
 import dataclasses
-import inspect
 import io
 import struct
 import sys
@@ -26,7 +25,9 @@ from typing import cast as typing_cast
 import numpy as np
 
 from bf16bridge.core import registry
+from bf16bridge.core.registry import unwrap
 from bf16bridge.errors import UnsupportedTypeError
+from bf16bridge.trees import hints
 
 
 def where(path) -> str:
@@ -147,10 +148,10 @@ _KINDS: tuple[int, dict] = (-1, {})
 def _plain_kinds() -> dict:
     global _KINDS
     generation, kinds = _KINDS
-    if generation != registry._GENERATION:
+    if generation != registry.generation():
         kinds = {tuple: _TUPLE, list: _LIST, dict: _DICT, type(None): _KEEP, str: _KEEP, bytes: _KEEP,
                  int: _KEEP, float: _KEEP, bool: _KEEP, complex: _KEEP, _Slot: _LEAF}
-        _KINDS = (registry._GENERATION, kinds)
+        _KINDS = (registry.generation(), kinds)
     return kinds
 
 
@@ -159,7 +160,7 @@ def _kind(t: type, kinds: dict) -> int:
     np.str_ is numpy's, and a label), or not plain."""
     if issubclass(t, (str, bytes)):
         kind = _KEEP
-    elif t in registry._TYPE_CACHE:
+    elif t in registry.TENSOR_TYPES:
         kind = _LEAF
     else:
         raise _NotPlain
@@ -226,7 +227,7 @@ def _walk(fn, node, path, walk: _Walk):
     # config) is never data, though numpy's scalar types have __array__
     if isinstance(node, (str, bytes, type)) or node is None:
         return node
-    if type(node) in registry._TYPE_CACHE or node is SLOT:  # a tensor of a type seen before: no ABC checks
+    if type(node) in registry.TENSOR_TYPES or node is SLOT:  # a tensor of a type seen before: no ABC checks
         return fn(node, path)
     t = type(node)
     if t is int or t is float or t is bool or t is complex:  # kept, as the plain walk keeps them, without
@@ -271,7 +272,7 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
     until it is used up), any other one-shot iterator of Python's (map, zip, iter(list); not a file),
     a dict view holding a tensor, a plain object holding one in its attributes at any depth, or too
     much there to look through, or a container there whose reading raised
-    (``registry.held_in_attributes``; tensors the walk's ``as_is`` says would come back as they are
+    (``hints.held_in_attributes``; tensors the walk's ``as_is`` says would come back as they are
     do not count)."""
     if isinstance(node, Iterator) and not isinstance(node, io.IOBase):  # a generator among them
         return True
@@ -285,7 +286,7 @@ def hidden(node, path=(), walk: _Walk | None = None) -> bool:
 
         _walk(seen, list(typing_cast(Iterable, node)), path, walk or _Walk(False, True))
         return bool(found)
-    return registry.not_a_tensor(node) is not None or bool(registry.held_in_attributes(node, walk and walk.as_is))
+    return registry.not_a_tensor(node) is not None or bool(hints.held_in_attributes(node, walk and walk.as_is))
 
 
 #: what marks an object as holding array data (numpy's and DLPack's protocols)
@@ -299,33 +300,6 @@ def _has_array_protocol(node) -> bool:
         return False
 
 
-def unwrap(node):
-    """The tensor a variable-like wrapper holds in ``.value`` (keras.Variable, nnx.Param), or None.
-    A wrapper that also has a ``get_value()`` accessor is read through it: flax 0.12 deprecates
-    ``.value`` (a DeprecationWarning a read, in the user's run), and under a warnings filter of
-    "error" the read raised, the wrapper was taken for no wrapper, and ``bb.save`` of an nnx State
-    wrote keys ``kernel.value`` instead of ``kernel``, silently."""
-    cls = type(node)
-    if callable(getattr(cls, "get_value", None)) and isinstance(inspect.getattr_static(cls, "value", None), property):
-        try:
-            value = node.get_value()
-        except Exception:  # noqa: BLE001 - an accessor that wants arguments, or fails: .value below
-            value = None
-        if value is not None and not callable(value) and registry.tensor_framework(value) is not None:
-            return value
-    try:
-        value = getattr(node, "value", None)
-    except Exception:  # noqa: BLE001 - a property that fails: not a wrapper we can read
-        return None
-    if value is None or callable(value):
-        return None
-    try:
-        registry.framework_of(value)
-    except UnsupportedTypeError:
-        return None
-    return value
-
-
 def children(node):
     """``(keys, children, rebuild)`` of one level of a container the walk rebuilds (a jax pytree
     node, an optree node, a plain dataclass), or None."""
@@ -335,11 +309,9 @@ def children(node):
 def _dataclass_children(node):
     """The fields of a plain dataclass instance (one no tree library registered), ``init=False``
     ones too (a field set but never assigned has no value: not a child), rebuilt as a new instance
-    holding the same attributes with each field set, as frozen and slotted classes allow. Neither
-    ``__init__`` nor ``__post_init__`` runs again: ``dataclasses.replace`` ran them, so a
-    ``__post_init__`` that scales or coerces a field did it twice, and ``init=False`` fields went
-    back to their defaults (and ``bb.save`` left their tensors out). Nor the copy protocol: a
-    ``__copy__`` that returns the instance itself would have had it changed in place."""
+    holding the same attributes with each field set, as frozen and slotted classes allow: neither
+    ``__init__`` nor ``__post_init__`` runs again (a field scaled there would be scaled twice), nor
+    the copy protocol (a ``__copy__`` returning the instance itself would change it in place)."""
     if isinstance(node, type) or not dataclasses.is_dataclass(node):
         return None
     names = [f.name for f in dataclasses.fields(node) if hasattr(node, f.name)]
@@ -399,19 +371,21 @@ def _optree_children(node):
 
 def _container(fn, node, path, walk: _Walk):
     t = type(node)
+    tensors = registry.TENSOR_TYPES  # a tensor of a type seen before goes to fn without a _walk of its own
     if t is list or t is tuple:  # the common containers first, with no ABC checks
-        return t([_walk(fn, v, path + (i,), walk) for i, v in enumerate(node)])
+        return t([fn(v, path + (i,)) if type(v) in tensors and not isinstance(v, (str, bytes))
+                  else _walk(fn, v, path + (i,), walk) for i, v in enumerate(node)])
     if t is dict:
-        return {k: _walk(fn, v, path + (k,), walk) for k, v in node.items()}
+        return {k: fn(v, path + (k,)) if type(v) in tensors and not isinstance(v, (str, bytes))
+                else _walk(fn, v, path + (k,), walk) for k, v in node.items()}
     if isinstance(node, collections.ChainMap):
         # each of its maps, under its place in .maps (a value a nearer map hides is data too, under a
         # path of its own): rebuilt from its items, it became one map of what it showed
         return type(node)(*[_walk(fn, m, path + (i,), walk) for i, m in enumerate(node.maps)])
     if isinstance(node, Mapping):
         if not isinstance(node, dict):
-            # a mapping a tree library registers (flax's nnx.State, FrozenDict) rebuilt its own way: flax
-            # 0.10's State hands its nested levels out as new States (state["lin"]), from which
-            # State(items) built a State of States that its own state["lin"] then refused (ValueError)
+            # a mapping a tree library registers (flax's nnx.State, FrozenDict) is rebuilt its own way
+            # (a State rebuilt from its items would hold States where it held dicts)
             found = children(node)
             # only where the library's children are the mapping's own items (haiku's FlatMap flattens
             # to every nested leaf under positions 0, 1, ...: walked by items(), its paths kept)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
+from bf16bridge.adapters.hooks import BridgeHooks
 from devicehelp import DEVICE, host_bits, make, where
 
 W_SHAPE, X_SHAPE = (64, 32), (16, 64)
@@ -115,10 +116,10 @@ def test_jax_caller_torch_callee_grad(torch_device, jax_device, record_property)
 
 def _jax_path(platform):
     """Whether the bridge runs a traced jax caller's torch callee on jax's own buffers on ``platform``."""
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import probe as jax_probe
 
-    return jax_adapter._buffers_here(platform) and (platform == "cpu" or "cuda" in bb.registry.get(
-        "torch").device_streams())
+    return jax_probe.buffers_here(platform) and (platform == "cpu" or "cuda" in bb.registry.hooks(
+        "torch", BridgeHooks).device_streams())
 
 
 def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_device, jax_device, record_property):
@@ -161,7 +162,7 @@ def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_dev
 
     # where it must: one device of the platform, torch with CUDA on the GPU (this machine's case), a jax
     # with buffer_callback; otherwise the check would pass on the path it means to leave
-    assert on_buffers or len(jax.devices(platform)) > 1 or not bb.registry.get("torch").device_streams() \
+    assert on_buffers or len(jax.devices(platform)) > 1 or not bb.registry.hooks("torch", BridgeHooks).device_streams() \
         or versions.release(jax.__version__) < (0, 8, 1), "the bridge took pure_callback where it should not"
     record_property("path", "buffer_callback" if on_buffers else "pure_callback")
     record_property("callee_ran_on", seen["device"])
@@ -234,7 +235,7 @@ def test_jax_jit_packed_types_through_a_callee(jax_device, record_property):
     import jax
     import jax.numpy as jnp
 
-    from bf16bridge.adapters.jax import convert as jax_adapter
+    from bf16bridge.adapters.jax import probe as jax_probe
 
     a = np.resize(np.arange(-8, 8, dtype=np.int8), (6, 5))
     with jax.default_device(jax_device):
@@ -242,7 +243,7 @@ def test_jax_jit_packed_types_through_a_callee(jax_device, record_property):
     flip = bb.bridge("numpy")(lambda y: y[::-1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", bb.Bf16BridgeWarning)  # (numpy has no autodiff: jax's inputs)
-        if not jax_adapter._callback_takes_packed():
+        if not jax_probe.callback_takes_packed():
             with pytest.raises(bb.UnsupportedDtypeError, match="takes or gives int4"):
                 jax.jit(flip)(x)
             record_property("int4", "refused with our error (this jax's callbacks cannot carry it)")

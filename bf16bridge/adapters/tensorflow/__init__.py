@@ -1,1 +1,7 @@
-"""The tensorflow adapter; the registry imports ``convert`` on first use."""
+"""The tensorflow adapter, one file per concern; the registry imports each on first use.
+
+``convert`` (the core Adapter: planner facts, conversion primitives), ``probe`` (what tensorflow
+holds, speaks and casts, tried on first need; the capability probe's hooks), ``bridge``
+(bb.bridge), ``numerics`` (bb.parity), ``framework`` (tensorflow's import and its dtype and device
+names), and ``internals``: every private API of tensorflow these use, each guarded.
+"""

@@ -1,0 +1,209 @@
+"""One call of a bridged function across frameworks: its forward and its backward.
+
+A call:
+
+1. flattens the arguments (``trees.flatten``): the tensor leaves must share one framework, the
+   caller's; everything else passes through unchanged;
+2. converts each leaf to the callee's framework (zero-copy where the bridge can);
+3. runs the function (with the callee's own vjp when a gradient is wanted: ``BridgeHooks.vjp``);
+4. converts the result's leaves back to the caller's framework.
+
+How the caller's autodiff takes a foreign backward is the caller's ``BridgeHooks.call_foreign``,
+which hands a ``ForeignCall`` around. A backward converts the incoming cotangents to the callee,
+runs the callee's pullback and converts the gradients back: each gradient is the callee's own
+vector-Jacobian product, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bf16bridge.adapters.hooks import BridgeHooks
+from bf16bridge.core import fpenv
+from bf16bridge.core import registry
+from bf16bridge.core.adapter import Adapter
+from bf16bridge.core.convert import OnGrad, convert
+from bf16bridge.errors import Bf16BridgeError, InputWrittenError, UnsupportedTypeError
+from bf16bridge.functions.declared import DeclaredResults
+from bf16bridge.functions.writes import input_written, views_immutable
+from bf16bridge.trees import walk as trees
+
+
+class ForeignCall(DeclaredResults):
+    """One call of a bridged function, as the caller's adapter sees it.
+
+    ``forward(leaves, want_vjp, to)`` runs the callee on the input leaves (tensors of
+    any framework: the caller's, or numpy inside a callback) and returns the
+    output leaves as tensors of framework ``to``, with a handle for ``backward``.
+    ``backward(handle, cotangents, to)`` returns one gradient per input leaf (None
+    where there is none) as tensors of ``to``. ``recompute_backward`` does both for
+    callers that cannot keep a Python handle between forward and backward (traced
+    graphs): the forward runs again, with the callee's vjp. What a traced caller
+    declares before the callee runs is ``DeclaredResults``'s.
+    """
+
+    __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "vmap_method", "memo",
+                 "caller", "flat", "traced", "flushed")
+
+    def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None, flat=False):
+        self.fn = fn
+        self.callee = callee
+        self.caller = caller  # the framework whose tensors called (None: not known)
+        self.skeleton = skeleton  # (args, kwargs) with the tensor leaves taken out
+        #: the skeleton is ((SLOT,) * n, {}): the leaves are the positional arguments, as they are
+        #: (a traced call's arguments may not have taken flatten_call's fast walk: checked here)
+        self.flat = flat or (type(skeleton) is tuple and len(skeleton) == 2 and skeleton[1] == {}
+                             and type(skeleton[0]) is tuple and all(s is trees.SLOT for s in skeleton[0]))
+        self.diff = diff  # per input leaf: does the caller want its gradient?
+        self.copy_inputs = copy_inputs
+        self.fallback = fallback
+        self.vmap_method = vmap_method
+        self.out_skeleton: Any = None  # the result's tree, leaves taken out, once known
+        self._declared = None
+        self.out_specs = None
+        #: what a caller adapter keeps between calls of one signature (input structure, non-tensor
+        #: values, leaves' shapes and dtypes, which want gradients); None when it cannot be keyed
+        self.memo: dict | None = None
+        #: whether the caller is being traced (asked once a call: the caller's hooks read this)
+        self.traced = False
+        #: whether the calling thread flushes subnormals (fpenv): a callee run later on a runtime's
+        #: thread that flushes computes as it would have here
+        self.flushed = fpenv.flushes()
+
+    # -- the pieces every caller hook uses -----------------------------------------------
+    # convert, every leaf both ways: no warning (the bridge says what crosses), gradients by the bridge
+    def _inputs(self, leaves):
+        copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
+        return [convert(x, to, copy=copy, fallback=fallback, on_alias="allow", on_grad="drop") for x in leaves]
+
+    def _flat_fn(self, *callee_leaves):
+        if self.flat:
+            out = self.fn(*callee_leaves)
+        else:
+            args, kwargs = trees.fill(self.skeleton, callee_leaves)
+            out = self.fn(*args, **kwargs)
+        # one tensor of the callee's (the usual result) is known by one lookup of its type in the
+        # registry's cache; anything else (a tree, a type not cached yet) takes the walk
+        one = registry.TENSOR_TYPES.get(type(out)) == self.callee
+        out_leaves, skeleton = ([out], trees.SLOT) if one else trees.flatten(out)
+        if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
+            self._check_declared(skeleton)
+        self.out_skeleton = skeleton
+        if not one:
+            for x in out_leaves:
+                if registry.framework_of(x) != self.callee:
+                    raise UnsupportedTypeError(
+                        f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
+                        f"return {self.callee} tensors (the bridge converts them for the caller)"
+                    )
+        return out_leaves
+
+    def _outputs(self, out_leaves, to):
+        fallback, out = self.fallback, []
+        for i, y in enumerate(out_leaves):
+            try:
+                out.append(convert(y, to, fallback=fallback, on_alias="allow", on_grad="drop"))
+            except Bf16BridgeError as err:  # which function and result, and where a fallback goes
+                raise type(err)(
+                    f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}, result leaf "
+                    f"{i}, to {to}: {err} (for a bridged call, fallback= goes to bb.bridge(..., fallback=...))"
+                ) from err
+        return out
+
+    def forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
+        """The callee's results for ``leaves`` as tensors of ``to`` (and its pullback, with ``want_vjp``).
+        ``borrowed``: the framework whose immutable buffers the leaves are, whatever type they come as (what
+        a runtime hands its callback): a callee's write into any is our error. None: the leaves' own types
+        say (a callback's own copies are its business)."""
+        if not self.flushed and fpenv.flushes():  # on a runtime's thread that flushes subnormals
+            with fpenv.keeping():
+                return self._forward(leaves, want_vjp, to, borrowed)
+        return self._forward(leaves, want_vjp, to, borrowed)
+
+    def _forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
+        callee_leaves = self._inputs(leaves)
+        callee = registry.get(self.callee)
+        hooks = registry.hooks(self.callee, BridgeHooks)
+        # inputs view the caller's tensors: a callee's write into one over immutable memory changes
+        # the caller's; where the callee's framework sees writes (watch_writes), that is our error
+        watched = None if self.copy_inputs else hooks.watch_writes(callee_leaves)
+        try:
+            if want_vjp and any(self.diff):
+                out_leaves, pullback = hooks.vjp(self._flat_fn, callee_leaves, self.diff)
+            else:
+                out_leaves, pullback = self._flat_fn(*callee_leaves), None
+        except Exception as err:
+            if watched is not None and (bad := self._written(hooks, watched, leaves, borrowed)):
+                err.add_note(str(bad))  # the callee's own error first, and what it did before it
+            raise
+        if watched is not None and (bad := self._written(hooks, watched, leaves, borrowed)):
+            raise bad
+        caller = registry.get(to)
+        kept: list[int] = []
+        # results the callee keeps, where one side writes in place and the other takes them as
+        # immutable, are copied on the mutable side; a caller whose results are read-only writes none
+        if out_leaves and callee.immutable != caller.immutable and not caller.marks_readonly:
+            kept = hooks.kept(out_leaves, pullback)
+            if kept and not callee.immutable:  # kept by a mutable callee (a parameter): copied before it changes
+                out_leaves, kept = self._own(callee, hooks, out_leaves, callee_leaves, kept), []
+        outs = self._outputs(out_leaves, to)
+        if callee.immutable and outs and not caller.immutable:
+            # a result that is the callee's input would reach a mutable caller as a second writable
+            # tensor over its own input, unseen by its autodiff's checks: copied, as kept ones are
+            every = len(kept) == len(outs)
+            for i in kept if every else sorted({*kept, *registry.hooks(to, BridgeHooks).aliased(outs, leaves)}):
+                outs[i] = caller.copy(outs[i])
+        return outs, pullback
+
+    @staticmethod
+    def _own(callee: Adapter, hooks: BridgeHooks, out_leaves: list, callee_leaves: list, kept: list[int]) -> list:
+        """A mutable callee's results, those it keeps (``kept``, from ``BridgeHooks.kept``: a parameter,
+        a view or detach of one) copied: handed across as they are, the next in-place update of the
+        parameter would change an immutable caller's array. A view of its own input is the caller's
+        memory, which it already had: not copied."""
+        mine = set(hooks.aliased(out_leaves, callee_leaves))
+        kept = [i for i in kept if i not in mine]
+        if not kept:
+            return out_leaves
+        own = list(out_leaves)  # a new list: a pullback may hold the callee's, which it differentiates
+        for i in kept:
+            own[i] = callee.copy(own[i])
+        return own
+
+    def _written(self, hooks: BridgeHooks, watched, leaves, borrowed: str | None = None) -> InputWrittenError | None:
+        """Our error for the callee's in-place writes into inputs that view the caller's immutable
+        or read-only memory (None when there were none: a write into a copy, or into the caller's
+        own writable memory, is the callee's business, as it would be natively). ``borrowed``: as
+        ``forward``'s."""
+        written = hooks.written(watched)
+        if not written:
+            return None
+        bad = list(written) if borrowed else [i for i in written
+                                              if views_immutable(leaves[i], self.callee, self.fallback)]
+        if not bad:
+            return None
+        source = borrowed or registry.framework_of(leaves[bad[0]])
+        return input_written(self.fn, self.callee, self.skeleton, bad, source)
+
+    def backward(self, pullback, cotangents, to: str, on_grad: OnGrad = "warn"):
+        """The callee's gradients for ``cotangents`` (``on_grad``: what a cotangent some tape watches
+        says, a second order that does not cross: "drop" where the caller refuses that itself)."""
+        if pullback is None:
+            return [None] * len(self.diff)
+        if not self.flushed and fpenv.flushes():  # (as forward)
+            with fpenv.keeping():
+                return self._backward(pullback, cotangents, to, on_grad)
+        return self._backward(pullback, cotangents, to, on_grad)
+
+    def _backward(self, pullback, cotangents, to: str, on_grad: OnGrad):
+        callee, fallback = self.callee, self.fallback
+        cts = [None if c is None else convert(c, callee, fallback=fallback, on_alias="allow", on_grad=on_grad)
+               for c in cotangents]
+        grads = pullback(cts)
+        return [None if g is None else convert(g, to, fallback=fallback, on_alias="allow", on_grad="drop")
+                for g in grads]
+
+    def recompute_backward(self, leaves, cotangents, to: str, on_grad: OnGrad = "warn", borrowed: str | None = None):
+        """``forward`` with the callee's vjp, then ``backward``: for callers that keep no handle between them."""
+        _, pullback = self.forward(leaves, True, to, borrowed)
+        return self.backward(pullback, cotangents, to, on_grad)
