@@ -14,8 +14,8 @@ LEGACY_STAMP := $(LEGACY)/.installed
 # (other frameworks' findings, another page), with what this set finds.
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
-OLDEST_SKIP := tests/test_dtype_docs.py
-OLDEST_TESTS := $(filter-out $(OLDEST_SKIP),$(sort $(wildcard tests/test_*.py)))
+OLDEST_SKIP := tests/cli/test_dtype_docs.py
+OLDEST_TESTS := tests $(addprefix --ignore=,$(OLDEST_SKIP))
 # a fourth: NumPy 2.5 (its DLPack dtype registry, for real) and jax 0.11.2, the device machine's
 # versions (constraints-numpy25.txt), on Python 3.12 (numpy 2.5 needs it), numpy and jax only, no tree
 # library: every test file, each test that needs torch, tensorflow or a tree library deselected
@@ -25,8 +25,8 @@ OLDEST_TESTS := $(filter-out $(OLDEST_SKIP),$(sort $(wildcard tests/test_*.py)))
 # tensorflow's findings too), with what this set finds.
 NUMPY25 := .venv-numpy25
 NUMPY25_STAMP := $(NUMPY25)/.installed
-NUMPY25_SKIP := tests/test_dtype_docs.py
-NUMPY25_TESTS := $(filter-out $(NUMPY25_SKIP),$(sort $(wildcard tests/test_*.py)))
+NUMPY25_SKIP := tests/cli/test_dtype_docs.py
+NUMPY25_TESTS := tests $(addprefix --ignore=,$(NUMPY25_SKIP))
 # Python 3.12: python3.12 on PATH if it runs (a pyenv shim is on PATH but fails when 3.12 is not
 # selected), else pyenv's own; none is an error, never a skip
 PY312 ?= $(shell for p in python3.12 $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
@@ -71,7 +71,7 @@ demo: setup
 	$(BIN)/bf16bridge demo
 
 # docs/dtypes.md's generated block (the dtype support matrix), from this machine;
-# tests/test_dtype_docs.py fails until this is rerun after a route, a probe finding or a table row changes
+# tests/cli/test_dtype_docs.py fails until this is rerun after a route, a probe finding or a table row changes
 dtype-docs: setup
 	$(BIN)/python -m bf16bridge.cli.tables docs/dtypes.md
 
@@ -86,6 +86,12 @@ test: setup typecheck lint-imports test-legacy test-oldest test-numpy25
 	BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch,jax,tensorflow $(BIN)/python -m pytest -q -n $(JOBS)
 
 # the package's types (mypy.ini): the typed API (convert's overloads, Plan) and the code behind it
+# the inner loop: the core, the trees and the numpy and torch adapters, no test that starts a process
+# (conftest.py marks those "subprocess"), no tree library; meant to stay under two minutes
+check: setup
+	BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch BF16BRIDGE_TEST_LIBRARIES= $(BIN)/python -m pytest -q -n $(JOBS) \
+		-p no:cacheprovider -m "not subprocess" tests/core tests/trees tests/adapters
+
 # the layers: pyproject.toml's [tool.importlinter] contracts (docs/architecture.md)
 lint-imports: setup
 	$(BIN)/lint-imports
@@ -103,13 +109,13 @@ test-legacy: setup-legacy
 	$(call prune,$(LEGACY))
 
 test-oldest: setup-oldest
-	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
+	$(OLDEST)/bin/python -m pytest -q -n $(JOBS) -p no:cacheprovider $(OLDEST_TESTS)
 	$(call prune,$(OLDEST))
 
 # torch, tensorflow and the tree libraries are not installed there: the tests ask only for numpy and
 # jax, and for no tree library (tests/conftest.py)
 test-numpy25: setup-numpy25
-	BF16BRIDGE_TEST_FRAMEWORKS=numpy,jax BF16BRIDGE_TEST_LIBRARIES= BF16BRIDGE_TEST_NUMPY=2.5 $(NUMPY25)/bin/python -m pytest -q -p no:cacheprovider $(NUMPY25_TESTS)
+	BF16BRIDGE_TEST_FRAMEWORKS=numpy,jax BF16BRIDGE_TEST_LIBRARIES= BF16BRIDGE_TEST_NUMPY=2.5 $(NUMPY25)/bin/python -m pytest -q -n $(JOBS) -p no:cacheprovider $(NUMPY25_TESTS)
 	$(call prune,$(NUMPY25))
 
 bench: setup

@@ -147,7 +147,7 @@ def markdown(res: dict | None, plot_name: str | None, functions: dict | None = N
                   "An adapter whose import copies an unaligned buffer itself declares what that copy costs against "
                   "the bridge's own aligned copy followed by a zero-copy import; the planner prefers the cheaper. "
                   "Measured here as the ratio of the two routes' medians, alternated three times (best of each); "
-                  "`tests/test_benchmarks_smoke.py` checks that each declared value lies on the same side of 1 "
+                  "`tests/project/test_benchmarks_smoke.py` checks that each declared value lies on the same side of 1 "
                   "as the measured one.", "",
                   table(["adapter", "size", "its import of an unaligned array", "the bridge's copy, then import",
                          "measured", "declared"],

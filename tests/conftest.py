@@ -58,6 +58,11 @@ def aligned_copy(a: np.ndarray, offset_bytes: int = 0) -> np.ndarray:
     return out
 
 
+def bf16_ramp(n: int = 8) -> np.ndarray:
+    """``n`` bf16 values stepping by one from -3.5 (each exact in bf16): a small sample input."""
+    return (np.arange(n, dtype=np.float32) - 3.5).astype(BF16)
+
+
 def _ml_dtype(a: np.ndarray) -> bool:
     """An ml_dtypes array (bf16, fp8, fp6, fp4, int4, ...), which torch.from_numpy refuses."""
     return a.dtype.type.__module__.split(".")[0] == "ml_dtypes"

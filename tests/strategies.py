@@ -35,7 +35,7 @@ from conftest import BF16, FRAMEWORKS, PRESENT, dtype_name, fw, make, ptr, type_
 # -- profiles -----------------------------------------------------------------
 # CI: derandomized (the same examples every run) and bounded, so the property
 # files take about a minute on a 2-core machine. "fuzz": random and longer, for
-# hunting locally: HYPOTHESIS_PROFILE=fuzz pytest tests/test_properties.py
+# hunting locally: HYPOTHESIS_PROFILE=fuzz pytest tests/core/test_properties.py
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                       HealthCheck.filter_too_much])

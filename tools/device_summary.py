@@ -193,7 +193,7 @@ def docs_block(data: dict, results: str) -> str:
     lines = text.splitlines()[1:]  # the title: said by the first line instead
     lines = [("#" + line) if line.startswith("## ") else line for line in lines]
     head = [f"{DOCS_OPEN} `python tools/device_summary.py --docs {results} docs/routes.md`; "
-            "tests/test_device_check.py checks it -->",
+            "tests/project/test_device_check.py checks it -->",
             f"`tools/device_check.sh` on the device machine ({data.get('mode')}, {data.get('started')}; "
             f"`{results}`):"]
     return "\n".join(head + lines).rstrip() + "\n" + DOCS_CLOSE

@@ -1,5 +1,5 @@
-"""One module per framework, the same shape in each (see ``_base.Adapter``).
+"""One package per framework, one file per concern: ``convert`` (the core ``Adapter``), each feature's
+hooks (``hooks.py`` holds their protocols) and ``internals`` (its private APIs).
 
-Nothing here imports a framework: ``bf16bridge.core.registry`` imports an adapter
-module on first use.
+Nothing here imports a framework: ``bf16bridge.core.registry`` imports an adapter module on first use.
 """

@@ -88,7 +88,7 @@ def register(np_module=np) -> Registration:
     """Register the table's ml_dtypes rows with numpy's DLPack registry where nobody has.
 
     ``np_module`` is numpy itself; a test passes a stand-in to check the logic on a NumPy
-    without the registry (the real registry: tests/test_numpy_registry.py under
+    without the registry (the real registry: tests/adapters/test_numpy_registry.py under
     ``make test-numpy25``, NumPy 2.5).
     """
     reg = getattr(getattr(np_module, "dtypes", None), "register_dlpack_dtype", None)

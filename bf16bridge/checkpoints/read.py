@@ -380,3 +380,19 @@ def load(path: str | os.PathLike, to: str = "numpy", *, nested: bool = False, co
         f.check()  # a bad entry refuses the file before any tensor is read (not after the ones before it)
         out = {key: f.get(key, to, copy=copy, fallback=fallback) for key in f.keys()}
     return nest(out, os.fspath(path)) if nested else out
+
+
+def copied_view(f: Checkpoint, key: str) -> np.ndarray:
+    """A view of ``key``'s bytes for a reader in this package that copies it out (load_for_target's
+    cast): not recorded as handed out; ``release`` drops its pages once the copy is made."""
+    return f._view(key)
+
+
+def release(f: Checkpoint, key: str) -> None:
+    """Drop the pages of ``key`` once ``copied_view``'s copy is made."""
+    f._release(key)
+
+
+def handed_out(f: Checkpoint, key: str) -> bool:
+    """Whether ``get`` handed ``key`` out as a view of the file."""
+    return key in f._shared

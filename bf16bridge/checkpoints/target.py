@@ -19,6 +19,7 @@ from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, MissingKeyE
 from bf16bridge.core.plan import size
 from bf16bridge.checkpoints import format as fmt
 from bf16bridge.checkpoints.keys import nest
+from bf16bridge.checkpoints import read
 from bf16bridge.checkpoints.read import Checkpoint
 
 #: the dtypes ``dtype=`` may name (floating ones; integer and bool tensors are never cast)
@@ -195,12 +196,12 @@ def _load_one(f: Checkpoint, key: str, target: str, dtype_out: str, fallback: Fa
     info = f.info(key)
     if dtype_out == info.dtype:
         value = f.get(key, target, fallback=fallback)
-        return value, info.nbytes > 0 and key not in f._shared, ""  # get() notes the keys it handed out as views
-    a = f._view(key)
+        return value, info.nbytes > 0 and not read.handed_out(f, key), ""
+    a = read.copied_view(f, key)
     cast = _cast(a, dtype_out)
     lost = "" if exact(info.dtype, dtype_out) else _lost(a, cast, dtype_out)
     del a
-    f._release(key)
+    read.release(f, key)
     try:
         return convert(cast, target, on_alias="allow", fallback=fallback), True, lost
     except Bf16BridgeError as err:

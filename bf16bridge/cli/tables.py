@@ -289,7 +289,7 @@ def fallback_rows() -> list[list[str]]:
     return out
 
 
-DOCS_BEGIN = "<!-- begin generated: python -m bf16bridge.cli.tables docs/dtypes.md; tests/test_dtype_docs.py checks it -->"
+DOCS_BEGIN = "<!-- begin generated: python -m bf16bridge.cli.tables docs/dtypes.md; tests/cli/test_dtype_docs.py checks it -->"
 DOCS_END = "<!-- end generated -->"
 
 
@@ -336,7 +336,7 @@ def _dtype_docs(caps) -> str:
         "in the integer rows, so their values are kept; it reads a set one as the sign in the fp4 row, so "
         "there a packing route would change the value numpy reads, and refuses instead (InvalidArgumentError "
         "naming the byte; `a.astype(np.float32).astype(a.dtype)` keeps the values and packs; "
-        "tests/test_dtypes.py and tests/test_narrow_kernels.py check this).",
+        "tests/core/test_dtypes.py and tests/kernels/test_narrow_kernels.py check this).",
         route_table(rows, "markdown"),
     ]
     return "\n\n".join(p.strip() for p in parts)

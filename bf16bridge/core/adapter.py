@@ -125,7 +125,7 @@ class Adapter:
     kernels_unaligned: ClassVar[bool] = True
     #: what a copy made by its import costs, against one made by an adapter's copy()
     #: (measured by the benchmark harness: docs/benchmarks.md, "What an import's own copy costs";
-    #: tests/test_benchmarks_smoke.py checks the declared value is on the measured side of 1;
+    #: tests/project/test_benchmarks_smoke.py checks the declared value is on the measured side of 1;
     #: the planner prefers the cheaper)
     import_copy_cost: ClassVar[float] = 1.0
     #: how ``convert``'s warning says an input's gradient is dropped (``Source.requires_grad``):

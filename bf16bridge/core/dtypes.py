@@ -5,7 +5,7 @@ Dtypes are named by their NumPy / ml_dtypes names ("bfloat16", "float8_e4m3fn",
 which rows it holds. A row says what the planner needs: bits a value, bytes a
 value, kind, packing (values a byte), the unsigned integer of the same width
 that carries its bits through a bit-view, the exact widenings in order
-(checked against ml_dtypes by tests/test_dtypes.py), and the DLPack
+(checked against ml_dtypes by tests/core/test_dtypes.py), and the DLPack
 (code, bits, lanes) where DLPack defines one; for a float, how its bits spell a value
 (exponent and mantissa bits, bias, how NaN and infinity are spelled: what the codecs of
 ``core.formats`` and the kernels decode and round by). A new dtype is a new row.
@@ -149,7 +149,7 @@ def _sub(name: str, bits: int, kind: Kind, since: str, dlpack=None, layout=(0, 0
 
 
 #: Every dtype the bridge carries. Widenings were found with ml_dtypes over every bit pattern
-#: (tests/test_dtypes.py checks them): float8_e8m0fnu's 2**-127 is a bf16 subnormal, and its
+#: (tests/core/test_dtypes.py checks them): float8_e8m0fnu's 2**-127 is a bf16 subnormal, and its
 #: 2**127 overflows float16, so it widens to bf16 and float32 only; bf16 fits float32 only.
 TABLE: tuple[Dtype, ...] = (
     _std("bool", "bool", 8),

@@ -25,7 +25,7 @@ PAGE = 4096
 PAGE_MATCH_FROM = 1 << 20
 #: from this many bytes on, every allocation is fresh memory (glibc's malloc maps it anew), which
 #: numpy backs with huge pages: adapters whose framework allocates without them put large host
-#: copies in numpy's memory from this size on (docs/routes.md, tests/test_copy.py)
+#: copies in numpy's memory from this size on (docs/routes.md, tests/core/test_copy.py)
 FRESH_MEMORY_FROM = 32 << 20
 
 

@@ -1,6 +1,6 @@
 """Two 4-bit values a byte, as torch's float4_e2m1fn_x2 (and its pack_uint4) keeps them: element
 2i in the low nibble, element 2i + 1 in the high one (torch.testing._internal.common_quantized.pack_uint4
-and torch.onnx's unpack_float4x2_as_uint8; tests/test_narrow_kernels.py checks both).
+and torch.onnx's unpack_float4x2_as_uint8; tests/kernels/test_narrow_kernels.py checks both).
 
 Pure numpy over ``core.dtypes``; docs/kernels.md describes the calls.
 """

@@ -5,7 +5,7 @@ four frameworks, ``constraints.txt``) and ``.venv-oldest`` (the oldest set,
 ``constraints-oldest.txt``); and in ``.venv-numpy25`` (``constraints-numpy25.txt``:
 NumPy 2.5 and a newer jax, on Python 3.12, numpy and jax only). The newest tested
 of each is the newest of those files; ``pyproject.toml``'s lower bounds are the
-oldest set. ``tests/test_probe.py`` checks that this table, those files and
+oldest set. ``tests/capabilities/test_probe.py`` checks that this table, those files and
 ``pyproject.toml`` agree.
 
 A framework older than the oldest tested is refused when its adapter loads,

@@ -5,7 +5,7 @@
 writes DOCS_DIR/parity-results.json (every report, without the packed results),
 DOCS_DIR/parity-results.md (the full tables) and the generated block of
 DOCS_DIR/parity.md (the summary table, between the markers below); the prose around
-the block is left as written. tests/test_parity_docs.py checks every claim of that
+the block is left as written. tests/parity/test_parity_docs.py checks every claim of that
 table against parity-results.json.
 """
 

@@ -304,7 +304,7 @@ def isclose(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: b
     ``arithmetic``: "float64", on the values as they are, exactly widened; "promoted", as
     torch.isclose computes after torch.testing promotes the two dtypes: in the promoted dtype,
     each step (rtol * b, its sum with atol, a - b) rounded to it, in float32 for bf16 and float16
-    (checked against torch itself: tests/test_parity.py); "numpy", numpy.isclose itself, after
+    (checked against torch itself: tests/parity/test_parity_policies.py); "numpy", numpy.isclose itself, after
     ``widen`` ((dtype, to), ...) converts those dtypes, as jax's and tensorflow's test helpers do
     before numpy.testing.assert_allclose (which passes what numpy.isclose passes, NaN and infinity
     in the same places included): numpy's promotion and rounding, rtol and atol as Python floats."""

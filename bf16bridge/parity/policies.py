@@ -22,7 +22,7 @@ class PolicyError(Bf16BridgeError, ValueError):
 
 #: reference(k)'s default cap: a result whose error is more than this many times what its dtype's
 #: rounding allows fails, however close the others are (a fault they all share). Correct matmuls of
-#: random data stay well inside it (tests/test_parity.py; docs/parity.md, "reference(k)'s cap")
+#: random data stay well inside it (tests/parity/test_parity_policies.py; docs/parity.md, "reference(k)'s cap")
 REFERENCE_CAP = 16.0
 
 

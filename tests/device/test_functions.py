@@ -9,6 +9,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge.adapters.hooks import BridgeHooks
+from bf16bridge.core import registry
 from devicehelp import DEVICE, host_bits, make, where
 
 W_SHAPE, X_SHAPE = (64, 32), (16, 64)
@@ -118,7 +119,7 @@ def _jax_path(platform):
     """Whether the bridge runs a traced jax caller's torch callee on jax's own buffers on ``platform``."""
     from bf16bridge.adapters.jax import probe as jax_probe
 
-    return jax_probe.buffers_here(platform) and (platform == "cpu" or "cuda" in bb.registry.hooks(
+    return jax_probe.buffers_here(platform) and (platform == "cpu" or "cuda" in registry.hooks(
         "torch", BridgeHooks).device_streams())
 
 
@@ -162,7 +163,7 @@ def test_jax_jit_caller_torch_callee_on_jaxs_buffers_in_order(all_u16, torch_dev
 
     # where it must: one device of the platform, torch with CUDA on the GPU (this machine's case), a jax
     # with buffer_callback; otherwise the check would pass on the path it means to leave
-    assert on_buffers or len(jax.devices(platform)) > 1 or not bb.registry.hooks("torch", BridgeHooks).device_streams() \
+    assert on_buffers or len(jax.devices(platform)) > 1 or not registry.hooks("torch", BridgeHooks).device_streams() \
         or versions.release(jax.__version__) < (0, 8, 1), "the bridge took pure_callback where it should not"
     record_property("path", "buffer_callback" if on_buffers else "pure_callback")
     record_property("callee_ran_on", seen["device"])

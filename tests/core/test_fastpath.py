@@ -1,0 +1,161 @@
+"""core.fastpath, the per-type plan cache: a cached plan serves only inputs it fits (a read-only,
+conjugated or unaligned input of the same type gets a plan of its own), follows what a route depends on
+beyond the input (jax's x64 flag, a replaced adapter), and still warns and still checks copy=False by
+pointer."""
+
+import numpy as np
+import pytest
+
+import bf16bridge as bb
+from conftest import aligned_copy, bf16_ramp, bits, make, ptr
+
+
+# -- what a cached route depends on beyond the input ---------------------------------------
+
+
+def test_route_cache_sees_jax_x64_flag_change():
+    import jax
+
+    a = np.arange(3, dtype=np.float64) + 0.1
+    assert not jax.config.jax_enable_x64
+    try:
+        jax.config.update("jax_enable_x64", True)
+        assert bb.to_jax(a).dtype == np.float64
+        jax.config.update("jax_enable_x64", False)
+        # the same input kind again: a cached route must not narrow it to float32
+        with pytest.raises(bb.UnsupportedDtypeError, match="jax_enable_x64"):
+            bb.to_jax(a)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_registry_does_not_reach_into_the_route_cache():
+    import inspect
+
+    from bf16bridge.core import registry
+
+    source = inspect.getsource(registry)
+    assert "clear_cache" not in source and ".routes" not in source
+
+
+@pytest.mark.frameworks("torch")
+def test_replacing_an_adapter_replans():
+    from bf16bridge.core import registry
+    from bf16bridge.adapters.numpy import NumpyAdapter
+
+    class NoBitview(NumpyAdapter):
+        bitview_free = None  # this numpy cannot view bf16 as uint16
+
+    a = aligned_copy(bf16_ramp())
+    assert bb.plan(a, to="torch").zero_copy
+    spec = registry.spec("numpy")
+    try:
+        bb.register_adapter("numpy", NoBitview(), types=spec.types, aliases=spec.aliases, replace=True)
+        with pytest.raises(bb.UnsupportedDtypeError):
+            bb.plan(a, to="torch")
+    finally:
+        bb.register_adapter("numpy", spec.module, types=spec.types, aliases=spec.aliases,
+                            requires=spec.requires, replace=True)
+    assert bb.plan(a, to="torch").zero_copy
+
+
+# -- the hot path: a cached plan serves only inputs it fits ---------------------------------
+
+
+@pytest.mark.frameworks("torch")
+def test_cached_zero_copy_plan_does_not_serve_a_readonly_array():
+    a = aligned_copy(bf16_ramp())
+    first = bb.to_torch(a)
+    assert ptr(first) == ptr(a)
+    ro = aligned_copy(bf16_ramp())
+    ro.flags.writeable = False
+    t = bb.to_torch(ro)  # same type, dtype and layout: only the read-only flag differs
+    assert ptr(t) != ptr(ro)
+    t[0] = 1
+    np.testing.assert_array_equal(bits(ro), bits(bf16_ramp()))
+
+
+@pytest.mark.frameworks("torch")
+def test_cached_plan_does_not_serve_a_conjugated_tensor():
+    import torch
+
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    np.testing.assert_array_equal(bb.to_numpy(z), z.numpy())
+    zc = z.conj()
+    assert zc.is_conj()
+    np.testing.assert_array_equal(bb.to_numpy(zc), np.conj(z.numpy()))
+
+
+def test_cached_plan_does_not_serve_an_unaligned_buffer_to_jax():
+    aligned = aligned_copy(bf16_ramp(64))
+    assert ptr(bb.to_jax(aligned, copy=False)) == ptr(aligned)
+    unaligned = aligned_copy(bf16_ramp(64), offset_bytes=2)
+    with pytest.raises(bb.CopyRequiredError):
+        bb.to_jax(unaligned, copy=False)
+    np.testing.assert_array_equal(bits(bb.to_jax(unaligned)), bits(unaligned))
+
+
+@pytest.mark.frameworks("tensorflow")
+def test_cached_plan_does_not_serve_an_unaligned_buffer_to_tensorflow():
+    # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process: the
+    # cached zero-copy plan of an aligned array must never serve an unaligned one (checked by
+    # pointer before any tensorflow kernel runs)
+    from bf16bridge.core import registry
+
+    tf_ptr = registry.get("tensorflow").data_ptr
+    for _ in range(2):
+        aligned = aligned_copy(bf16_ramp(64))
+        assert tf_ptr(bb.to_tensorflow(aligned)) == ptr(aligned)
+        for offset in (2, 16, 32):
+            unaligned = aligned_copy(bf16_ramp(64), offset_bytes=offset)
+            out = bb.to_tensorflow(unaligned)
+            assert tf_ptr(out) != ptr(unaligned) and tf_ptr(out) % 64 == 0
+            np.testing.assert_array_equal(bits(out), bits(unaligned))
+
+
+@pytest.mark.frameworks("torch")
+def test_cached_plan_follows_jax_x64_and_adapter_replacement():
+    import jax
+
+    a = aligned_copy(np.arange(4, dtype=np.float64))
+    try:
+        jax.config.update("jax_enable_x64", True)
+        assert bb.to_jax(a).dtype == np.float64
+        assert bb.to_jax(a).dtype == np.float64  # from the cache
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(bb.UnsupportedDtypeError):
+            bb.to_jax(a)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+    from bf16bridge.core import registry
+    from bf16bridge.adapters.numpy import NumpyAdapter
+
+    class NoBitview(NumpyAdapter):
+        bitview_free = None
+
+    b = aligned_copy(bf16_ramp())
+    bb.to_torch(b)
+    bb.to_torch(b)
+    spec = registry.spec("numpy")
+    try:
+        bb.register_adapter("numpy", NoBitview(), types=spec.types, aliases=spec.aliases, replace=True)
+        with pytest.raises(bb.UnsupportedDtypeError):
+            bb.to_torch(b)
+    finally:
+        bb.register_adapter("numpy", spec.module, types=spec.types, aliases=spec.aliases,
+                            requires=spec.requires, replace=True)
+
+
+@pytest.mark.frameworks("torch")
+def test_cached_plan_still_warns_and_still_verifies():
+    j = make("jax", bf16_ramp())
+    for _ in range(3):  # the first call plans; the others take the cached plan
+        with pytest.warns(bb.Bf16BridgeWarning):
+            bb.to_torch(j)
+    import torch
+
+    t = torch.arange(64, dtype=torch.bfloat16)
+    for _ in range(3):
+        y = bb.to_numpy(bb.to_jax(t, copy=False), copy=False)
+        assert ptr(y) == ptr(t)

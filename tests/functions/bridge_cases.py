@@ -1,0 +1,59 @@
+"""What the bridged-function tests share: bf16 data, a layer written in each framework's own API, and
+each framework's own vector-Jacobian product to compare a bridged call's gradients with
+(test_fuzz_calls.py uses ``native_vjp`` too)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import BF16, make
+
+
+def _data(shape, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 0.5).astype(np.float32).astype(BF16)
+
+
+def _layer(callee):
+    """tanh(x @ w) in the callee's own API."""
+    if callee == "torch":
+        import torch
+
+        return lambda w, x: torch.tanh(x @ w)
+    if callee == "jax":
+        import jax.numpy as jnp
+
+        return lambda w, x: jnp.tanh(x @ w)
+    import tensorflow as tf
+
+    return lambda w, x: tf.tanh(tf.matmul(x, w))
+
+
+def _callee_vjp(callee, w, x, ct):
+    """The callee framework's own vjp of _layer at (w, x) with cotangent ct: (dw, dx)."""
+    return native_vjp(callee, _layer(callee), (w, x), ct)
+
+
+def native_vjp(callee, f, primals, cts):
+    """The callee framework's own vjp of ``f`` (its tensors in, a tensor or a list of them out) at
+    ``primals`` (numpy arrays) with cotangents ``cts`` (numpy, matching f's output): one gradient
+    per primal."""
+    P = [make(callee, v) for v in primals]
+    C = [make(callee, c) for c in cts] if isinstance(cts, list) else make(callee, cts)
+    if callee == "torch":
+        import torch
+
+        for p in P:
+            p.requires_grad_()
+        return torch.autograd.grad(f(*P), P, C)
+    if callee == "jax":
+        import jax
+
+        _, pullback = jax.vjp(f, *P)
+        return pullback(C)
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        tape.watch(P)
+        y = f(*P)
+    return tape.gradient(y, P, output_gradients=C)
