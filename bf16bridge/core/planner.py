@@ -505,7 +505,7 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         # a later fallback may unpack on its way too (a packed row widens as its values, one a byte)
         _check_packing(src, source, target, route.steps)
     copies, shares, writable, notes, alias = _outcome(
-        route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.generation(), src.owner)
+        route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.GENERATION, src.owner)
     if copies:
         _check_copy_size(src, source, target, route.steps)
     shape = tuple(src.shape)

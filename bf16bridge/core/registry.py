@@ -49,7 +49,7 @@ _LOCK = threading.RLock()
 #: names that stand for a framework decided when asked: name -> "module:function" returning it
 _DYNAMIC: dict[str, str] = {}
 #: bumped by every register_adapter: caches of routes through adapters key on it
-_GENERATION = 0
+GENERATION = 0
 
 
 @plain_python
@@ -89,8 +89,8 @@ def register_adapter(
         _LOADED.pop(key, None)
         _HOOKS.clear()
         TENSOR_TYPES.clear()
-        global _GENERATION
-        _GENERATION += 1
+        global GENERATION
+        GENERATION += 1
         for callback in _ON_CHANGE:
             callback()
 
@@ -138,16 +138,11 @@ def on_change(callback: Callable[[], None]) -> None:
         _ON_CHANGE.append(callback)
 
 
-def generation() -> int:
-    """How many times the registry changed: part of every cache key that reads adapters."""
-    return _GENERATION
-
-
 def route_key(source: str, target: str) -> tuple:
     """What a route from ``source`` to ``target`` depends on beyond the input, as a cache key: the
     registry's generation and the run-time settings of the adapters a route may pass through
     (``Adapter.state()``, e.g. jax's x64 flag, which can change between two calls)."""
-    return (_GENERATION, get(source).state(), get(HUB).state(), get(target).state())
+    return (GENERATION, get(source).state(), get(HUB).state(), get(target).state())
 
 
 def names() -> list[str]:

@@ -101,7 +101,7 @@ _COMPILERS: tuple = (None, ())
 def compilers() -> tuple:
     """The bridge hooks of the imported frameworks that offer ``outside_compiler``."""
     global _COMPILERS
-    now = (registry.generation(), len(sys.modules))
+    now = (registry.GENERATION, len(sys.modules))
     if _COMPILERS[0] != now:
         found = (registry.hooks(a.name, BridgeHooks) for a in registry.imported())
         _COMPILERS = (now, tuple(h for h in found if type(h).outside_compiler is not BridgeHooks.outside_compiler))

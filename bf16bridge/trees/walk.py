@@ -148,10 +148,10 @@ _KINDS: tuple[int, dict] = (-1, {})
 def _plain_kinds() -> dict:
     global _KINDS
     generation, kinds = _KINDS
-    if generation != registry.generation():
+    if generation != registry.GENERATION:
         kinds = {tuple: _TUPLE, list: _LIST, dict: _DICT, type(None): _KEEP, str: _KEEP, bytes: _KEEP,
                  int: _KEEP, float: _KEEP, bool: _KEEP, complex: _KEEP, _Slot: _LEAF}
-        _KINDS = (registry.generation(), kinds)
+        _KINDS = (registry.GENERATION, kinds)
     return kinds
 
 

@@ -9,6 +9,7 @@ docs/adapters.md lists them with the torch versions they were checked on.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 from typing import Any
 
@@ -113,11 +114,13 @@ def functorch_wrapped(x) -> bool:
 
 
 if hasattr(torch.Tensor, "_version"):
+    _VERSION = operator.attrgetter("_version")
+
     def version_counters(leaves: list) -> list:
         """Each tensor's version counter, which every in-place write bumps; None for an inference
         tensor, which keeps none."""
         try:
-            return [x._version for x in leaves]
+            return list(map(_VERSION, leaves))
         except RuntimeError:
             return [None if x.is_inference() else x._version for x in leaves]
 else:  # pragma: no cover - torch 2.13 has it
