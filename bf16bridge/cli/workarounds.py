@@ -21,10 +21,7 @@ def _np():
 def _tf():
     from bf16bridge.core import registry
 
-    registry.get("tensorflow")  # its adapter imports it first, quieting its import warning
-    import tensorflow as tf
-
-    return tf
+    return registry.framework("tensorflow")
 
 
 def torch_to_numpy(t):

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import sys
 import threading
+import types
 from typing import Any, Callable, NamedTuple, TypeVar
 
 from bf16bridge.core.autograph import plain_python
@@ -152,6 +153,14 @@ def names() -> list[str]:
 
 def spec(name: str) -> AdapterSpec:
     return _SPECS[resolve(name)]
+
+
+def framework(name: str) -> types.ModuleType:
+    """Framework ``name``'s own top-level module, imported through its adapter first (which quiets
+    what the framework prints at import): for the code that is by nature per framework."""
+    s = spec(name)
+    get(s.name)
+    return importlib.import_module(s.requires or s.name)
 
 
 def register_dynamic_alias(name: str, function: str) -> None:

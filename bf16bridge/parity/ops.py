@@ -87,10 +87,7 @@ def _jax():
 
 
 def _tf():
-    registry.get("tensorflow")  # its adapter imports it first, quieting its import warning
-    import tensorflow as tf
-
-    return tf
+    return registry.framework("tensorflow")
 
 
 # -- float64 references ---------------------------------------------------------------
