@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
-from bf16bridge.core import fastpath, planner, registry
+from bf16bridge.core import fastpath, registry
 from bf16bridge.core.adapter import UnalignedImport
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core.warn import say
@@ -32,6 +32,13 @@ ON_ALIAS = ("warn", "copy", "error", "allow")
 ON_GRAD = ("warn", "error", "drop")
 
 
+def _planner():
+    """The planner, imported on first use: ``import bf16bridge`` does not load it."""
+    from bf16bridge.core import planner
+
+    return planner
+
+
 def _describe(x, to) -> tuple[str, str, Source]:
     """(source, target, Source) of ``x``; a wrapper that holds a tensor in ``.value`` (a
     keras.Variable, an nnx.Param) is described by that tensor (``Source.value``)."""
@@ -53,7 +60,7 @@ def _describe(x, to) -> tuple[str, str, Source]:
 
 def check_keywords(copy, fallback, for_compute, on_alias, on_grad) -> None:
     """Refuse keyword values outside their choices (our InvalidArgumentError, naming them)."""
-    planner.check_args(copy, fallback, for_compute)
+    _planner().check_args(copy, fallback, for_compute)
     if on_alias not in ON_ALIAS:
         raise InvalidArgumentError(f"on_alias must be one of {', '.join(map(repr, ON_ALIAS))}; got {on_alias!r}")
     if on_grad not in ON_GRAD:
@@ -72,7 +79,7 @@ def plan(x, to: Target | str, *, copy: bool | None = None, fallback: Fallback = 
     """
     check_keywords(copy, fallback, for_compute, "warn", "warn")
     source, target, src = _describe(x, to)
-    return planner.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    return _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
 
 
 @overload
@@ -135,7 +142,7 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
     """The full path: describe, plan (and keep the plan where the fast path may run it), say, run."""
     check_keywords(copy, fallback, for_compute, on_alias, on_grad)
     source, target, src = _describe(x, to)  # src.value: the tensor a keras.Variable or nnx.Param holds
-    p = planner.plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    p = _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
     # kept where the input stays as it is (not a wrapper's value; a torch tensor that drops its grad is
     # detached) and the call goes on as it will next time (no refusal, no copy instead)
     if (not p.copies and src.value is x and not (p.drops_grad and on_grad == "error") and on_alias != "copy"
@@ -148,7 +155,7 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
         say(_grad_message(p), 2)
     if p.alias is not None and on_alias != "allow":
         if on_alias == "copy":
-            p = planner.plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute)
+            p = _planner().plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute)
         elif on_alias == "error":
             raise CopyRequiredError(f"{p.alias}; on_alias='error' refuses it: pass on_alias='copy'")
         else:
@@ -158,7 +165,7 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
     except UnalignedImport:
         # the source described a buffer as aligned that the target's import found was not (a
         # framework's small or empty tensor over memory it did not allocate): planned as unaligned
-        p = planner.plan_for(src._replace(aligned=False), source, target, copy=copy, fallback=fallback,
+        p = _planner().plan_for(src._replace(aligned=False), source, target, copy=copy, fallback=fallback,
                              for_compute=for_compute)
         return _run(p, src.value, copy)
 

@@ -3,17 +3,19 @@ structure kept, what the leaves would warn said once per call."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 from bf16bridge.core import fastpath, registry
 from bf16bridge.core.adapter import UnalignedImport
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core.convert import Fallback, OnAlias, OnGrad, Target, check_keywords, convert, plan
-from bf16bridge.core.plan import TreePlan
 from bf16bridge.core.warn import gathered, warn
 from bf16bridge.errors import (Bf16BridgeError, DeviceError, InvalidArgumentError, UnsupportedDtypeError,
                                UnsupportedTypeError)
 from bf16bridge.trees import walk
+
+if TYPE_CHECKING:
+    from bf16bridge.core.plan import TreePlan
 
 T = TypeVar("T")
 OnUnsupported = Literal["raise", "keep"]
@@ -174,4 +176,6 @@ def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fal
         return x
 
     walk.map_leaves(leaf, tree, strict=True, as_is=_as_is(to, copy, fallback, for_compute))
+    from bf16bridge.core.plan import TreePlan  # (records load on first use)
+
     return TreePlan(tuple(leaves))

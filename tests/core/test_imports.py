@@ -28,6 +28,18 @@ def test_import_loads_no_framework():
     assert out.strip() == "[]"
 
 
+def test_import_loads_neither_the_planner_nor_a_feature():
+    # what the first conversion needs loads with it: import bf16bridge stays as cheap as numpy + ml_dtypes
+    out = _run("""
+        import sys
+        import bf16bridge
+        later = ("bf16bridge.core.planner", "bf16bridge.core.plan", "bf16bridge.capabilities", "bf16bridge.functions",
+                 "bf16bridge.kernels", "bf16bridge.casting", "bf16bridge.checkpoints", "bf16bridge.parity")
+        print(sorted(m for m in later if m in sys.modules))
+    """)
+    assert out.strip() == "[]"
+
+
 def test_first_use_from_many_threads():
     # eight threads, each a first conversion to one of this run's frameworks (all three in the full run)
     targets = ([t for t in ["torch", "jax", "tensorflow", "torch"] * 2 if t in PRESENT] * 8)[:8]
