@@ -1,8 +1,8 @@
 """What CPython's reference counts and referents say about an object: whether a callee kept a result.
 
-These read CPython's own bookkeeping (``sys.getrefcount``, ``gc.get_referents``): on another
-interpreter, or a free-threaded build, ``FRESH`` calibrates the count at import and ``kept`` errs
-towards "kept" (a copy), never towards sharing memory silently.
+These read CPython's own bookkeeping (``sys.getrefcount``, ``gc.get_referents``). ``FRESH`` is
+measured on the running interpreter at import, so a count that differs by a constant between Python
+versions is taken in; a free-threaded build is untested (docs/adapters.md, private APIs).
 """
 
 from __future__ import annotations
