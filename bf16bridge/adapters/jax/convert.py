@@ -5,7 +5,7 @@ bit-casts copy, so bf16 reaches numpy through ``numpy.asarray`` and comes from n
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -23,24 +23,6 @@ _Tracer = internals.Tracer
 
 DELETED = ("this jax array was deleted (donated to a jit with donate_argnums, or .delete()); it has no data to "
            "move: convert the array the donating call returned, or convert (or copy) this one before donating it")
-
-T = TypeVar("T")
-
-
-class _Found(Generic[T]):
-    """A declared value found by a trial on its first read, then kept on the class as a plain value."""
-
-    def __init__(self, find: Callable[[], T]) -> None:
-        self.find = find
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> T:
-        value = self.find()
-        setattr(owner if owner is not None else type(obj), self.name, value)
-        return value
-
 
 def _packs_copy(layout, aligned):
     return "jax stores sub-byte types packed: its hand-off with numpy converts (a copy)"
@@ -102,11 +84,26 @@ class JaxAdapter(Adapter):
     label_import = "jax.numpy.from_dlpack"
     label_copy = "jax.numpy.array(copy=True)"
 
-    copies_aligned = _Found(probe.allocates_aligned)
-    dlpack_export = _Found(lambda: frozenset(dtypes.ALL) | probe.narrow_rows().dlpack_out)
-    dlpack_import = _Found(lambda: frozenset(dtypes.ALL) | probe.narrow_rows().dlpack_in)
-    narrow_held = _Found(lambda: probe.narrow_rows().held)
-    narrow_why = _Found(lambda: probe.narrow_rows().why)
+    # what jax holds, speaks and allocates, tried on first need (probe), then kept on the instance
+    @functools.cached_property
+    def copies_aligned(self) -> bool:  # type: ignore[override]
+        return probe.allocates_aligned()
+
+    @functools.cached_property
+    def dlpack_export(self) -> frozenset:  # type: ignore[override]
+        return frozenset(dtypes.ALL) | probe.narrow_rows().dlpack_out
+
+    @functools.cached_property
+    def dlpack_import(self) -> frozenset:  # type: ignore[override]
+        return frozenset(dtypes.ALL) | probe.narrow_rows().dlpack_in
+
+    @functools.cached_property
+    def narrow_held(self) -> frozenset:  # type: ignore[override]
+        return probe.narrow_rows().held
+
+    @functools.cached_property
+    def narrow_why(self) -> dict:  # type: ignore[override]
+        return probe.narrow_rows().why
 
     def cannot_hold(self, dtype):
         if dtype in probe.WIDE and not jax.config.jax_enable_x64:
