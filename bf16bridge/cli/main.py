@@ -1,4 +1,4 @@
-"""``bf16bridge`` / ``python -m bf16bridge``: demo, matrix, probe, parity.
+"""``bf16bridge`` / ``python -m bf16bridge``: demo, matrix, probe, parity, bench.
 
 ``main(argv)`` returns the exit status and leaves the interpreter running (a caller's
 ``finally`` blocks and atexit handlers run); ``console_main()``, the console script,
@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -21,8 +22,8 @@ from bf16bridge.errors import Bf16BridgeError
 
 # argparse prints these: plain text, no reStructuredText (the module docstring is for Python readers)
 DESCRIPTION = "Move bfloat16 tensors between {} bit for bit, and check them."
-EPILOG = ("exit status: 0 success; 1 a parity case or the demo failed; 2 a usage error.\n"
-          "'bf16bridge COMMAND --help' describes each command.")
+EPILOG = ("exit status: 0 success; 1 a parity case or the demo failed (bench --strict: a target missed); "
+          "2 a usage error.\n'bf16bridge COMMAND --help' describes each command.")
 
 #: the console script's exit status when its reader closed the pipe early: 128 + SIGPIPE, as a
 #: program the signal ended would give
@@ -50,7 +51,12 @@ def main(argv: list[str] | None = None, *, native_log_level: int | None = None) 
     that level (console_main() passes the user's level, or QUIET_LEVEL)."""
     parser, subs = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, rest = parser.parse_known_args(argv)
+        if args.command == "bench":
+            return _bench(rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        _check(subs[args.command], args)  # usage errors before any framework is imported
         if native_log_level:
             with _native_logs_below(native_log_level):
                 _load(args)
@@ -67,6 +73,9 @@ def main(argv: list[str] | None = None, *, native_log_level: int | None = None) 
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from bf16bridge.parity.ops import OPS  # (numpy only: no framework)
+    from bf16bridge.parity.policies import DEFAULT_POLICY
+
     names = registry.names()
     parser = argparse.ArgumentParser(prog="bf16bridge", description=DESCRIPTION.format(", ".join(names)),
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,21 +100,26 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p = sub.add_parser("probe", help="what this machine and these libraries can do with bf16",
                        description="What this machine and these libraries can do with bf16. Frameworks are "
                                    "imported and tried only when named in --frameworks (or 'all').")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead: every finding, and each framework's decisions with their reasons")
+    p.add_argument("--verbose", action="store_true",
+                   help="after the line per framework, the details: versions, DLPack, devices, each dtype")
     p.add_argument("--frameworks", default="",
                    help=f"comma-separated frameworks to import and try ({', '.join(names)}), or 'all'")
     q = sub.add_parser("parity", help="the same bf16 computations in every framework that computes, compared",
                        description="Run the same bf16 computations in two or more frameworks and compare the "
                                    "results. Exits 1 if a case fails or nothing was compared.")
-    q.add_argument("--ops", help="comma-separated built-in ops (default: all)")
+    q.add_argument("--ops", help=f"comma-separated built-in ops (default: all): {', '.join(OPS)}")
     q.add_argument("--frameworks",
                    help=f"two or more, comma-separated, from {', '.join(names)} "
                         "(default: every registered framework that computes)")
     q.add_argument("--allow-missing", action="store_true",
                    help="pass a case although a framework did not run it or fewer than two results were "
                         "compared (a run that compared nothing at all still fails)")
-    q.add_argument("--policy", default="ulp(1)",
-                   help="exact, ulp(N), allclose(RTOL,ATOL), reference(K) or reference(K, cap=C), torch, jax "
+    q.add_argument("--policy", default=DEFAULT_POLICY,
+                   help="rounding(K): pass what bf16 rounding explains, each result within K roundings of the "
+                        "float64 reference, element by element and normwise (default: %(default)s); strict: "
+                        "exact, ulp(N), allclose(RTOL,ATOL), reference(K) or reference(K, cap=C), torch, jax "
                         "or tensorflow")
     q.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an op size, e.g. k=1024 (matmul's inner dimension), rows=128, cols=512, seq=128")
@@ -113,7 +127,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     q.add_argument("--format", default="text", choices=["text", "json", "markdown", "html"])
     q.add_argument("--output", help="write the report here; print where, and the summary line")
     q.add_argument("--recheck", metavar="RESULTS_JSON", help="judge results saved with --format json again")
-    return parser, {"demo": d, "matrix": m, "probe": p, "parity": q}
+    b = sub.add_parser("bench", add_help=False,
+                       help="time every route against the raw call and the usual workaround (--quick: under a "
+                            "minute; --strict: exit 1 on a missed target); 'bf16bridge bench --help' for more")
+    return parser, {"demo": d, "matrix": m, "probe": p, "parity": q, "bench": b}
 
 
 def _mib(text: str) -> float:
@@ -162,18 +179,9 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
 def _dtype_matrix(parser: argparse.ArgumentParser, args) -> int:
     import json
 
-    from bf16bridge.core import dtypes
     from bf16bridge.cli import tables
 
-    known = dtypes.NAMES
-    if args.dtype == "all":
-        asked = list(tables.matrix_dtypes())
-    else:
-        asked = list(dict.fromkeys(d for d in args.dtype.split(",") if d))
-        unknown = [d for d in asked if d not in known]
-        if unknown or not asked:
-            parser.error(f"unknown dtype {', '.join(unknown) or repr(args.dtype)}; choose 'all' or one or more "
-                         f"(comma-separated) of {', '.join(known)}")
+    asked = list(tables.matrix_dtypes()) if args.dtype == "all" else args.dtypes
     rows = [r for d in asked for r in tables.route_rows(d)]
     if args.format == "json":
         print(json.dumps(rows, indent=2))
@@ -202,24 +210,27 @@ def _asked(frameworks: str, parser: argparse.ArgumentParser | None = None) -> li
 
 def _probe(parser: argparse.ArgumentParser, args) -> int:
     from bf16bridge.capabilities.probing import probe
+    from bf16bridge.cli import probe_text
 
-    asked = _asked(args.frameworks, parser)
+    asked = args.asked
     caps = probe(frameworks="all" if args.frameworks == "all" else asked)
     # the probe's own hint is a Python call; on the command line the way is --frameworks
     hint = "not imported; 'bf16bridge probe --frameworks all' (or '--frameworks {0}') imports and tries it"
     caps = dataclasses.replace(caps, frameworks={
         name: fw if fw.probed or not fw.version or name in asked else dataclasses.replace(fw, why=hint.format(name))
         for name, fw in caps.frameworks.items()})
-    print(caps.to_json() if args.json else caps)
+    print(probe_text.to_json(caps) if args.json else probe_text.render(caps, verbose=args.verbose))
     return 0
 
 
 def _parity(parser: argparse.ArgumentParser, args) -> int:
-    from bf16bridge.parity import parse, render, runner
+    from bf16bridge.parity import render, runner
 
-    parse(args.policy)  # a policy that cannot be read is refused before anything runs
-    _check_output(parser, args.output)
-    reports = _recheck(parser, args, runner) if args.recheck else _suite(parser, args, runner)
+    if args.recheck:
+        reports = runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
+    else:
+        reports = runner.suite(args.framework_names, ops=args.op_names, policy=args.policy, seed=args.seed or 0,
+                               params=args.params, allow_missing=args.allow_missing)
     summary = _summary(reports, args.policy)
     if args.format == "json":
         out = runner.dumps(reports)
@@ -253,7 +264,38 @@ def _check_output(parser: argparse.ArgumentParser, output: str | None) -> None:
     _writable(parser, output)
 
 
-def _recheck(parser: argparse.ArgumentParser, args, runner) -> list:
+def _check(parser: argparse.ArgumentParser, args) -> None:
+    """Every usage error that needs no framework, said before any is imported (_load): unknown
+    names, options that cannot be read, an --output that cannot be written. What was read is kept
+    on ``args`` for the command."""
+    if args.command == "matrix" and args.dtype and args.dtype != "all":
+        args.dtypes = _dtypes(parser, args.dtype)
+    elif args.command == "probe":
+        args.asked = _asked(args.frameworks, parser)
+    elif args.command == "parity":
+        from bf16bridge.parity.policies import parse
+
+        parse(args.policy)  # a policy that cannot be read is refused before anything runs
+        _check_output(parser, args.output)
+        if args.recheck:
+            _check_recheck(parser, args)
+        else:
+            _check_suite(parser, args)
+
+
+def _dtypes(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    from bf16bridge.core import dtypes
+
+    known = dtypes.NAMES
+    asked = list(dict.fromkeys(d for d in text.split(",") if d))
+    unknown = [d for d in asked if d not in known]
+    if unknown or not asked:
+        parser.error(f"unknown dtype {', '.join(unknown) or repr(text)}; choose 'all' or one or more "
+                     f"(comma-separated) of {', '.join(known)}")
+    return asked
+
+
+def _check_recheck(parser: argparse.ArgumentParser, args) -> None:
     # a recheck runs nothing: options that shape a run would be ignored, and the report would not be
     # the one asked for
     ignored = [opt for opt, given in (("--ops", args.ops is not None),
@@ -262,10 +304,12 @@ def _recheck(parser: argparse.ArgumentParser, args, runner) -> list:
     if ignored:
         parser.error(f"--recheck judges saved results again and runs nothing; {', '.join(ignored)} "
                      "would change nothing: leave them out, or run without --recheck")
-    return runner.recheck(args.recheck, args.policy, allow_missing=args.allow_missing)
 
 
-def _suite(parser: argparse.ArgumentParser, args, runner) -> list:
+def _check_suite(parser: argparse.ArgumentParser, args) -> None:
+    """--set, --ops and --frameworks read into args.params, args.op_names, args.framework_names."""
+    from bf16bridge.parity.ops import OPS
+
     params = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -278,16 +322,15 @@ def _suite(parser: argparse.ArgumentParser, args, runner) -> list:
         if value is not None and not value.strip(", "):  # left out, it means all; given, it names none
             parser.error(f"{opt} {value!r} names nothing; name one or more (or leave {opt} out for all)")
     ops = list(dict.fromkeys(o for o in args.ops.split(",") if o)) if args.ops is not None else None
-    unknown = [o for o in ops or () if o not in runner.OPS]
+    unknown = [o for o in ops or () if o not in OPS]
     if unknown:
         parser.error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                     f"built-in ops: {', '.join(runner.OPS)}")
+                     f"built-in ops: {', '.join(OPS)}")
     frameworks = _asked(args.frameworks, parser) if args.frameworks is not None else None
     if frameworks is not None and len(frameworks) < 2:
         parser.error(f"parity compares two or more frameworks; --frameworks {args.frameworks} names only "
                      f"{frameworks[0]}; choose two or more of {', '.join(registry.names())}")
-    return runner.suite(frameworks, ops=ops, policy=args.policy, seed=args.seed or 0, params=params,
-                        allow_missing=args.allow_missing)
+    args.params, args.op_names, args.framework_names = params, ops, frameworks
 
 
 def _writable(parser: argparse.ArgumentParser, path: str) -> None:
@@ -323,11 +366,11 @@ def _load(args) -> None:
         if args.command in ("demo", "matrix"):
             names = registry.names()
         elif args.command == "probe":
-            names = _asked(args.frameworks)
+            names = args.asked
         elif args.recheck:  # runs nothing
             return
         else:
-            names = _asked(args.frameworks or "") or registry.names()
+            names = args.framework_names or registry.names()
     except Bf16BridgeError:
         return
     for name in names:
@@ -335,6 +378,15 @@ def _load(args) -> None:
             registry.get(name)
         except (ImportError, Bf16BridgeError):  # not installed, or refused: the command says so
             pass
+
+
+def _bench(argv: list[str]) -> int:
+    """``bf16bridge bench ARGS`` is ``python -m bf16bridge.bench ARGS``, in a process of its own: the
+    harness sits above the command line (it times cli/workarounds.py's recipes, so cli imports none of
+    it) and imports every framework itself. Its exit status is this one's; its usage errors, its own."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run([sys.executable, "-m", "bf16bridge.bench", *argv]).returncode
 
 
 def user_log_level(environ=os.environ) -> int | None:

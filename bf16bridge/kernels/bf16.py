@@ -3,7 +3,7 @@
 Widening is exact (the 16 bf16 bits become the top half of the float32, NaN payloads included).
 Rounding goes to nearest, ties to even, keeps subnormals (no flush to zero), overflows to
 infinity, and turns every NaN into the quiet NaN with its sign (0x7FC0 / 0xFFC0), as ml_dtypes
-(Eigen) does; ``python -m benchmarks.exhaustive_kernels`` checks all 2**32 float32 inputs.
+(Eigen) does; ``python -m bf16bridge.bench.exhaustive_kernels`` checks all 2**32 float32 inputs.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from bf16bridge.cli import main as cli
+from bf16bridge.parity.policies import DEFAULT_POLICY
 from conftest import PRESENT
 
 BANNERS = ("absl::InitializeLog", "oneDNN custom operations")  # tensorflow 2.21's, at import (2.16: the second)
@@ -255,7 +256,7 @@ def test_parity_that_compared_nothing_fails_even_with_allow_missing(capsys):
     args = ["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,numpy", "--allow-missing"]
     assert cli.main(args) == 1  # only torch ran: every case passes as allowed, and nothing was compared
     out = capsys.readouterr().out.rstrip()
-    assert out.endswith("3 of 3 cases pass ulp(1); FAILED: nothing was compared "
+    assert out.endswith(f"3 of 3 cases pass {DEFAULT_POLICY}; FAILED: nothing was compared "
                         "(no case had results from two frameworks)")
 
 
@@ -264,7 +265,8 @@ def test_parity_output_says_where_it_wrote_and_the_summary(tmp_path, capsys):
     saved = tmp_path / "r.json"
     assert cli.main(["parity", "--ops", "sum", "--set", "cols=64", "--frameworks", "torch,jax", "--format", "json",
                      "--output", str(saved)]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"wrote 3 cases (json) to {saved}", "3 of 3 cases pass ulp(1)"]
+    assert capsys.readouterr().out.splitlines() == [f"wrote 3 cases (json) to {saved}",
+                                                    f"3 of 3 cases pass {DEFAULT_POLICY}"]
     assert len(json.loads(saved.read_text())) == 3
     page = tmp_path / "r.md"
     assert cli.main(["parity", "--recheck", str(saved), "--policy", "ulp(2)", "--format", "markdown",
@@ -280,7 +282,8 @@ def test_parity_output_that_fails_says_why(tmp_path, capsys):
                      "--output", str(page)]) == 1
     assert capsys.readouterr().out.splitlines() == [
         f"wrote 3 cases (html) to {page}",
-        "0 of 3 cases pass ulp(1); failing: sum cols=64 [normal], sum cols=64 [cancel], sum cols=64 [ties]; "
+        f"0 of 3 cases pass {DEFAULT_POLICY}; failing: sum cols=64 [normal], sum cols=64 [cancel], "
+        "sum cols=64 [ties]; "
         "FAILED: nothing was compared (no case had results from two frameworks)"]
 
 
@@ -315,7 +318,7 @@ def test_probe_suggests_the_command_line_not_a_python_call():
     assert "probe(frameworks=" not in out.stdout
     names = [n for n in PRESENT if n != "numpy"]  # this run's (torch, jax, tensorflow in the full run)
     for name in names:  # none imported by a bare probe
-        assert f"(not imported; 'bf16bridge probe --frameworks all' (or '--frameworks {name}') imports" in out.stdout
+        assert f": not imported; 'bf16bridge probe --frameworks all' (or '--frameworks {name}') imports" in out.stdout
     caps = json.loads(_cli("probe", "--json"))
     assert all("--frameworks all" in caps["frameworks"][name]["why"] for name in names)
 

@@ -37,11 +37,12 @@ def _import_copies(name: str) -> bool:
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")  # the harness measures every registered pair
 def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
+    """Every part in its quick form, every framework, from a folder that is not the repository's."""
+    out = subprocess.run([sys.executable, "-m", "bf16bridge.bench", "--quick", "--only", "all", "--frameworks", "all",
+                          "--out", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     doc = (tmp_path / "benchmarks.md").read_text()
-    assert "## Targets" in doc and "## 1 KiB of bf16" in doc and "## 32 MiB of bf16" in doc
+    assert "## Targets" in doc and "## 1 KiB of bf16" in doc and "## 1 MiB of bf16" in doc
     assert doc.count("| torch -> numpy |") >= 2 and "## Kernels" in doc and "import bf16bridge" in doc
     res = json.loads((tmp_path / "quick.json").read_text())
     n = len(registry.names())
@@ -58,11 +59,7 @@ def test_quick_benchmark_runs_and_writes_its_table(tmp_path):
     assert ("## What an import's own copy costs" in doc) == bool(measured)
     assert all(c["measured"] > 0 and c["own"]["median"] > 0 and c["bridge"]["median"] > 0 for c in measured.values())
     assert not [r for r in res["pairs"] if r["copies"]], "every pair is zero-copy for aligned input"
-    try:  # the plot where matplotlib is (the bench extra; not in the oldest set), else said
-        import matplotlib  # noqa: F401
-        assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
-    except ImportError:
-        assert "no plot (benchmarks.png): matplotlib is not installed" in out.stdout
+    assert not (tmp_path / "benchmarks.png").exists()  # a quick run draws no plot (test_the_plot_is_drawn_...)
     _check_functions(doc, json.loads((tmp_path / "functions-quick.json").read_text()))
     _check_parts(doc, {p: json.loads((tmp_path / f"{p}-quick.json").read_text()) for p in PARTS})
 
@@ -111,7 +108,7 @@ def _check_kernels(kr: dict, doc: str) -> None:
     holds the dtype; the others left out, each named on the page with the ml_dtypes that has it."""
     import torch
 
-    from benchmarks import kernels
+    from bf16bridge.bench import kernels
     from bf16bridge.kernels import FORMATS
 
     assert kr["mode"] == "quick" and kr["sizes"] == ["1 KiB", "1 MiB"]
@@ -171,6 +168,11 @@ def _check_functions(doc: str, fres: dict) -> None:
     under_jit = fres["bridged_jit"]
     assert [r["callee"] for r in under_jit] == ["torch", "tensorflow"] and all(r["same_bits"] for r in under_jit)
     assert "## Bridged functions under jax.jit against a hand-written pure_callback wrapper" in doc
+    step = fres["mlp_step"]  # the torch MLP step with a jax loss: every contender timed, on the page
+    assert {"bridge", "bridge, jit=False", "jax.jit(vjp) by hand", "jax.jit(value_and_grad) by hand", "torch"} <= set(
+        step["times"]) and step["same_bits_as_jit_vjp_by_hand"], "the bridged loss step differs from the one by hand"
+    assert "## The loss step: a torch MLP step with a jax loss" in doc
+    assert f"| {step['best_peer']} (judged against) |" in doc
     peers = fres["peers"]
     assert any(r["tool"] == "bf16bridge" for r in peers) and all(r["ok"] for r in peers if r["tool"] == "bf16bridge")
     assert any(r["ok"] is False for r in peers if r["tool"] == "the framework's own call")
@@ -180,8 +182,8 @@ def test_functions_part_runs_alone_and_writes_the_page_from_saved_results(tmp_pa
     """--only functions runs the cost-of-a-call part alone, saves its results, and writes the page
     from them and the main part's results saved before (quick.json in the same folder), which it
     does not run again. (The parts are stubbed: this checks the wiring, the run is checked above.)"""
-    import benchmarks.__main__ as entry
-    from benchmarks import functions, harness, report
+    from bf16bridge.bench import command as entry
+    from bf16bridge.bench import functions, harness, report
 
     main_saved, fres, seen = {"saved": "main"}, {"mode": "quick", "ran": "functions"}, []
     (tmp_path / "quick.json").write_text(json.dumps(main_saved))
@@ -202,13 +204,13 @@ def test_main_part_runs_alone_and_writes_the_page_from_saved_results(tmp_path, m
     """--only main runs the main part alone (the routes, the copying routes: what a change to a copy
     is measured by), saves its results, and writes the page from them and the cost-of-a-call results
     saved before, which it does not run again, nor any other part. (Stubbed: the wiring.)"""
-    import benchmarks.__main__ as entry
-    from benchmarks import harness
+    from bf16bridge.bench import command as entry
+    from bf16bridge.bench import harness
 
     res, fres_saved, seen = {"mode": "quick", "ran": "main"}, {"saved": "functions"}, []
     (tmp_path / "functions-quick.json").write_text(json.dumps(fres_saved))
     _page_only(monkeypatch, seen, "--only main")
-    monkeypatch.setattr(harness, "run", lambda quick, log=print: res)
+    monkeypatch.setattr(harness, "run", lambda quick, log=print, **k: res)
     monkeypatch.setattr(entry, "run_part", lambda *a, **k: pytest.fail("--only main ran another part"))
     assert entry.main(["--quick", "--only", "main", "--out", str(tmp_path)]) == 0
     assert seen[0] == (res, fres_saved)
@@ -220,22 +222,22 @@ def test_main_part_runs_alone_and_writes_the_page_from_saved_results(tmp_path, m
 def _page_only(monkeypatch, seen: list, what: str) -> None:
     """Stub the main and functions parts (running either fails the test) and the page's writers
     (recording what each got into ``seen``)."""
-    from benchmarks import functions, harness, report
+    from bf16bridge.bench import functions, harness, report, report_parts
 
     monkeypatch.setattr(functions, "run", lambda *a, **k: pytest.fail(f"{what} ran the functions part"))
     monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail(f"{what} ran the main part"))
     monkeypatch.setattr(report, "markdown", lambda res, plot, functions=None: seen.append((res, functions)) or "page\n")
-    monkeypatch.setattr(report, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
+    monkeypatch.setattr(report_parts, "parts_markdown", lambda parts: seen.append(parts) or "parts\n")
     monkeypatch.setattr(report, "plot", lambda res, path: False)
     monkeypatch.setattr(report, "targets", lambda res: [])
     monkeypatch.setattr(report, "function_targets", lambda f: [])
-    monkeypatch.setattr(report, "part_targets", lambda p: [])
+    monkeypatch.setattr(report_parts, "part_targets", lambda p: [])
 
 
 def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeypatch):
     """--only dtypes (checkpoints, shards alike) runs that part alone and saves it; the page is written
     from every part's saved results, the others not run again. (Stubbed: this checks the wiring.)"""
-    import benchmarks.__main__ as entry
+    from bf16bridge.bench import command as entry
 
     saved = {"functions-quick.json": {"saved": "functions"}, "quick.json": {"saved": "main"},
              "shards-quick.json": {"saved": "shards"}}
@@ -263,7 +265,7 @@ def test_a_part_runs_alone_and_the_page_keeps_every_saved_part(tmp_path, monkeyp
 def test_page_runs_nothing_and_rebuilds_the_page_from_every_saved_result(tmp_path, monkeypatch):
     """--only page: after two branches each ran a part, the page is rebuilt from the saved results
     alone; no part runs and no saved result is rewritten."""
-    import benchmarks.__main__ as entry
+    from bf16bridge.bench import command as entry
 
     saved = {"functions-quick.json": {"saved": "functions"}, "quick.json": {"saved": "main"},
              "kernels-quick.json": {"saved": "kernels"}, "casting-quick.json": {"saved": "casting"}}
@@ -284,7 +286,7 @@ def test_page_runs_nothing_and_rebuilds_the_page_from_every_saved_result(tmp_pat
 def test_part_targets_judge_against_safetensors_or_the_float32_route():
     """Checkpoint targets: bb.load against safetensors' own loader for the framework, or where that
     fails the float32 route people use; a zero-copy load's peak extra RSS against 5% of the file."""
-    from benchmarks import report
+    from bf16bridge.bench import report_parts as report
 
     ok = {"first_s": 1e-3, "load_s": 1.0, "touch_s": 1.0, "peak_load": 1 << 20, "peak_extra": 1 << 20}
     res = {f"bb.load {fw}": dict(ok) for fw in ("numpy", "torch", "jax", "tensorflow")}
@@ -308,15 +310,15 @@ def test_part_targets_judge_against_safetensors_or_the_float32_route():
 
 @pytest.mark.parametrize("part", ["kernels", "casting"])
 def test_run_part_runs_that_parts_module_and_saves_it(tmp_path, monkeypatch, part):
-    """--only kernels runs benchmarks/kernels.py, --only casting benchmarks/casting.py, and each
+    """--only kernels runs bf16bridge/bench/kernels.py, --only casting bf16bridge/bench/casting.py, and each
     saves what its run returned. (Stubbed: the runs themselves are checked by the quick run.)"""
     import importlib
 
-    import benchmarks.__main__ as entry
+    from bf16bridge.bench import command as entry
 
     calls = []
     for name in ("kernels", "casting"):
-        mod = importlib.import_module(f"benchmarks.{name}")
+        mod = importlib.import_module(f"bf16bridge.bench.{name}")
         monkeypatch.setattr(mod, "run", lambda quick, log=print, name=name: calls.append((name, quick)) or {"ran": name})
     out = tmp_path / f"{part}-quick.json"
     assert entry.run_part(part, True, out, print) == {"ran": part}
@@ -328,7 +330,7 @@ def test_what_was_timed_is_checked_bit_for_bit():
     differing, with the input, the reference's bits and its own: a wrong fast kernel is no win."""
     import numpy as np
 
-    from benchmarks.kernels import _compare_checked
+    from bf16bridge.bench.kernels import _compare_checked
 
     x = np.arange(300, dtype=np.float32)
     ref = x.view(np.uint32).copy()
@@ -353,7 +355,7 @@ def test_kernel_and_casting_targets_judge_ratios_overheads_and_bits():
     at the small one, the nibbles no slower than the one-liners, and every timed call of ours with
     ml_dtypes' bits. Casting: cast_tree no slower than the hand loop / tree map, cast_module within
     1.5x of module.to, the same bits."""
-    from benchmarks import report
+    from bf16bridge.bench import report_parts as report
 
     def row(dtype, direction, size, ours, astype):
         o = "to_dtype" if direction == "float32 -> dtype" else "to_float32"
@@ -401,29 +403,47 @@ def test_the_page_is_generated_from_the_saved_results():
     """docs/benchmarks.md is what the report makes of benchmarks/results/{full,functions}.json and
     each part's saved JSON (dtypes, checkpoints, shards): no number on it is typed by hand, and it
     was written again after the last run of any part."""
-    from benchmarks import report
+    from bf16bridge.bench import report, report_parts
 
     res, fres = report.load(FULL), report.load(FUNCTIONS)
-    assert fres is not None, f"{FUNCTIONS} is missing: run python -m benchmarks --only functions"
+    assert fres is not None, f"{FUNCTIONS} is missing: run bf16bridge bench --only functions"
     parts = {p: report.load(ROOT / "benchmarks" / "results" / f"{p}.json") for p in PARTS}
     missing = [p for p, v in parts.items() if v is None]
-    assert not missing, f"no saved results for {missing}: run python -m benchmarks --only <part>"
+    assert not missing, f"no saved results for {missing}: run bf16bridge bench --only <part>"
     assert (ROOT / "docs" / "benchmarks.md").read_text() == (
-        report.markdown(res, "benchmarks.png", fres) + report.parts_markdown(parts))
+        report.markdown(res, "benchmarks.png", fres) + report_parts.parts_markdown(parts))
 
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")  # asks every registered adapter
 def test_declared_import_copy_cost_agrees_with_the_saved_measurement():
     """Adapter.import_copy_cost says whether the framework's own copy on import costs more (> 1) or
     less (< 1) than the bridge's aligned copy; the planner acts on it. The last full benchmark run
-    (benchmarks/results/full.json, `python -m benchmarks`) measured it: both must be on the same side.
+    (benchmarks/results/full.json, `bf16bridge bench`) measured it: both must be on the same side.
     (The adapters are loaded here, not at collection, so collecting imports no framework.)"""
     saved = {c["adapter"]: c for c in json.loads(FULL.read_text()).get("import_copy_cost", [])}
     names = _copying_importers()
     assert names, "no adapter's import copies an unaligned buffer: nothing declares import_copy_cost"
     for name in names:
-        assert name in saved, f"{FULL.name} has no import_copy_cost measurement for {name}: run python -m benchmarks"
+        assert name in saved, f"{FULL.name} has no import_copy_cost measurement for {name}: run bf16bridge bench"
         declared, measured = registry.get(name).import_copy_cost, saved[name]["measured"]
         assert declared != 1 and measured != 1
         assert (declared > 1) == (measured > 1), (
             f"{name} declares import_copy_cost={declared:g}, the benchmark measured {measured:.2f}")
+
+
+def test_a_full_run_draws_its_plot_and_a_quick_run_none(tmp_path, capsys):
+    """The plot, one panel a pair, from the last full run's saved results; a quick run (two sizes: no
+    curve to draw) writes none."""
+    from bf16bridge.bench import report
+
+    res = report.load(FULL)
+    report.write(dict(res, mode="quick"), tmp_path / "q.md", tmp_path / "q.png", None)
+    assert not (tmp_path / "q.png").exists() and "![" not in (tmp_path / "q.md").read_text()
+    try:
+        import matplotlib  # noqa: F401 - the bench extra; not in the oldest set
+    except ImportError:
+        assert report.plot(res, tmp_path / "p.png") is False
+        assert "no plot (p.png): matplotlib is not installed" in capsys.readouterr().out
+        return
+    report.write(res, tmp_path / "f.md", tmp_path / "f.png", None)
+    assert (tmp_path / "f.png").stat().st_size > 10_000 and "![time against size" in (tmp_path / "f.md").read_text()

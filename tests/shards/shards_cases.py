@@ -13,7 +13,7 @@ from conftest import BF16
 #: ``TestEightDevices`` classes of every shards test file; "dtensor": test_shards_dtensor.py as a script)
 CHILD = os.environ.get("BF16BRIDGE_SHARDS_CHILD")
 #: the tests folder (conftest, strategies: the two-process script imports them) and the repository
-#: root (bf16bridge, and benchmarks, which the jax8 child's test_benchmark_runs_quick imports)
+#: root (bf16bridge, whose bench package the jax8 child's test_benchmark_runs_quick imports)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
 

@@ -266,7 +266,7 @@ if CHILD == "jax8":
                     bb.from_shards(got, "jax", sharding=unreduced)
 
         def test_benchmark_runs_quick(self):
-            from benchmarks import shards as bench
+            from bf16bridge.bench import shards as bench
 
             got = bench.run(quick=True, log=lambda s: None)
             assert got["shards"] == 8 and got["nbytes"] == bench.SIZE["quick"]

@@ -1,5 +1,5 @@
 """Casting (bb.cast_tree, bb.cast_module) against the loops a user writes instead, as ratios in one
-run (``python -m benchmarks --only casting``).
+run (``bf16bridge bench --only casting``).
 
 - A GPT-2-small-shaped float32 torch state dict, ``lm_head.weight`` tied to ``wte.weight`` (one
   tensor under two keys, as a state dict of GPT-2 gives it): ``bb.cast_tree`` (norms kept in
@@ -169,7 +169,7 @@ def bench_module(quick: bool, log) -> dict:
     row = {"shape": shape, "modules": sum(1 for _ in template.modules()), "parameters": len(params),
            "nbytes": _nbytes(params), "kept": len(kept), "same_bits": bool(same), "runs_in_bf16": bool(runs),
            "times": times}
-    log(f"  casting nn.Module ({row['modules']} modules, {row['nbytes'] / (1 << 20):.1f} MiB): "
+    log(f"  casting nn.Module ({row['modules']} modules, {_nbytes(params) / (1 << 20):.1f} MiB): "
         + "  ".join(f"{k} {v['best'] * 1e3:.2f} ms" for k, v in times.items()) + f"  same bits: {same}")
     return row
 

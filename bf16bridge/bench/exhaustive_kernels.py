@@ -1,6 +1,6 @@
 """Check kernels.to_bf16 against ml_dtypes on all 2**32 float32 inputs, for every backend.
 
-    python -m benchmarks.exhaustive_kernels [--backends numpy,torch] [--chunk-bits 24]
+    python -m bf16bridge.bench.exhaustive_kernels [--backends numpy,torch] [--chunk-bits 24]
 
 By default every backend but ml_dtypes (the reference): numpy and each registered
 adapter offering kernels (torch's), importing its framework.
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     step = 1 << args.chunk_bits
     bad = {b: 0 for b in backends}
-    first = {}
+    first: dict[str, tuple[str, str, str]] = {}
     out = np.empty(step, dtype=ml_dtypes.bfloat16)
     t0 = time.perf_counter()
     for lo in range(0, 1 << 32, step):

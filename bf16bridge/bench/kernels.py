@@ -1,5 +1,5 @@
 """The narrow kernels (bb.kernels: to_dtype, to_float32, pack_nibbles, unpack_nibbles) against the
-calls a user would write instead, as ratios in one run (``python -m benchmarks --only kernels``).
+calls a user would write instead, as ratios in one run (``bf16bridge bench --only kernels``).
 
 For bf16 and every narrow float dtype, float32 -> dtype and dtype -> float32: our kernel (the
 default call, and on one thread), ml_dtypes' ``astype`` (the reference: the same bits) and, where
@@ -103,7 +103,7 @@ def bench_dtype(name: str, label: str, quick: bool, log) -> list[dict]:
                 "to_float32": lambda: kernels.to_float32(y),
                 "to_float32, threads=1": lambda: kernels.to_float32(y, threads=1),
                 "ml_dtypes astype": lambda: y.astype(np.float32),
-                **({"torch .to()": lambda: yt.to(torch.float32)} if tdt is not None else {})})):
+                **({"torch .to()": lambda: yt.to(torch.float32)} if yt is not None else {})})):
         r = _compare_checked(contenders, src, ref, quick)
         rows.append({"dtype": name, "direction": direction, "size": label, "elements": n, "times": r})
         log(f"  kernels {label} {name:>18} {direction:<16} "

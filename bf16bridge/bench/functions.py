@@ -9,10 +9,11 @@ targets are judged on the fastest (the least disturbed by other load), and the r
 from __future__ import annotations
 
 import contextlib
-
 import statistics
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ import bf16bridge as bb
 from bf16bridge.errors import Bf16BridgeWarning
 
 from .harness import SIZES, machine, pairs, sample
+from .loss_step import bench_mlp_step
 from .raw import from_tf, raw_routes
 
 BUDGET_S, QUICK_BUDGET_S = 1.5, 0.03  # seconds a comparison runs, all contenders together
@@ -62,7 +64,7 @@ def _time_one(clock, fn) -> float:
     return clock() - t0
 
 
-def _mods():
+def _mods() -> tuple[Any, Any, Any, Any, Any]:
     import jax
     import jax.numpy as jnp
     import ml_dtypes
@@ -94,11 +96,12 @@ def bench_convert(quick: bool, log) -> dict:
             continue
         x = bb.convert(base, s, copy=True)
         p = bb.plan(x, to=d)
-        contenders = {"bridge": lambda: bb.convert(x, d), "raw": lambda: raws[(s, d)](x)}
+        contenders: dict[str, Callable[[], Any]] = {"bridge": lambda: bb.convert(x, d), "raw": lambda: raws[(s, d)](x)}
         if p.alias is not None:
             contenders["bridge, on_alias='allow'"] = lambda: bb.convert(x, d, on_alias="allow")
         if peers and (s, d) in peers:
-            contenders["torch_jax_interop"] = lambda f=peers[(s, d)]: f(x)
+            peer = peers[(s, d)]  # (called through a lambda, as the others are: the same call overhead)
+            contenders["torch_jax_interop"] = lambda: peer(x)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Bf16BridgeWarning)  # the default call's warning is timed, not shown
             r = compare(contenders, quick=quick)
@@ -113,7 +116,7 @@ def bench_convert(quick: bool, log) -> dict:
 def gpt2_shapes() -> dict[str, tuple[int, ...]]:
     """GPT-2 small's parameters (Hugging Face names, Conv1D weights as stored: in x out)."""
     d, ff, v, ctx = 768, 3072, 50257, 1024
-    out = {"wte.weight": (v, d), "wpe.weight": (ctx, d)}
+    out: dict[str, tuple[int, ...]] = {"wte.weight": (v, d), "wpe.weight": (ctx, d)}
     for i in range(12):
         h = f"h.{i}."
         out.update({h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
@@ -149,7 +152,7 @@ def bench_tree(quick: bool, log) -> list[dict]:
                          "times": r})
             log(f"  convert_tree GPT-2 {src:>10} -> {to:<10} "
                 + "  ".join(f"{k} {v['best'] * 1e3:.3f} ms" for k, v in r.items()))
-        there = None
+        del there  # (freed before the next target's copy)
     return rows
 
 
@@ -206,88 +209,98 @@ def _callee_fn(callee):
 def _callee_vjp(callee):
     """The callee's own vjp: (fn, inputs) -> (output, pullback(ct) -> grads)."""
     ml, torch, jax, jnp, tf = _mods()
-    if callee == "torch":
-        def vjp(fn, xs):
-            ins = [x.detach().requires_grad_() for x in xs]
-            with torch.enable_grad():
-                out = fn(*ins)
-            return out, lambda ct: torch.autograd.grad(out, ins, ct)
-        return vjp
-    if callee == "jax":
-        def vjp(fn, xs):
-            out, pb = jax.vjp(fn, *xs)
-            return out, pb
-        return vjp
 
-    def vjp(fn, xs):
+    def torch_vjp(fn, xs):
+        ins = [x.detach().requires_grad_() for x in xs]
+        with torch.enable_grad():
+            out = fn(*ins)
+        return out, lambda ct: torch.autograd.grad(out, ins, ct)
+
+    def jax_vjp(fn, xs):
+        out, pb = jax.vjp(fn, *xs)
+        return out, pb
+
+    def tf_vjp(fn, xs):
         with tf.GradientTape() as tape:
             for x in xs:
                 tape.watch(x)
             out = fn(*xs)
         return out, lambda ct: tape.gradient(out, xs, output_gradients=ct)
-    return vjp
+
+    return {"torch": torch_vjp, "jax": jax_vjp}.get(callee, tf_vjp)
 
 
-def baseline(caller: str, callee: str, fn):
+def baseline(caller: str, callee: str, fn) -> tuple[Callable, Callable]:
     """The hand-written wrapper a user writes today for ``fn`` of ``callee`` called from ``caller``,
     with raw DLPack moves: torch ``autograd.Function`` around the callee's vjp; jax
     ``custom_vjp`` + ``pure_callback`` (its backward recomputes the forward, as the bridge's
-    does: a callback cannot keep the pullback between the two); tf ``custom_gradient``."""
+    does: a callback cannot keep the pullback between the two); tf ``custom_gradient``.
+    Returns (the wrapper, the forward alone for inputs that need no gradient)."""
+    wrapper = {"torch": _torch_wrapper, "jax": _jax_wrapper}.get(caller, _tf_wrapper)
+    return wrapper(callee, fn, _Raw().move, _callee_vjp(callee))
+
+
+def _torch_wrapper(callee: str, fn, mv: dict, vjp) -> tuple[Callable, Callable]:
+    function: Any = _mods()[1].autograd.Function  # (a base class mypy cannot name: torch is imported late)
+    to_c, back = mv[("torch", callee)], mv[(callee, "torch")]
+
+    class Wrapped(function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            out, ctx.pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
+            return back(out)
+
+        @staticmethod
+        def backward(ctx, ct):
+            return tuple(back(g) for g in ctx.pb(to_c(ct)))
+
+    def fwd_only(a, b, c):
+        return back(fn(to_c(a), to_c(b), to_c(c)))
+
+    return Wrapped.apply, fwd_only
+
+
+def _jax_wrapper(callee: str, fn, mv: dict, vjp) -> tuple[Callable, Callable]:
+    # jax 0.10 hands a pure_callback jax arrays, 64-byte aligned; jax 0.4.30 (the oldest declared)
+    # allocates them 16-byte aligned at best, which tensorflow must not take as they are (its first
+    # kernel on an unaligned buffer aborts the process: the raw wrapper a user writes there dies so),
+    # so there they go through an aligned numpy copy; results go back as numpy
+    from bf16bridge.adapters.jax.probe import allocates_aligned
+
     ml, torch, jax, jnp, tf = _mods()
-    mv = _Raw().move
-    vjp = _callee_vjp(callee)
-    if caller == "torch":
-        to_c, back = mv[("torch", callee)], mv[(callee, "torch")]
+    from_jax, from_numpy, back = mv[("jax", callee)], mv[("numpy", callee)], mv[(callee, "numpy")]
+    to_c = from_jax if allocates_aligned() or callee != "tensorflow" else (
+        lambda x: from_numpy(_aligned(np.asarray(x))))
+    aval = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
 
-        class Wrapped(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, a, b, c):
-                out, ctx.pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
-                return back(out)
+    def fwd_cb(a, b, c):
+        return back(fn(to_c(a), to_c(b), to_c(c)))
 
-            @staticmethod
-            def backward(ctx, ct):
-                return tuple(back(g) for g in ctx.pb(to_c(ct)))
+    def bwd_cb(a, b, c, ct):
+        _, pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
+        return [back(g) for g in pb(to_c(ct))]
 
-        def fwd_only(a, b, c):
-            return back(fn(to_c(a), to_c(b), to_c(c)))
+    @jax.custom_vjp
+    def f(a, b, c):
+        return jax.pure_callback(fwd_cb, aval, a, b, c)
 
-        return Wrapped.apply, fwd_only
-    if caller == "jax":
-        # jax 0.10 hands a pure_callback jax arrays, 64-byte aligned; jax 0.4.30 (the oldest declared)
-        # allocates them 16-byte aligned at best, which tensorflow must not take as they are (its first
-        # kernel on an unaligned buffer aborts the process: the raw wrapper a user writes there dies so),
-        # so there they go through an aligned numpy copy; results go back as numpy
-        from bf16bridge.adapters.jax.probe import allocates_aligned
+    def f_fwd(a, b, c):
+        return f(a, b, c), (a, b, c)
 
-        from_jax, from_numpy, back = mv[("jax", callee)], mv[("numpy", callee)], mv[(callee, "numpy")]
-        to_c = from_jax if allocates_aligned() or callee != "tensorflow" else (lambda x: from_numpy(_aligned(np.asarray(x))))
-        aval = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
+    def f_bwd(res, ct):
+        return tuple(jax.pure_callback(bwd_cb, [aval] * 3, *res, ct))
 
-        def fwd_cb(a, b, c):
-            return back(fn(to_c(a), to_c(b), to_c(c)))
+    f.defvjp(f_fwd, f_bwd)
+    to_j, from_j = mv[("jax", callee)], mv[(callee, "jax")]
 
-        def bwd_cb(a, b, c, ct):
-            _, pb = vjp(fn, [to_c(a), to_c(b), to_c(c)])
-            return [back(g) for g in pb(to_c(ct))]
+    def fwd_only(a, b, c):  # concrete jax arrays: no callback needed
+        return from_j(fn(to_j(a), to_j(b), to_j(c)))
 
-        @jax.custom_vjp
-        def f(a, b, c):
-            return jax.pure_callback(fwd_cb, aval, a, b, c)
+    return f, fwd_only
 
-        def f_fwd(a, b, c):
-            return f(a, b, c), (a, b, c)
 
-        def f_bwd(res, ct):
-            return tuple(jax.pure_callback(bwd_cb, [aval] * 3, *res, ct))
-
-        f.defvjp(f_fwd, f_bwd)
-        to_j, from_j = mv[("jax", callee)], mv[(callee, "jax")]
-
-        def fwd_only(a, b, c):  # concrete jax arrays: no callback needed
-            return from_j(fn(to_j(a), to_j(b), to_j(c)))
-
-        return f, fwd_only
+def _tf_wrapper(callee: str, fn, mv: dict, vjp) -> tuple[Callable, Callable]:
+    tf = _mods()[4]
     to_c, back = mv[("tensorflow", callee)], mv[(callee, "tensorflow")]
 
     @tf.custom_gradient
@@ -304,24 +317,23 @@ def baseline(caller: str, callee: str, fn):
 def _driver(caller: str):
     """How a caller runs forward and backward: f, inputs, cotangent -> (output, grads)."""
     ml, torch, jax, jnp, tf = _mods()
-    if caller == "torch":
-        def run(f, xs, ct):
-            out = f(*xs)
-            return out, torch.autograd.grad(out, xs, ct)
-        return run
-    if caller == "jax":
-        def run(f, xs, ct):
-            out, pb = jax.vjp(f, *xs)
-            return _ready([out, *pb(ct)])
-        return run
 
-    def run(f, xs, ct):
+    def torch_run(f, xs, ct):
+        out = f(*xs)
+        return out, torch.autograd.grad(out, xs, ct)
+
+    def jax_run(f, xs, ct):
+        out, pb = jax.vjp(f, *xs)
+        return _ready([out, *pb(ct)])
+
+    def tf_run(f, xs, ct):
         with tf.GradientTape() as tape:
             for x in xs:
                 tape.watch(x)
             out = f(*xs)
         return out, tape.gradient(out, xs, output_gradients=ct)
-    return run
+
+    return {"torch": torch_run, "jax": jax_run}.get(caller, tf_run)
 
 
 @contextlib.contextmanager
@@ -429,14 +441,42 @@ def peer_failures(log) -> list[dict]:
     whether each works, keeps the bits and shares memory, or what it raises."""
     ml, torch, jax, jnp, tf = _mods()
     peers, peer_error = _interop()
-    raws = raw_routes()
+    tools = _peer_tools(peers)
+    rows = []
+    for case, t in _peer_cases().items():
+        want = t.contiguous().view(torch.int16).numpy().view(np.uint16)
+        for tool, fns in tools.items():
+            for direction, fn in fns.items():
+                if direction[0] == "jax" and case != "contiguous, 64-byte aligned":
+                    continue  # the same compact jax array as the first case: nothing new
+                # jax -> torch starts from the bridge's own jax copy of the layout (jax arrays are
+                # always compact; a sliced or transposed case is the same array made compact)
+                x = t if direction[0] == "torch" else jnp.asarray(bb.convert(t.contiguous(), "numpy"))
+                rows.append(_peer_row({"case": case, "tool": tool, "direction": " -> ".join(direction)}, fn, x, want))
+    if peer_error:
+        rows.append({"case": "import", "tool": "torch_jax_interop", "direction": "", "ok": False,
+                     "result": peer_error})
+    for r in rows:
+        log(f"  peers {r['tool']:>18} {r['direction']:>14} {r['case']:<30} {r['result']}")
+    return rows
+
+
+def _peer_cases() -> dict:
+    """The bf16 torch tensors of each layout the peers are tried on."""
+    torch = _mods()[1]
     src = torch.from_numpy(sample(2 * 64 * 66).view(np.uint16)).view(torch.bfloat16).reshape(64, 66)
-    cases = {
+    return {
         "contiguous, 64-byte aligned": src[:, :64].contiguous(),
         "unaligned (offset 2 bytes)": src.reshape(-1)[1:4097],
         "sliced (every other column)": src[:, ::2],
         "transposed": src[:, :64].contiguous().T,
     }
+
+
+def _peer_tools(peers: dict | None) -> dict[str, dict]:
+    """Each tool's call for each direction tried: {tool: {(source, target): call}}."""
+    ml, torch, jax, jnp, tf = _mods()
+    raws = raw_routes()
     tools = {
         "bf16bridge": {("torch", "jax"): lambda t: bb.convert(t, "jax"),
                        ("torch", "tensorflow"): lambda t: bb.convert(t, "tensorflow"),
@@ -449,42 +489,32 @@ def peer_failures(log) -> list[dict]:
     }
     if peers:
         tools["torch_jax_interop"] = peers
-    # tensorflow imports an unaligned buffer, and its first kernel on it aborts the process (FACTS.md)
-    never = {("raw DLPack", ("torch", "tensorflow"), "unaligned (offset 2 bytes)"):
-             "not run: tensorflow imports it and its first kernel aborts the process (Check failed: IsAligned())"}
-    rows = []
-    for case, t in cases.items():
-        want = t.contiguous().view(torch.int16).numpy().view(np.uint16)
-        for tool, fns in tools.items():
-            for direction, fn in fns.items():
-                # jax -> torch starts from the bridge's own jax copy of the layout (jax arrays are
-                # always compact; a sliced or transposed case is the same array made compact)
-                x = t if direction[0] == "torch" else jnp.asarray(bb.convert(t.contiguous(), "numpy"))
-                row = {"case": case, "tool": tool, "direction": " -> ".join(direction)}
-                if (tool, direction, case) in never:
-                    rows.append({**row, "ok": None, "result": never[(tool, direction, case)]})
-                    continue
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        y = _ready(fn(x))
-                    bits = _bits(y)
-                    row["ok"] = bool(np.array_equal(bits, want))
-                    row["zero_copy"] = _ptr(x) == _ptr(y)
-                    row["result"] = ("bits kept" if row["ok"] else "BITS CHANGED") + (
-                        ", zero-copy" if row["zero_copy"] else ", copied")
-                except Exception as err:  # noqa: BLE001 - the point is to record what each raises
-                    row["ok"] = False
-                    row["result"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
-                rows.append(row)
-                if direction[0] == "jax" and case != "contiguous, 64-byte aligned":
-                    rows.pop()  # the same compact jax array as the first case: nothing new
-    if peer_error:
-        rows.append({"case": "import", "tool": "torch_jax_interop", "direction": "", "ok": False,
-                     "result": peer_error})
-    for r in rows:
-        log(f"  peers {r['tool']:>18} {r['direction']:>14} {r['case']:<30} {r['result']}")
-    return rows
+    return tools
+
+
+# tensorflow imports an unaligned buffer, and its first kernel on it aborts the process (FACTS.md)
+_NEVER = {("raw DLPack", "torch -> tensorflow", "unaligned (offset 2 bytes)"):
+          "not run: tensorflow imports it and its first kernel aborts the process (Check failed: IsAligned())"}
+
+
+def _peer_row(row: dict[str, Any], fn, x, want: np.ndarray) -> dict[str, Any]:
+    """``row`` with what ``fn(x)`` did: whether it kept the bits ``want`` and shared memory, or what it raised."""
+    never = _NEVER.get((row["tool"], row["direction"], row["case"]))
+    if never is not None:
+        return {**row, "ok": None, "result": never}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = _ready(fn(x))
+        bits = _bits(y)
+        row["ok"] = bool(np.array_equal(bits, want))
+        row["zero_copy"] = _ptr(x) == _ptr(y)
+        row["result"] = ("bits kept" if row["ok"] else "BITS CHANGED") + (
+            ", zero-copy" if row["zero_copy"] else ", copied")
+    except Exception as err:  # noqa: BLE001 - the point is to record what each raises
+        row["ok"] = False
+        row["result"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+    return row
 
 
 def _ptr(x) -> int | None:
@@ -496,16 +526,19 @@ def _ptr(x) -> int | None:
         return None
 
 
-def _code() -> str:
+def code_version() -> str:
     """The commit measured, and whether the package had changes not yet committed."""
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    pkg = Path(__file__).resolve().parent.parent  # the bf16bridge package folder
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+        # an installed copy inside some other checkout is not that checkout's code
+        subprocess.run(["git", "ls-files", "--error-unmatch", "__init__.py"], cwd=pkg, capture_output=True,
+                       check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "bf16bridge"], cwd=root, capture_output=True,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=pkg, capture_output=True,
                                text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
@@ -525,9 +558,12 @@ def run(quick: bool, log=print) -> dict:
     fns = bench_bridged(quick, log)
     log("functions: bridged functions under jax.jit against hand-written pure_callback wrappers")
     fns_jit = bench_bridged_jit(quick, log)
+    log("functions: a torch MLP step with a jax loss: bridged, jitted by hand, torch_jax_interop")
+    _, torch, jax, jnp, _ = _mods()
+    mlp = bench_mlp_step(quick, log, compare, torch, jax, jnp)
     log("functions: where each peer fails")
     peers = peer_failures(log)
-    return {"mode": "quick" if quick else "full", "machine": machine(), "code": _code(), "timing": {
+    return {"mode": "quick" if quick else "full", "machine": machine(), "code": code_version(), "timing": {
         "budget_s": QUICK_BUDGET_S if quick else BUDGET_S, "min_rounds": QUICK_MIN_ROUNDS if quick else MIN_ROUNDS,
         "judged_on": "best"}, "convert": conv, "tree": tree, "bridged": fns, "bridged_jit": fns_jit,
-        "peers": peers}
+        "mlp_step": mlp, "peers": peers}

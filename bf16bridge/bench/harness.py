@@ -6,6 +6,7 @@ floor measured in the same process run (this machine is shared and noisy).
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import platform
@@ -41,15 +42,19 @@ def held_by_numpy(names, log=print) -> tuple[list[str], list[dict]]:
     return kept, left
 
 
-def pairs() -> list[tuple[str, str]]:
-    """Every ordered pair of the registered frameworks."""
-    names = registry.names()
+def pairs(frameworks=None) -> list[tuple[str, str]]:
+    """Every ordered pair of the registered frameworks (of ``frameworks`` only, where given)."""
+    names = [n for n in registry.names() if frameworks is None or n in frameworks]
     return [(s, d) for s in names for d in names if s != d]
 
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = {"1 KiB": KiB, "1 MiB": MiB, "32 MiB": 32 * MiB, "256 MiB": 256 * MiB}
-QUICK_SIZES = ("1 KiB", "32 MiB")
+QUICK_SIZES = ("1 KiB", "1 MiB")
+#: the one size the routes that must copy, an import's own copy and the kernels are measured at
+ONE_SIZE = {"full": "32 MiB", "quick": "1 MiB"}
+#: measure()'s batches in quick mode: short (--quick stays under a minute)
+QUICK_TIMING = {"min_time": 0.02, "max_time": 0.5}
 
 
 def _ready(y):
@@ -62,7 +67,7 @@ def measure(fn, *, min_time=0.25, min_repeat=5, max_repeat=2000, max_time=6.0, w
     """Median and best seconds of fn() over repeated runs after warm-up."""
     for _ in range(warmup):
         _ready(fn())
-    times = []
+    times: list[float] = []
     start = time.perf_counter()
     while len(times) < max_repeat:
         t0 = time.perf_counter()
@@ -113,9 +118,10 @@ def sample(nbytes: int, offset: int = 0) -> np.ndarray:
     return out.view(bb.dtypes.numpy_dtype("bfloat16"))
 
 
-def memcpy_floor(nbytes: int, fresh: bool = True) -> dict:
+def memcpy_floor(nbytes: int, fresh: bool = True, quick: bool = False) -> dict:
     """A memcpy of the same bytes: into fresh memory (np.copy), as a copying route must make;
     or, fresh=False, into memory already there (the bandwidth floor for kernels given out=)."""
+    measure = _measure(quick)
     src = np.ones(nbytes, dtype=np.uint8)
     if fresh:
         return measure(lambda: np.copy(src))
@@ -124,18 +130,23 @@ def memcpy_floor(nbytes: int, fresh: bool = True) -> dict:
     return measure(lambda: np.copyto(dst, src))
 
 
-def bench_pairs(sizes, log) -> tuple[list[dict], list[str]]:
+def _measure(quick: bool):
+    return functools.partial(measure, **QUICK_TIMING) if quick else measure
+
+
+def bench_pairs(sizes, log, frameworks=None, quick: bool = False) -> tuple[list[dict], list[str]]:
     """The rows, and the pairs left out (no raw call or workaround written for them)."""
-    raws, extras = raw_routes(), extra_workarounds()
-    todo = [p for p in pairs() if p in raws and p in WORKAROUNDS]
-    left_out = [f"{s} -> {d}" for s, d in pairs() if (s, d) not in todo]
+    raws, extras = raw_routes(frameworks), extra_workarounds(frameworks)
+    measure = _measure(quick)
+    todo = [p for p in pairs(frameworks) if p in raws and p in WORKAROUNDS]
+    left_out = [f"{s} -> {d}" for s, d in pairs(frameworks) if (s, d) not in todo]
     if left_out:
         log(f"no raw call or workaround for {', '.join(left_out)}: left out")
     rows = []
     for label in sizes:
         nbytes = SIZES[label]
         base = sample(nbytes)
-        mem = memcpy_floor(nbytes)
+        mem = memcpy_floor(nbytes, quick=quick)
         log(f"{label}: memcpy {mem['median'] * 1e6:.1f} us")
         for s, d in todo:
             x = aligned_source(base, s)  # 64-byte aligned, as the table assumes (jax 0.4.30's own: by chance)
@@ -159,22 +170,25 @@ def bench_pairs(sizes, log) -> tuple[list[dict], list[str]]:
             rows.append(row)
             log(f"  {s:>10} -> {d:<10} bridge {bridge['median'] * 1e6:9.1f} us  raw {raw['median'] * 1e6:9.1f} us"
                 f"  workaround {works[0]['median'] * 1e6:11.1f} us")
-        base = x = None  # free the largest buffers before the next size
+        del base, x  # free the largest buffers before the next size
         gc.collect()
     return rows, left_out
 
 
-def bench_import_copy_cost(label: str, log) -> list[dict]:
+def bench_import_copy_cost(label: str, log, frameworks=None, quick: bool = False) -> list[dict]:
     """Adapter.import_copy_cost, measured: for each adapter whose import copies an unaligned
     buffer itself, that import of an unaligned numpy array against the route the bridge
     takes instead (its own aligned copy, then the import, zero-copy), in the same run."""
     nbytes = SIZES[label]
     hub = registry.get(registry.HUB)
+    measure = _measure(quick)
     x = sample(nbytes, offset=16)
     rows = []
     for name in registry.names():
+        if name == registry.HUB or frameworks is not None and name not in frameworks:
+            continue
         a = registry.get(name)
-        if name == registry.HUB or a.dlpack_unaligned != "copies":
+        if a.dlpack_unaligned != "copies":
             continue
         imp = next((h for h in a.handoffs() if (h.src, h.dst) == (registry.HUB, name)), None)
         if imp is None:
@@ -203,28 +217,37 @@ def bench_import_copy_cost(label: str, log) -> list[dict]:
     return rows
 
 
-def bench_copying_routes(label: str, log) -> list[dict]:
-    """Routes that must copy, each against a memcpy of the same bytes."""
-    import torch
-
-    nbytes = SIZES[label]
+def _copying_cases(nbytes: int, frameworks) -> list[tuple]:
+    """(what, input, target, the framework's own call for the same layout change, or None) for each
+    route that must copy whose two frameworks are measured."""
     unaligned = sample(nbytes, offset=16)
     readonly = sample(nbytes)
     readonly.flags.writeable = False
-    side = int((nbytes // 2) ** 0.5)
-    t = torch.from_numpy(sample(side * side * 2).view(np.uint16)).view(torch.bfloat16).reshape(side, side).T
-    # (what, input, target, the framework's own call for the same layout change, or None)
-    cases = [
+    cases: list[tuple] = [
         ("numpy (not 64-byte aligned) -> jax", unaligned, "jax", None),
         ("numpy (not 64-byte aligned) -> tensorflow", unaligned, "tensorflow", None),
         ("numpy (read-only) -> torch", readonly, "torch", None),
-        ("torch (transposed) -> tensorflow", t, "tensorflow", ("t.contiguous()", lambda: t.contiguous())),
-        ("torch (transposed) -> jax", t, "jax", ("t.contiguous()", lambda: t.contiguous())),
     ]
+    if frameworks is not None and "numpy" not in frameworks:
+        cases = []
+    if frameworks is None or "torch" in frameworks:
+        import torch
+
+        side = int((nbytes // 2) ** 0.5)
+        t = torch.from_numpy(sample(side * side * 2).view(np.uint16)).view(torch.bfloat16).reshape(side, side).T
+        cases += [("torch (transposed) -> tensorflow", t, "tensorflow", ("t.contiguous()", lambda: t.contiguous())),
+                  ("torch (transposed) -> jax", t, "jax", ("t.contiguous()", lambda: t.contiguous()))]
+    return [c for c in cases if frameworks is None or c[2] in frameworks]
+
+
+def bench_copying_routes(label: str, log, frameworks=None, quick: bool = False) -> list[dict]:
+    """Routes that must copy, each against a memcpy of the same bytes."""
+    nbytes = SIZES[label]
+    measure = _measure(quick)
     rows = []
-    for name, x, d, own in cases:
+    for name, x, d, own in _copying_cases(nbytes, frameworks):
         p = bb.plan(x, to=d)
-        mem = memcpy_floor(nbytes)  # measured next to each case: the machine drifts
+        mem = memcpy_floor(nbytes, quick=quick)  # measured next to each case: the machine drifts
         r = measure(lambda: bb.convert(x, d))
         row = {"case": name, "size": label, "copies": p.copies, "bridge": r, "memcpy": mem,
                "reasons": [st.reason for st in p.steps if st.copies]}
@@ -235,38 +258,41 @@ def bench_copying_routes(label: str, log) -> list[dict]:
     return rows
 
 
-def bench_kernels(sizes, log) -> list[dict]:
+def _kernel_cases(b, f, with_torch: bool) -> dict:
+    """{conversion: (bytes moved, [(implementation, call)], the call whose peak memory is read)}."""
     import ml_dtypes
-    import torch
 
-    others = [b for b in kernels.backends() if b not in ("auto", kernels.pick_backend())]
+    others = [k for k in kernels.backends() if k not in ("auto", kernels.pick_backend())]
+    out_f, out_b = np.empty(f.shape, np.float32), np.empty(f.shape, ml_dtypes.bfloat16)
+    to_f32 = [(f"kernels.to_float32 (auto: {kernels.pick_backend()})", lambda: kernels.to_float32(b, out=out_f)),
+              *((f"kernels.to_float32 backend={k}", lambda k=k: kernels.to_float32(b, out=out_f, backend=k))
+                for k in others),
+              ("ml_dtypes astype", lambda: b.astype(np.float32))]
+    to_bf16 = [(f"kernels.to_bf16 (auto: {kernels.pick_backend()})", lambda: kernels.to_bf16(f, out=out_b)),
+               *((f"kernels.to_bf16 backend={k}", lambda k=k: kernels.to_bf16(f, out=out_b, backend=k))
+                 for k in others),
+               ("ml_dtypes astype", lambda: f.astype(ml_dtypes.bfloat16))]
+    if with_torch:
+        import torch
+
+        tb, tf_ = torch.from_numpy(b.view(np.uint16)).view(torch.bfloat16), torch.from_numpy(f)
+        to_f32.append(("torch .to(float32)", lambda: tb.to(torch.float32)))
+        to_bf16.append(("torch .to(bfloat16) (not bit-exact: NaN, subnormals)", lambda: tf_.to(torch.bfloat16)))
+    n = b.size
+    return {"bf16 -> float32": (6 * n, to_f32, lambda: kernels.to_float32(b, out=out_f)),
+            "float32 -> bf16": (6 * n, to_bf16, lambda: kernels.to_bf16(f, out=out_b))}
+
+
+def bench_kernels(sizes, log, frameworks=None, quick: bool = False) -> list[dict]:
+    measure = _measure(quick)
     rows = []
     for label in sizes:
         nbytes = SIZES[label]
-        n = nbytes // 2  # bf16 elements
         b = sample(nbytes)
-        f = np.random.default_rng(1).standard_normal(n).astype(np.float32)
-        mem = memcpy_floor(nbytes, fresh=False)
+        f = np.random.default_rng(1).standard_normal(nbytes // 2).astype(np.float32)
+        mem = memcpy_floor(nbytes, fresh=False, quick=quick)
         bandwidth = 2 * nbytes / mem["median"]  # bytes read + written per second
-        out_f = np.empty(n, np.float32)
-        out_b = np.empty(n, ml_dtypes.bfloat16)
-        tb, tf_ = torch.from_numpy(b.view(np.uint16)).view(torch.bfloat16), torch.from_numpy(f)
-        cases = {
-            "bf16 -> float32": (6 * n, [
-                (f"kernels.to_float32 (auto: {kernels.pick_backend()})", lambda: kernels.to_float32(b, out=out_f)),
-                *((f"kernels.to_float32 backend={k}", lambda k=k: kernels.to_float32(b, out=out_f, backend=k))
-                  for k in others),
-                ("ml_dtypes astype", lambda: b.astype(np.float32)),
-                ("torch .to(float32)", lambda: tb.to(torch.float32)),
-            ], lambda: kernels.to_float32(b, out=out_f)),
-            "float32 -> bf16": (6 * n, [
-                (f"kernels.to_bf16 (auto: {kernels.pick_backend()})", lambda: kernels.to_bf16(f, out=out_b)),
-                *((f"kernels.to_bf16 backend={k}", lambda k=k: kernels.to_bf16(f, out=out_b, backend=k))
-                  for k in others),
-                ("ml_dtypes astype", lambda: f.astype(ml_dtypes.bfloat16)),
-                ("torch .to(bfloat16) (not bit-exact: NaN, subnormals)", lambda: tf_.to(torch.bfloat16)),
-            ], lambda: kernels.to_bf16(f, out=out_b)),
-        }
+        cases = _kernel_cases(b, f, frameworks is None or "torch" in frameworks)
         for what, (moved, impls, main) in cases.items():
             floor = moved / bandwidth
             for name, fn in impls:
@@ -283,7 +309,7 @@ def bench_import(log, runs: int = 11) -> dict:
     """Each import in a fresh process, the two alternating so that drift hits both alike."""
     code = "import time; t = time.perf_counter(); import {mods}; print(time.perf_counter() - t)"
     cases = (("numpy, ml_dtypes", "numpy, ml_dtypes"), ("bf16bridge", "bf16bridge"))
-    times = {key: [] for key, _ in cases}
+    times: dict[str, list[float]] = {key: [] for key, _ in cases}
     for _ in range(runs):
         for key, mods in cases:
             r = subprocess.run([sys.executable, "-c", code.format(mods=mods)], capture_output=True, text=True,
@@ -304,7 +330,7 @@ def machine() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    caps = bb.probe()
+    caps = bb.probe(trials=False, devices=False)  # the CPU's bf16 arithmetic only: no trials to wait for
     return {
         "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "cpu_bf16": caps.cpu.why, "python": platform.python_version(),
@@ -314,19 +340,25 @@ def machine() -> dict:
     }
 
 
-def run(quick: bool, log=print) -> dict:
-    for name in registry.names():  # import every framework before timing anything
+def run(quick: bool, log=print, frameworks=None, left_out: dict | None = None) -> dict:
+    """The main part: every pair of ``frameworks`` (default: every registered one) against the raw call
+    and the workaround, the routes that must copy, an import's own copy, the kernels, the import time.
+    ``left_out``: {framework: why} for the page, those the caller chose not to measure."""
+    names = [n for n in registry.names() if frameworks is None or n in frameworks]
+    for name in names:  # import every framework measured before timing anything
         registry.get(name)
-
-    sizes = QUICK_SIZES if quick else tuple(SIZES)
-    rows, left_out = bench_pairs(sizes, log)
+    mode = "quick" if quick else "full"
+    one = ONE_SIZE[mode]
+    rows, pairs_left_out = bench_pairs(QUICK_SIZES if quick else tuple(SIZES), log, frameworks, quick)
     return {
-        "mode": "quick" if quick else "full",
+        "mode": mode,
         "machine": machine(),
+        "frameworks": names,
+        "frameworks_left_out": dict(left_out or {}),
         "pairs": rows,
-        "pairs_left_out": left_out,
-        "copying": bench_copying_routes("32 MiB", log),
-        "import_copy_cost": bench_import_copy_cost("32 MiB", log),
-        "kernels": bench_kernels(("32 MiB",) if quick else ("32 MiB", "256 MiB"), log),
-        "import": bench_import(log),
+        "pairs_left_out": pairs_left_out,
+        "copying": bench_copying_routes(one, log, frameworks, quick),
+        "import_copy_cost": bench_import_copy_cost(one, log, frameworks, quick),
+        "kernels": bench_kernels((one,) if quick else (one, "256 MiB"), log, frameworks, quick),
+        "import": bench_import(log, runs=5 if quick else 11),
     }

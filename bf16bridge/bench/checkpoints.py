@@ -1,8 +1,8 @@
 """Checkpoint loading: bb.load into each framework against safetensors' own loaders.
 
-    python -m benchmarks.checkpoints            # a GPT-2-small-shaped bf16 file (about 250 MB)
-    python -m benchmarks.checkpoints --layers 2 # smaller, for a quick look
-    python -m benchmarks.checkpoints --first    # only open + first tensor, bb and safetensors into
+    python -m bf16bridge.bench.checkpoints            # a GPT-2-small-shaped bf16 file (about 250 MB)
+    python -m bf16bridge.bench.checkpoints --layers 2 # smaller, for a quick look
+    python -m bf16bridge.bench.checkpoints --first    # only open + first tensor, bb and safetensors into
                                                 # numpy and torch, 1 GiB file, 7 processes each
 
 Each loader runs in a fresh process (so one run's pages and allocator caches do not help the
@@ -175,7 +175,7 @@ def table(results: dict, nbytes: int, writer: str = "safetensors") -> str:
     return "\n".join(lines)
 
 
-#: the harness's part (``python -m benchmarks --only checkpoints``): about 1 GiB, or a small file in --quick
+#: the harness's part (``bf16bridge bench --only checkpoints``): about 1 GiB, or a small file in --quick
 #: first_repeat: fresh processes for open + first tensor (the ``repeat`` full ones and more that only open and
 #: read the first tensor): a millisecond, which one busy moment of a shared machine can triple
 HARNESS = {"full": {"layers": 70, "repeat": 2, "first_repeat": 6},
@@ -228,7 +228,7 @@ def first(layers: int = 70, repeat: int = 7) -> str:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "gpt2.safetensors")
         write(path, layers)
-        rows = {name: [] for name in FIRST}
+        rows: dict[str, list] = {name: [] for name in FIRST}
         for _ in range(repeat):  # interleaved: a busy moment of a shared machine hits every loader alike
             for name in FIRST:
                 r = run(path, 1, (name,), first_only=True)[name]

@@ -1,1 +1,0 @@
-"""The speed and memory harness (``python -m benchmarks``) and exhaustive checks."""

@@ -1,0 +1,1 @@
+"""The speed and memory harness (``bf16bridge bench``) and exhaustive checks."""
