@@ -12,13 +12,15 @@ import functools
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 from bf16bridge.adapters.hooks import BridgeHooks
 from bf16bridge.core import registry
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core.convert import Fallback
-from bf16bridge.errors import Bf16BridgeWarning, InvalidArgumentError
+from bf16bridge.errors import Bf16BridgeError, Bf16BridgeWarning, InvalidArgumentError
+from bf16bridge.functions.callee import RAISED_IN_CALLEE
+from bf16bridge.functions.compiled import Compiler, Static
 from bf16bridge.functions.foreign import ForeignCall
 from bf16bridge.trees import walk as trees
 
@@ -31,14 +33,18 @@ class BridgedFunction:
     autograph_info__: frozenset = frozenset()
 
     def __init__(self, fn, callee: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
-                 vmap_method: str | None = None):
+                 vmap_method: str | None = None, jit: bool | None = None, static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Iterable[str] = ()):
         self.fn = fn
         self.callee = registry.resolve(callee)
         self.copy_inputs = copy_inputs
         self.fallback = fallback
         self.vmap_method = vmap_method
+        self.jit = jit
+        self.static = Static(fn, static_argnums, static_argnames)
         self._specs: dict = {}  # output specs by input signature, for declared-shape callers
         self._memo: dict = {}  # (caller, signature, wanted gradients) -> what the caller's adapter keeps
+        self._compiled = Compiler(self)  # the callee compiled, by signature (BridgeHooks.compile)
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -46,19 +52,29 @@ class BridgedFunction:
         return f"<bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}>"
 
     def __call__(self, *args, **kwargs):
-        # a graph compiler tracing the caller must not trace the bridge: an imported framework's
-        # hooks may hand back this call wrapped to run outside its trace
-        for hooks in compilers():
-            run = hooks.outside_compiler(self._call)
-            if run is not None:
-                return run(args, kwargs)
-        return self._call(args, kwargs)
+        try:
+            # a graph compiler tracing the caller must not trace the bridge: an imported framework's
+            # hooks may hand back this call wrapped to run outside its trace
+            for hooks in compilers():
+                run = hooks.outside_compiler(self._call)
+                if run is not None:
+                    return run(args, kwargs)
+            return self._call(args, kwargs)
+        except Bf16BridgeError as err:
+            # ours reach the caller from here, with the caller's line and this one: the frames below are
+            # the bridge's (an error the function itself raised keeps its own)
+            if getattr(err, RAISED_IN_CALLEE, False):
+                raise
+            cause = err.__cause__
+            raise err.with_traceback(None) from (None if isinstance(cause, Bf16BridgeError) else cause)
 
     def _call(self, args: tuple, kwargs: dict):  # (the arguments as they came: not packed again)
         leaves, skeleton, flat = trees.flatten_call(args, kwargs)
         caller = caller_of(leaves, self.fn)
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
+        if self.static:
+            self.static.check(args, kwargs)
         adapter = registry.get(caller)
         hooks = registry.hooks(caller, BridgeHooks)
         traced = hooks.traced(leaves)
@@ -72,6 +88,8 @@ class BridgedFunction:
         call = ForeignCall(self.fn, self.callee, skeleton, diff, self.copy_inputs, self.fallback, self.vmap_method,
                            caller, flat)
         call.traced = traced
+        if self.jit is not False:
+            call.compiled = self._compiled.find(call, adapter)
         # a traced caller declares the results before anything runs: found by one call on zeros and
         # kept per signature (an eager call learns its results as it runs: none of this)
         sig = trees.key(skeleton) if traced else None
@@ -130,7 +148,8 @@ def caller_of(leaves, fn) -> str | None:
 
 @plain_python
 def bridge(framework: str, *, copy_inputs: bool = False, fallback: Fallback = "error",
-           vmap_method: str | None = None) -> Callable[[Callable], BridgedFunction]:
+           vmap_method: str | None = None, jit: bool | None = None, static_argnums: int | Sequence[int] = (),
+           static_argnames: str | Iterable[str] = ()) -> Callable[[Callable], BridgedFunction]:
     """Declare the framework a function is written in, so tensors of any other can call it.
 
     ``@bb.bridge("jax")`` over a jax function (jit-compiled or not) makes it callable with
@@ -138,16 +157,26 @@ def bridge(framework: str, *, copy_inputs: bool = False, fallback: Fallback = "e
     the function runs in jax, its results come back in the caller's framework, and the
     caller's autodiff (torch autograd, ``jax.grad``, ``tf.GradientTape``) reaches the
     callee's own vjp. Arguments and results are trees; non-tensor arguments pass through.
+    A Python number in the result comes back as a 0-d tensor of the caller (docs/functions.md).
 
     ``copy_inputs=True``: the callee gets copies, for functions that write into their
     inputs (by default inputs are zero-copy views of the caller's tensors).
     ``fallback``: as in ``convert``, for a dtype one side cannot hold.
     ``vmap_method``: a jax caller under ``vmap`` needs one (``"sequential"``, ...; see
     ``jax.pure_callback``); without it, vmap is refused.
+    ``jit``: compile the function, its forward and its vjp, once per signature (argument
+    structure, non-tensor values, shapes and dtypes); None (the default) compiles where the
+    callee's framework compiles (jax: ``jax.jit``), False runs it as written, True insists.
+    Every non-tensor argument is static (compiled in; a new value compiles again);
+    ``static_argnums`` / ``static_argnames`` (as ``jax.jit`` spells them) are checked to hold no
+    tensor and to be hashable.
     """
     resolved = registry.resolve(framework)
+    if jit not in (None, True, False):
+        raise InvalidArgumentError(f"jit={jit!r}: pass None (compile where the callee's framework does), True or False")
 
     def wrap(fn: Callable) -> BridgedFunction:
-        return BridgedFunction(fn, resolved, copy_inputs=copy_inputs, fallback=fallback, vmap_method=vmap_method)
+        return BridgedFunction(fn, resolved, copy_inputs=copy_inputs, fallback=fallback, vmap_method=vmap_method,
+                               jit=jit, static_argnums=static_argnums, static_argnames=static_argnames)
 
     return wrap

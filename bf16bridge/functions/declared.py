@@ -16,6 +16,7 @@ import numpy as np
 from bf16bridge.core import dtypes
 from bf16bridge.core import registry
 from bf16bridge.errors import Bf16BridgeError, UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.functions.paths import result_path
 from bf16bridge.trees import walk as trees
 
 
@@ -79,7 +80,7 @@ class DeclaredResults:
     def _check_declared(self, skeleton) -> None:
         """Our error for a run whose non-tensor results differ from the declared ones: a traced
         caller hands back the results' tree as found by the call on zeros, so a value computed
-        from the inputs (``float(x.sum())``) would come back as it was on zeros, silently."""
+        from the inputs (``str(x.sum())``; numbers are tensors) would come back as it was on zeros, silently."""
         # values only: an object compared by identity (a fresh instance each run) counts by its type
         if skeleton is self.out_skeleton:  # the same object (trees.SLOT: one tensor)
             return
@@ -92,7 +93,8 @@ class DeclaredResults:
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
             f"{short(skeleton)} around its tensors, but {short(self.out_skeleton)} when its results were "
             "declared (under a transformation they are found by one call on zeros): a result that is not a "
-            "tensor must not depend on the inputs' values; return it as a tensor")
+            "tensor nor a Python number (those come back as 0-d tensors) must not depend on the inputs' values; "
+            "return it as a tensor")
 
     def check_declared(self, outs, to: str) -> None:
         """Our error where results ``outs`` (tensors of ``to``, from ``forward``) differ in shape or
@@ -113,7 +115,8 @@ class DeclaredResults:
         show = shape_dtype_words
         return UnsupportedTypeError(
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
-            f"{show(got)} {where} (result leaf {i}), but {show(want)} when its results were declared (a traced "
+            f"{show(got)} {where} ({result_path(self.out_skeleton, i)}), but {show(want)} when its results were "
+            "declared (a traced "
             f"caller, as {self.caller} is here, declares them before the function runs, by one call on zeros of "
             "the inputs' shapes): a result whose shape depends on the inputs' values cannot cross a traced call. "
             "Call the function eagerly, or return a shape fixed by the inputs' shapes (pad it, or return a mask)")
@@ -124,7 +127,8 @@ class DeclaredResults:
         show = shape_dtype_words
         return UnsupportedTypeError(
             f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned "
-            f"{show(got)} under vmap (vmap_method={self.vmap_method!r}, result leaf {i}), where the batch's result "
+            f"{show(got)} under vmap (vmap_method={self.vmap_method!r}, {result_path(self.out_skeleton, i)}), where "
+            "the batch's result "
             f"is {show(want)}: with that method the function is handed the whole batch (a batch dimension on its "
             "inputs) and must return results with the batch dimension the caller asks for. Return batched results, "
             "or pass vmap_method='sequential' (one call per batch element)")
@@ -139,8 +143,8 @@ class DeclaredResults:
             if why is not None:
                 raise UnsupportedDtypeError(
                     f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returns "
-                    f"{dtype} (result leaf {i}), which {self.caller} cannot hold here: {why}. Under a "
-                    f"transformation a result's dtype is declared before the function runs, so no fallback "
+                    f"{dtype} ({result_path(self.out_skeleton, i)}), which {self.caller} cannot hold here: {why}. "
+                    f"Under a transformation a result's dtype is declared before the function runs, so no fallback "
                     f"applies: return a dtype {self.caller} holds (cast in the function), or call it eagerly")
 
 

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from bf16bridge.adapters.hooks import BridgeHooks
 from bf16bridge.core import fpenv
 from bf16bridge.core import registry
 from bf16bridge.core.adapter import Adapter
-from bf16bridge.core.convert import OnGrad, convert
-from bf16bridge.errors import Bf16BridgeError, InputWrittenError, UnsupportedTypeError
+from bf16bridge.core.convert import OnGrad, convert, plan
+from bf16bridge.errors import Bf16BridgeError, InputWrittenError, UnsupportedDtypeError, UnsupportedTypeError
+from bf16bridge.functions import callee as running
 from bf16bridge.functions.declared import DeclaredResults
+from bf16bridge.functions.paths import input_paths, result_paths
 from bf16bridge.functions.writes import input_written, views_immutable
 from bf16bridge.trees import walk as trees
 
@@ -43,7 +47,7 @@ class ForeignCall(DeclaredResults):
     """
 
     __slots__ = ("fn", "callee", "skeleton", "diff", "copy_inputs", "fallback", "out_skeleton", "vmap_method", "memo",
-                 "caller", "flat", "traced", "flushed")
+                 "caller", "flat", "traced", "flushed", "numbers", "compiled")
 
     def __init__(self, fn, callee, skeleton, diff, copy_inputs, fallback, vmap_method, caller=None, flat=False):
         self.fn = fn
@@ -69,34 +73,53 @@ class ForeignCall(DeclaredResults):
         #: whether the calling thread flushes subnormals (fpenv): a callee run later on a runtime's
         #: thread that flushes computes as it would have here
         self.flushed = fpenv.flushes()
+        #: the results' Python numbers, as the last run gave them: ((position among the result leaves,
+        #: 0-d numpy array), ...) (functions.numbers)
+        self.numbers: tuple = ()
+        #: the callee compiled for this call's signature (``BridgeHooks.compile``), or None: run as written
+        self.compiled: Any = None
 
     # -- the pieces every caller hook uses -----------------------------------------------
     # convert, every leaf both ways: no warning (the bridge says what crosses), gradients by the bridge
     def _inputs(self, leaves):
         copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
-        return [convert(x, to, copy=copy, fallback=fallback, on_alias="allow", on_grad="drop") for x in leaves]
+        out: list = []
+        try:
+            for x in leaves:
+                out.append(convert(x, to, copy=copy, fallback=fallback, on_alias="allow", on_grad="drop"))
+        except Bf16BridgeError as err:  # which argument, and where a fallback goes
+            i = len(out)
+            raise self._crossing(err, input_paths(self.skeleton)[i], leaves[i], to) from None
+        return out
+
+    def _crossing(self, err: Bf16BridgeError, path: str, x, to: str) -> Bf16BridgeError:
+        """``err`` (``convert``'s, for leaf ``x`` at ``path`` going to ``to``) saying which function and
+        leaf, and, for a dtype ``to`` cannot hold, the fallback that would take it, spelled as a bridge's."""
+        way = ""
+        if isinstance(err, UnsupportedDtypeError) and self.fallback == "error":
+            for fallback in ("auto", "float32", "bits"):
+                try:
+                    plan(x, to, fallback=fallback)
+                except Bf16BridgeError:
+                    continue
+                way = (f". A bridged call's fallback= goes to the bridge: bb.bridge(\"{self.callee}\", "
+                       f"fallback=\"{fallback}\")")
+                break
+        return type(err)(f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}, "
+                         f"{path} (to {to}): {err}{way}")
 
     def _flat_fn(self, *callee_leaves):
-        if self.flat:
-            out = self.fn(*callee_leaves)
-        else:
-            args, kwargs = trees.fill(self.skeleton, callee_leaves)
-            out = self.fn(*args, **kwargs)
-        # one tensor of the callee's (the usual result) is known by one lookup of its type in the
-        # registry's cache; anything else (a tree, a type not cached yet) takes the walk
-        one = registry.TENSOR_TYPES.get(type(out)) == self.callee
-        out_leaves, skeleton = ([out], trees.SLOT) if one else trees.flatten(out)
+        out_leaves, aux = running.run(self.fn, self.callee, self.caller, self.skeleton, self.flat, *callee_leaves)
+        self._take(aux)
+        return out_leaves
+
+    def _take(self, aux: running.Aux) -> None:
+        """What a run gave beside its tensors: the result's skeleton (checked against the declared
+        one where a traced caller declared it) and its Python numbers."""
+        skeleton, self.numbers = aux
         if self.out_skeleton is not None:  # declared (traced): what the caller will be handed
             self._check_declared(skeleton)
         self.out_skeleton = skeleton
-        if not one:
-            for x in out_leaves:
-                if registry.framework_of(x) != self.callee:
-                    raise UnsupportedTypeError(
-                        f"the bridged {self.callee} function returned a {registry.framework_of(x)} tensor; "
-                        f"return {self.callee} tensors (the bridge converts them for the caller)"
-                    )
-        return out_leaves
 
     def _outputs(self, out_leaves, to):
         fallback, out = self.fallback, []
@@ -104,11 +127,17 @@ class ForeignCall(DeclaredResults):
             try:
                 out.append(convert(y, to, fallback=fallback, on_alias="allow", on_grad="drop"))
             except Bf16BridgeError as err:  # which function and result, and where a fallback goes
-                raise type(err)(
-                    f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r}, result leaf "
-                    f"{i}, to {to}: {err} (for a bridged call, fallback= goes to bb.bridge(..., fallback=...))"
-                ) from err
+                at = [j for j in range(len(out_leaves) + len(self.numbers)) if j not in dict(self.numbers)]
+                raise self._crossing(err, result_paths(self.out_skeleton)[at[i]], y, to) from None
         return out
+
+    def _with_numbers(self, outs: list, to: str) -> list:
+        """``outs`` with the results' Python numbers put back at their places, as 0-d tensors of ``to``
+        (copies: a compiled callee's numbers are the same arrays every call)."""
+        full = list(outs)
+        for i, array in self.numbers:
+            full.insert(i, convert(array, to, copy=True, on_alias="allow"))
+        return full
 
     def forward(self, leaves, want_vjp: bool, to: str, borrowed: str | None = None):
         """The callee's results for ``leaves`` as tensors of ``to`` (and its pullback, with ``want_vjp``).
@@ -127,14 +156,16 @@ class ForeignCall(DeclaredResults):
         # inputs view the caller's tensors: a callee's write into one over immutable memory changes
         # the caller's; where the callee's framework sees writes (watch_writes), that is our error
         watched = None if self.copy_inputs else hooks.watch_writes(callee_leaves)
+        vjp = want_vjp and any(self.diff)
         try:
-            if want_vjp and any(self.diff):
-                out_leaves, pullback = hooks.vjp(self._flat_fn, callee_leaves, self.diff)
-            else:
-                out_leaves, pullback = self._flat_fn(*callee_leaves), None
+            out_leaves, pullback = self._run(hooks, callee_leaves, vjp)
         except Exception as err:
             if watched is not None and (bad := self._written(hooks, watched, leaves, borrowed)):
                 err.add_note(str(bad))  # the callee's own error first, and what it did before it
+            why = hooks.traced_value_error(err, self.compiled is not None and not vjp)
+            if why is not None:  # the framework's own error, from deep inside its tracer: ours instead
+                raise UnsupportedTypeError(
+                    f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} {why}") from None
             raise
         if watched is not None and (bad := self._written(hooks, watched, leaves, borrowed)):
             raise bad
@@ -153,7 +184,23 @@ class ForeignCall(DeclaredResults):
             every = len(kept) == len(outs)
             for i in kept if every else sorted({*kept, *registry.hooks(to, BridgeHooks).aliased(outs, leaves)}):
                 outs[i] = caller.copy(outs[i])
+        if self.numbers:
+            outs = self._with_numbers(outs, to)
         return outs, pullback
+
+    def _run(self, hooks: BridgeHooks, callee_leaves: list, vjp: bool) -> tuple[list, Any]:
+        """The callee's tensor results (and its pullback, with ``vjp``): compiled where ``compiled`` is set."""
+        run = self.compiled
+        if run is None:
+            if vjp:
+                return hooks.vjp(self._flat_fn, callee_leaves, self.diff)
+            return self._flat_fn(*callee_leaves), None
+        if vjp:
+            out_leaves, aux, pullback = run.vjp(callee_leaves)
+        else:
+            (out_leaves, aux), pullback = run.forward(callee_leaves), None
+        self._take(aux)
+        return out_leaves, pullback
 
     @staticmethod
     def _own(callee: Adapter, hooks: BridgeHooks, out_leaves: list, callee_leaves: list, kept: list[int]) -> list:
@@ -190,20 +237,58 @@ class ForeignCall(DeclaredResults):
         says, a second order that does not cross: "drop" where the caller refuses that itself)."""
         if pullback is None:
             return [None] * len(self.diff)
-        if not self.flushed and fpenv.flushes():  # (as forward)
-            with fpenv.keeping():
-                return self._backward(pullback, cotangents, to, on_grad)
-        return self._backward(pullback, cotangents, to, on_grad)
+        try:
+            if not self.flushed and fpenv.flushes():  # (as forward)
+                with fpenv.keeping():
+                    return self._backward(pullback, cotangents, to, on_grad)
+            return self._backward(pullback, cotangents, to, on_grad)
+        except Bf16BridgeError as err:  # raised from the caller's autodiff: our frames end here
+            if getattr(err, running.RAISED_IN_CALLEE, False):
+                raise
+            raise err.with_traceback(None) from None
 
     def _backward(self, pullback, cotangents, to: str, on_grad: OnGrad):
         callee, fallback = self.callee, self.fallback
-        cts = [None if c is None else convert(c, callee, fallback=fallback, on_alias="allow", on_grad=on_grad)
-               for c in cotangents]
-        grads = pullback(cts)
+        if self.numbers:
+            cotangents = self._without_numbers(cotangents)
+        grads = _at_one(pullback, cotangents)
+        if grads is None:
+            cts = [None if c is None else convert(c, callee, fallback=fallback, on_alias="allow", on_grad=on_grad)
+                   for c in cotangents]
+            grads = pullback(cts)
         return [None if g is None else convert(g, to, fallback=fallback, on_alias="allow", on_grad="drop")
                 for g in grads]
+
+    def _without_numbers(self, cotangents: list) -> list:
+        """The cotangents of the callee's tensor results: those of its Python numbers dropped, once
+        checked to be none or zeros (a number is a constant to the callee: no gradient crosses it)."""
+        at = dict(self.numbers)
+        for i in at:
+            c = cotangents[i]
+            if c is not None and np.any(np.asarray(convert(c, "numpy", on_alias="allow", on_grad="drop")) != 0):
+                raise UnsupportedTypeError(
+                    f"the bridged {self.callee} function {getattr(self.fn, '__qualname__', self.fn)!r} returned a "
+                    f"Python number at {result_paths(self.out_skeleton)[i]} (float(), int(), .item() or a constant), "
+                    f"and {self.caller or 'the caller'} asks for a gradient through it: a Python number carries "
+                    "none (it came back as a 0-d tensor, a constant). Return it as a tensor (x.sum(), not "
+                    "x.sum().item()) for its gradient to flow")
+        return [c for i, c in enumerate(cotangents) if i not in at]
 
     def recompute_backward(self, leaves, cotangents, to: str, on_grad: OnGrad = "warn", borrowed: str | None = None):
         """``forward`` with the callee's vjp, then ``backward``: for callers that keep no handle between them."""
         _, pullback = self.forward(leaves, True, to, borrowed)
         return self.backward(pullback, cotangents, to, on_grad)
+
+
+def _at_one(pullback, cotangents: list) -> list | None:
+    """The pullback's gradients computed with the forward for a cotangent of exactly 1 (``at_one``: one
+    scalar result), where the one cotangent is that (loss.backward()); None otherwise."""
+    ones = getattr(pullback, "at_one", None)
+    if ones is None or len(cotangents) != 1 or cotangents[0] is None:
+        return None
+    # a 0-d tensor on the host (the scalar result's cotangent): read by Python's float(), exactly
+    if float(cotangents[0]) != 1.0:
+        return None
+    # taken once: they reach the caller zero-copy, where its autodiff may accumulate into them in place
+    pullback.at_one = None
+    return ones

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bf16bridge.core.convert import plan
 from bf16bridge.errors import InputWrittenError, UnsupportedTypeError
+from bf16bridge.functions.paths import input_paths
 from bf16bridge.trees import walk as trees
 
 
@@ -22,23 +23,10 @@ def views_immutable(x, callee: str, fallback) -> bool:
         return inner is not None and views_immutable(inner, callee, fallback)
 
 
-def leaf_paths(skeleton) -> list[str]:
-    """Each input leaf's place in a call's (args, kwargs), as an error names it."""
-    paths: list[str] = []
-
-    def name(slot, path):
-        head = f"argument {path[1]}" if path[0] == 0 else f"keyword argument {path[1]!r}"
-        paths.append(head + ("" if len(path) == 2 else trees.where(path[2:])))
-        return slot
-
-    trees.map_leaves(name, skeleton)
-    return paths
-
-
 def input_written(fn, callee: str, skeleton, bad: list[int], source: str) -> InputWrittenError:
     """Our error for bridged function ``fn`` (of ``callee``) having written into input leaves
     ``bad`` (positions in ``skeleton``'s leaves), views of ``source``'s immutable memory."""
-    paths = leaf_paths(skeleton)
+    paths = input_paths(skeleton)
     return InputWrittenError(
         f"the bridged {callee} function {getattr(fn, '__qualname__', fn)!r} wrote in place "
         f"into its input {', '.join(paths[i] for i in bad)}, a zero-copy view of the caller's {source} "

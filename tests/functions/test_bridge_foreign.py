@@ -94,13 +94,14 @@ def test_inputs_that_do_not_require_grad_get_none(callee):
 @pytest.mark.frameworks("torch", "jax")
 def test_a_torch_caller_under_no_grad_runs_the_callee_without_its_vjp():
     """Under torch.no_grad() nothing records, inputs that require grad included: the callee runs
-    plainly (jax sees concrete arrays, not jax.vjp's tracers), and the result has no graph."""
+    plainly (jax sees concrete arrays, not jax.vjp's tracers; jit=False: not jax.jit's either), and the
+    result has no graph."""
     import jax
     import torch
 
     seen: list = []
 
-    @bb.bridge("jax")
+    @bb.bridge("jax", jit=False)
     def f(a, b):
         seen.append(isinstance(a, jax.core.Tracer))
         return a * b

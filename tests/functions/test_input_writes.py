@@ -82,7 +82,7 @@ def _raises_ours(how):
     computation, that framework's runtime error carrying our message."""
     if how == "eager":
         return pytest.raises(bb.InputWrittenError, match=r"ALREADY been changed.*copy_inputs=True")
-    return pytest.raises(Exception, match=r"InputWrittenError.*wrote in place into its input argument 0")
+    return pytest.raises(Exception, match=r"InputWrittenError.*wrote in place into its input args\[0\]")
 
 
 @pytest.mark.parametrize(("caller", "how", "callee", "error", "changed"), TABLE,
@@ -121,17 +121,17 @@ def test_every_torch_in_place_write_into_an_immutable_callers_tensor_is_ours(cal
         WRITES[write](rest["w"][1])
         return a + 1
 
-    with pytest.raises(bb.InputWrittenError, match=r"input argument 1\['w'\]\[1\], a zero-copy view of the "
+    with pytest.raises(bb.InputWrittenError, match=r"input args\[1\]\['w'\]\[1\], a zero-copy view of the "
                        rf"caller's {caller} tensor"):
         f(x, {"w": [x, make(caller, _data())]})
-    assert np.array_equal(bits(x), before)  # argument 0 is not the one written
+    assert np.array_equal(bits(x), before)  # args[0] is not the one written
 
 
 @pytest.mark.frameworks("torch")
 @pytest.mark.parametrize("caller", ["jax", "tensorflow"])
 def test_a_keyword_argument_written_is_named(caller):
     fn = bb.bridge("torch")(lambda x, *, scale: scale.mul_(2) * x)
-    with pytest.raises(bb.InputWrittenError, match="input keyword argument 'scale', a zero-copy view"):
+    with pytest.raises(bb.InputWrittenError, match=r"input kwargs\['scale'\], a zero-copy view"):
         fn(make(caller, _data()), scale=make(caller, _data()))
 
 
@@ -174,7 +174,7 @@ def test_the_callees_own_error_keeps_its_type_and_says_what_it_wrote(caller):
 
     with pytest.raises(KeyError, match="the callee's own") as info:
         bb.bridge("torch")(f)(make(caller, _data()))
-    assert any("wrote in place into its input argument 0" in n for n in info.value.__notes__)
+    assert any("wrote in place into its input args[0]" in n for n in info.value.__notes__)
 
 
 @pytest.mark.parametrize(("caller", "how"), [("jax", "eager"), ("jax", "jax-jit"), ("tensorflow", "eager"),
@@ -322,9 +322,9 @@ def test_memory_a_torch_callee_did_not_allocate_comes_to_an_immutable_caller_as_
 @pytest.mark.parametrize("callee", ["jax", "tensorflow"])
 def test_a_numpy_caller_gets_a_kept_constant_read_only_without_a_copy(callee):
     """numpy holds an immutable callee's results read-only: nothing can write them, so a kept one is
-    not copied (review: a needless copy)."""
+    not copied (review: a needless copy). (jit=False: jax.jit hands back a buffer of its own, not the constant.)"""
     w = make(callee, _data())
-    y = bb.bridge(callee)(lambda x: w)(_data())
+    y = bb.bridge(callee, jit=False)(lambda x: w)(_data())
     assert not y.flags.writeable and np.array_equal(bits(y), bits(w))
     if callee == "jax":  # (jax to numpy is zero-copy on the host; tensorflow's .numpy() may copy)
         assert y.ctypes.data == w.unsafe_buffer_pointer()
@@ -361,7 +361,7 @@ def test_a_fresh_result_still_crosses_without_a_copy(caller, callee):
         seen.append(ptr(y))
         return y
 
-    y = bb.bridge(callee)(fn)(make(caller, _data()))
+    y = bb.bridge(callee, jit=False)(fn)(make(caller, _data()))  # (a compiled callee's y has no pointer to see)
     assert (ptr(y) != seen[0]) if callee == "tensorflow" else (ptr(y) == seen[0])
 
 

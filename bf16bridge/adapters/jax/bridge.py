@@ -4,6 +4,8 @@ jax's transformations (callbacks with a custom vjp), and jax's own vjp for a jax
 from __future__ import annotations
 
 import math
+import os
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -64,15 +66,33 @@ class JaxBridge(BridgeHooks):
         outs, vjp_fn = jax.vjp(g, *[leaves[i] for i in wanted])
 
         def pullback(cts):
-            cts = [c if c is not None else
-                   (jnp.zeros_like(o) if jnp.issubdtype(o.dtype, jnp.inexact) else np.zeros(o.shape, jax.dtypes.float0))
-                   for o, c in zip(outs, cts)]
-            grads = iter(vjp_fn(list(cts)))
+            grads = iter(vjp_fn(_zeros_for_none(outs, cts)))
             return [next(grads) if d else None for d in diff]
 
         # for BridgeHooks.kept: what jax keeps for the backward (exp(x)'s result) is not counted
         pullback.residuals = internals.pullback_residuals(vjp_fn)  # type: ignore[attr-defined]
         return outs, pullback
+
+    compiles = True
+
+    def compile(self, fn, diff):
+        return Compiled(fn, diff)
+
+    def traced_value_error(self, err, compiled):
+        if not isinstance(err, _TRACED_VALUE_ERRORS):
+            return None
+        line = _callee_line(err)
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if compiled:
+            how = ("bb.bridge(\"jax\") compiles the function with jax.jit (by default), where its inputs are "
+                   "traced values: keep values in jax (return jnp.sum(x), not float(jnp.sum(x)) or x.item(); "
+                   "jnp.where or jax.lax.cond, not Python's if, on a value), or pass bb.bridge(\"jax\", jit=False) "
+                   "to run it as written")
+        else:
+            how = ("with a gradient wanted it runs under jax.vjp, where its inputs are traced values, as under "
+                   "jax.grad: keep values in jax (return jnp.sum(x), not float(jnp.sum(x)) or x.item(); jnp.where "
+                   "or jax.lax.cond, not Python's if, on a value)")
+        return f"used a traced value as a Python value{line} (jax: {type(err).__name__}: {said}): {how}"
 
 
 def foreign_fn(call, leaves, shape_dtype):
@@ -96,12 +116,20 @@ def _declared(call, leaves, shape_dtype) -> list:
     out_avals = [jax.ShapeDtypeStruct(s, dtypes.numpy_dtype(d)) for s, d in call.specs(leaves, shape_dtype)]
     if not any(math.prod(a.shape) for a in out_avals) and any(math.prod(x.shape) for x in leaves):
         # jax runs no callback whose results are all empty (or none): the function would never run
+        name = getattr(call.fn, '__qualname__', call.fn)
+        what = (f"returns no tensor (its result: {_short(call.out_skeleton)})" if not out_avals else
+                "gives no tensor result with any element")
         raise UnsupportedTypeError(
-            f"the bridged {call.callee} function {getattr(call.fn, '__qualname__', call.fn)!r} gives no tensor result "
-            "with any element when its results are declared (on zeros of the inputs' shapes, and on ones), and under "
-            "a jax transformation jax then never runs it: neither the function (its side effects) nor a check that "
-            "its results stay empty for these inputs would run. Call it eagerly, or return a non-empty tensor too")
+            f"the bridged {call.callee} function {name!r} {what} when its results are declared (on zeros of the "
+            "inputs' shapes, and on ones), and under a jax transformation jax then never runs it: neither the "
+            "function (its side effects) nor a check of its results would run. Call it eagerly, or return a "
+            "non-empty tensor too (a Python number counts: it comes back as a 0-d array)")
     return out_avals
+
+
+def _short(skeleton) -> str:
+    text = repr(skeleton)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _callbacks(call, n: int, wanted: list, inexact: list, n_out: int):
@@ -154,6 +182,98 @@ def _with_vjp(call, forward, backward, n: int, wanted: list, inexact: list):
 
     f.defvjp(f_fwd, f_bwd)
     return f
+
+
+class Compiled:
+    """A bridged jax function's forward and its vjp, each a ``jax.jit`` (``JaxBridge.compile``): traced once
+    per input shapes and dtypes, and the pullback's application compiled too. ``aux`` (what ``fn`` gives
+    beside its tensors) is kept from the trace, by the inputs' shapes and dtypes."""
+
+    def __init__(self, fn, diff):
+        self.diff = list(diff)
+        self.aux: dict = {}
+        wanted = [i for i, d in enumerate(diff) if d]
+
+        def forward(*xs):
+            outs, self.aux[_avals(xs)] = fn(*xs)
+            return outs
+
+        def with_vjp(*xs):
+            def chosen_only(*chosen):
+                full = list(xs)
+                for i, v in zip(wanted, chosen):
+                    full[i] = v
+                outs, self.aux[_avals(xs)] = fn(*full)
+                return outs
+
+            outs, vjp_fn = jax.vjp(chosen_only, *[xs[i] for i in wanted])
+            # one scalar result (a loss): its gradients for a cotangent of one, in this same program, for
+            # the backward a caller's loss.backward() asks (no second program, no cotangent to import)
+            scalar = len(outs) == 1 and outs[0].shape == () and jnp.issubdtype(outs[0].dtype, jnp.inexact)
+            return outs, vjp_fn, vjp_fn([jnp.ones_like(outs[0])]) if scalar else None
+
+        self._forward = jax.jit(forward)
+        self._vjp = jax.jit(with_vjp)
+        self._apply = jax.jit(_apply)
+
+    def forward(self, leaves):
+        outs = self._forward(*leaves)
+        return outs, self.aux[_avals(leaves)]  # (set by the trace: jax traces whenever these are new)
+
+    def vjp(self, leaves):
+        outs, vjp_fn, at_one = self._vjp(*leaves)
+        diff, apply = self.diff, self._apply
+
+        def pullback(cts):
+            grads = iter(apply(vjp_fn, _zeros_for_none(outs, cts)))
+            return [next(grads) if d else None for d in diff]
+
+        # for BridgeHooks.kept: what jax keeps for the backward (exp(x)'s result) is not counted
+        pullback.residuals = internals.pullback_residuals(vjp_fn)  # type: ignore[attr-defined]
+        # on the host, where a caller's cotangent is read at no cost (on a device, reading it would wait)
+        if at_one is not None and _on_host(outs[0]):
+            ones = iter(at_one)
+            pullback.at_one = [next(ones) if d else None for d in diff]  # type: ignore[attr-defined]
+        return outs, self.aux[_avals(leaves)], pullback
+
+
+def _on_host(x) -> bool:
+    return all(d.platform == "cpu" for d in x.devices())
+
+
+def _apply(vjp_fn, cts):
+    return vjp_fn(cts)
+
+
+def _avals(xs) -> tuple:
+    return tuple((x.shape, x.dtype) for x in xs)
+
+
+def _zeros_for_none(outs, cts) -> list:
+    """The cotangents, zeros where there is none (jax's vjp takes no None): float0 for an integer output."""
+    return [c if c is not None else
+            (jnp.zeros_like(o) if jnp.issubdtype(o.dtype, jnp.inexact) else np.zeros(o.shape, jax.dtypes.float0))
+            for o, c in zip(outs, cts)]
+
+
+#: jax's errors for a traced value used where a Python one is needed (float(x), if x > 0, np.asarray(x), x[x > 0]),
+#: those this jax has
+_TRACED_VALUE_ERRORS = tuple(getattr(jax.errors, n) for n in (
+    "ConcretizationTypeError", "TracerIntegerConversionError", "TracerArrayConversionError",
+    "NonConcreteBooleanIndexError") if hasattr(jax.errors, n))
+#: the folders of bf16bridge and of jax: a frame in neither is the user's
+_OURS = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,
+         os.path.dirname(os.path.abspath(jax.__file__)) + os.sep)
+
+
+def _callee_line(err: BaseException) -> str:
+    """The innermost frame of ``err`` outside jax and bf16bridge (the callee's line that used the traced
+    value) as " at file:line (code)"; "" where there is none."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_OURS) and "jaxlib" not in path.split(os.sep):
+            return f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+    return ""
 
 
 HOOKS = JaxBridge()

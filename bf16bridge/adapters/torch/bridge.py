@@ -195,10 +195,14 @@ class _Foreign(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, *xs):
-        outs, pullback = call.forward(list(xs), True, "torch")
+        # detached: the same memory and version counter, without the grad that makes convert plan afresh
+        outs, pullback = call.forward([x.detach() for x in xs], True, "torch")
         ctx.call, ctx.pullback = call, pullback
         ctx.set_materialize_grads(False)  # an unused output's cotangent stays None: nothing to convert
-        ctx.mark_non_differentiable(*[o for o in outs if not (o.is_floating_point() or o.is_complex())])
+        # a result that was a Python number is a constant: no gradient flows through it
+        numbers = {i for i, _ in call.numbers}
+        ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
+                                      if i in numbers or not (o.is_floating_point() or o.is_complex())])
         # the callee's pullback may keep views of these (zero-copy): saved, so that torch's own
         # check refuses a backward after one was written in place, as it would natively
         ctx.save_for_backward(*xs, *outs)
