@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from bf16bridge.errors import InvalidArgumentError
-from bf16bridge.parity import metrics, render
-from bf16bridge.parity.policies import Policy, parse, rounding_multiple
+from bf16bridge.parity import against, explain, metrics, regions, render
+from bf16bridge.parity.against import Against  # noqa: F401 - a report's references; parity exports it from here
+from bf16bridge.parity.policies import DEFAULT_POLICY, Policy, parse, rounding_multiple
 
 
 @dataclass(frozen=True)
@@ -56,33 +57,12 @@ class Pair:
     worst: tuple = ()
     smallest_rtol: float = 0.0  # allclose(rtol, 0) that would pass
     passed: bool | None = None
+    #: under the rounding policy: whether rounding explains how the two differ, and which measure decided
+    explained: explain.Explained | None = None
 
     @property
     def label(self) -> str:
         return f"{self.a} vs {self.b}"
-
-
-@dataclass(frozen=True)
-class Against:
-    """One result's error against the float64 reference."""
-
-    name: str
-    rms_error: float
-    max_abs_error: float
-    p99_ulps_of_reference: float  # |c - ref| in ULPs of the result's dtype (ulp_unit) at ref, 99th percentile
-    max_ulps_of_reference: float
-    max_normalised: float | None  # |c - ref| / (u * condition), u the unit roundoff of ulp_unit (bf16: 2**-8)
-    p99_normalised: float | None
-    nonfinite_mismatches: int
-    passed: bool | None = None
-    #: the result's shape differs from the reference's: no element is measured (the errors are
-    #: infinite) and the report fails
-    shape_mismatch: str | None = None
-    #: the dtype whose ULPs ``*_ulps_of_reference`` count (the result's own)
-    ulp_unit: str = "bfloat16"
-    #: the RMS error of the reference correctly rounded to the result's dtype: no result of that
-    #: dtype can be closer, so reference(k) holds none to less than k times it
-    rounding_rms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -159,27 +139,6 @@ def _names(results, names):
     return out, list(results)
 
 
-def _one_tensor(what: str, x) -> np.ndarray:
-    """One result (or the reference) as a numpy array; a tree of tensors (a model's dict or tuple of
-    outputs) is refused naming ``what`` and the way out, not as one tensor of no framework."""
-    from bf16bridge.trees import walk as trees
-    from bf16bridge.errors import UnsupportedTypeError
-
-    try:
-        return metrics.ensure_numpy(x)
-    except UnsupportedTypeError as err:
-        paths: list = []
-        trees.map_leaves(lambda leaf, path: paths.append(trees.where(path)), x)
-        if not paths:
-            raise
-        held = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
-        raise UnsupportedTypeError(
-            f"compare: {what} is a {type(x).__name__} of {len(paths)} tensor(s) ({held}), not one "
-            "tensor; compare one output at a time, leaf by leaf (compare({'torch': y_torch['logits'], 'jax': "
-            "y_jax['logits']})), or, to judge a whole tree of outputs against a reference's (a model against "
-            "its bf16 cast), parity.compare_outputs(reference, candidate)") from err
-
-
 @dataclass(frozen=True)
 class _Elements:
     """Two results of one shape, flattened element by element: what a Pair counts."""
@@ -242,7 +201,7 @@ def _value_errors(e: _Elements) -> dict:
         rel = np.where(denom > 0, diff_f / denom, 0.0)
         rel_b = np.where(np.abs(vb) > 0, diff_f / np.abs(vb), np.where(diff_f > 0, np.inf, 0.0))
     return dict(max_abs=float(diff_f.max()) if diff_f.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
-                rmse=_rms(diff_f), cosine=_cosine(va, vb), smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0)
+                rmse=against.rms(diff_f), cosine=_cosine(va, vb), smallest_rtol=float(rel_b.max()) if rel_b.size else 0.0)
 
 
 def _special_counts(e: _Elements) -> dict:
@@ -289,8 +248,9 @@ def _notes(p: Pair, pol: Policy, a: np.ndarray, b: np.ndarray) -> str | None:
     return "; ".join(filter(None, notes)) or p.note
 
 
-def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
-    """How two results differ, judged by ``pol``."""
+def _pair(na, nb, a, b, k_worst, pol: Policy, g: against.Given) -> Pair:
+    """How two results differ, judged by ``pol`` (the rounding policy: by the condition scale, or
+    element by element where ``g`` holds the inputs of an elementwise op)."""
     if a.shape != b.shape:
         return Pair(na, nb, tuple(a.shape), a.dtype.name, a.size, passed=False,
                     shape_mismatch=f"shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
@@ -298,6 +258,11 @@ def _pair(na, nb, a, b, k_worst, pol: Policy) -> Pair:
     p = Pair(na, nb, tuple(e.a.shape), e.a.dtype.name, e.a.size, None, e.note, **_ulp_counts(e), **_value_errors(e),
              **_special_counts(e), worst=_worst(e, k_worst))
     p = replace(p, note=_notes(p, pol, a, b))
+    if pol.kind == "rounding":
+        fits = g.shape == tuple(a.shape)
+        p = replace(p, explained=explain.pair(a, b, k=pol.n, condition=g.condition.reshape(a.shape)
+                                                if fits and g.condition is not None else None,
+                                                elementwise=fits and g.inputs is not None))
     return replace(p, passed=_judge(pol, p, a, b))
 
 
@@ -308,69 +273,8 @@ def _cosine(va: np.ndarray, vb: np.ndarray) -> float:
     sb = float(np.abs(vb).max()) if vb.size else 0.0
     if sa == 0 or sb == 0:
         return float(sa == sb)
-    ua, ub = va / sa, vb / sb
-    return float(np.clip(ua @ ub / np.sqrt((ua @ ua) * (ub @ ub)), -1.0, 1.0))
-
-
-def _rms(e: np.ndarray) -> float:
-    """Root mean square of non-negative errors, scaled by the largest (no overflow of its square)."""
-    if not e.size:
-        return 0.0
-    s = float(e.max())
-    if s == 0 or not np.isfinite(s):
-        return s
-    return s * float(np.sqrt(np.mean((e / s) ** 2)))
-
-
-def _against_reference(labels, arrays, reference, condition) -> list:
-    """Each result's error against the float64 ``reference`` (and its ``condition`` scale)."""
-    ref_a = _one_tensor("reference=", reference)
-    shape = tuple(ref_a.shape)
-    if arrays and not any(tuple(c.shape) == shape for c in arrays):
-        raise InvalidArgumentError(
-            f"compare: the reference has shape {shape}, no result has it ("
-            + ", ".join(f"{n} {tuple(c.shape)}" for n, c in zip(labels, arrays))
-            + "); pass the reference of the same computation, in the results' shape (elements are paired "
-              "by position, so a reshaped or transposed reference would measure the wrong ones)")
-    ref = metrics.to_float64(ref_a).reshape(-1)
-    cond = None
-    if condition is not None:
-        cond_a = _one_tensor("condition=", condition)
-        if tuple(cond_a.shape) != shape:
-            raise InvalidArgumentError(f"compare: condition= has shape {tuple(cond_a.shape)}, the reference "
-                                       f"{shape}; pass the condition scale of each element of the reference")
-        cond = metrics.to_float64(cond_a).reshape(-1)
-    return [_against(name, c, ref, cond, shape) for name, c in zip(labels, arrays)]
-
-
-def _against(name: str, c: np.ndarray, ref64: np.ndarray, cond, shape: tuple) -> Against:
-    """One result's error against the float64 reference: infinite where the shapes differ."""
-    kind = c.dtype.name
-    if tuple(c.shape) != shape:
-        inf = float("inf")
-        return Against(name, inf, inf, inf, inf, None if cond is None else inf, None if cond is None else inf, 0,
-                       passed=False, ulp_unit=kind, shape_mismatch=f"shape {tuple(c.shape)}, the reference {shape}")
-    held = metrics.round_to(ref64, c.dtype)  # the reference as the result's dtype holds it: beyond its range, infinite
-    x = metrics.to_float64(c).reshape(-1)
-    xf, hf = np.isfinite(x), np.isfinite(held)
-    nonfinite = int(np.count_nonzero((xf != hf) | (~xf & ~hf & ~(np.isnan(x) & np.isnan(held)) & (x != held))))
-    ok = xf & hf & np.isfinite(ref64)
-    err = np.abs(x[ok] - ref64[ok])
-    ulps = err / metrics.ulp_of(ref64[ok], kind)
-    norm = None
-    if cond is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            c_ok = cond[ok]
-            u = 2.0 ** -(metrics.mantissa_bits(kind) + 1)  # the result dtype's unit roundoff: bf16 2**-8
-            norm = np.where(c_ok > 0, err / (u * c_ok), np.where(err > 0, np.inf, 0.0))
-    q = lambda v, p: float(np.percentile(v, p)) if v.size else 0.0  # noqa: E731
-    return Against(
-        name, _rms(err), float(err.max()) if err.size else 0.0,
-        q(ulps, 99), float(ulps.max()) if ulps.size else 0.0,
-        float(norm.max()) if norm is not None and norm.size else None,
-        q(norm, 99) if norm is not None else None, nonfinite, ulp_unit=kind,
-        rounding_rms=_rms(np.abs(held[ok] - ref64[ok])),
-    )
+    ua, ub = va / sa, vb / sb  # (np.sum of products: BLAS's dot is many times slower on tiny values)
+    return float(np.clip(np.sum(ua * ub) / np.sqrt(np.sum(ua * ua) * np.sum(ub * ub)), -1.0, 1.0))
 
 
 def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
@@ -378,6 +282,8 @@ def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     ``a``, ``b``: the results as given (allclose judges their values, not as rounded to one dtype)."""
     if pol.kind == "reference":
         return None
+    if pol.kind == "rounding":
+        return p.explained.passed if p.explained else None
     if pol.kind == "exact":
         return p.identical_fraction == 1.0
     if pol.kind == "allclose":  # b the expected side, as the frameworks take it
@@ -387,15 +293,20 @@ def _judge(pol: Policy, p: Pair, a: np.ndarray, b: np.ndarray) -> bool | None:
     return p.max_ulp <= pol.n  # ulp(n)
 
 
-def _verdict(pol: Policy, pairs: list, refs: list) -> tuple[list, bool]:
-    """The references judged (under reference(k)), and whether the report passes."""
+def _verdict(pol: Policy, pairs: list, refs: list) -> tuple[list, list, bool]:
+    """The pairs and references judged, and whether the report passes."""
     if pol.kind == "reference":
         best = max(min((r.rms_error for r in refs), default=0.0), 1e-300)
         refs = [replace(r, passed=(r.rms_error <= pol.n * max(best, r.rounding_rms) and not r.nonfinite_mismatches
                                    and not r.shape_mismatch
                                    and (pol.cap is None or rounding_multiple(r) <= pol.cap))) for r in refs]
-        return refs, all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
-    return refs, all(p.passed for p in pairs) and not any(r.shape_mismatch for r in refs)
+        return pairs, refs, all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
+    if pol.kind == "rounding" and refs:  # each result against the reference decides; pairs are shown
+        refs = [replace(r, passed=not r.shape_mismatch and r.explained is not None and r.explained.passed)
+                for r in refs]
+        pairs = [replace(p, passed=False if p.shape_mismatch else None) for p in pairs]
+        return pairs, refs, all(r.passed for r in refs) and not any(p.shape_mismatch for p in pairs)
+    return pairs, refs, all(p.passed for p in pairs) and not any(r.shape_mismatch for r in refs)
 
 
 def _not_compared(labels: list, not_run: dict | None) -> str | None:
@@ -409,19 +320,22 @@ def _not_compared(labels: list, not_run: dict | None) -> str | None:
     return "; ".join(missing) or None
 
 
-def compare(*results, reference=None, condition=None, policy="ulp(1)", names=None, k_worst: int = 5,
-            op: str | None = None, settings: dict | None = None, not_run: dict | None = None,
+def compare(*results, reference=None, condition=None, inputs=None, policy=DEFAULT_POLICY, names=None,
+            k_worst: int = 5, op: str | None = None, settings: dict | None = None, not_run: dict | None = None,
             allow_missing: bool = False) -> Report:
     """Compare results of the same computation from several frameworks.
 
     ``compare(y_torch, y_jax)`` or ``compare({"torch": y1, "jax": y2, ...})``; any
     framework's tensors (bf16, float16, float32, float64, and the narrow dtypes: the fp8 family,
     fp6, fp4, int4/int2, whose ULPs are steps of their own format). ``reference``: a float64
-    result of the same computation, against which each result's error is measured;
-    ``condition``: the operation's condition scale per element (for a matmul,
-    |A|.|B|), so that cancellation near zero does not look like a huge error.
-    ``policy`` decides ``passed``: "exact", "ulp(n)", "allclose(rtol, atol)",
-    "torch"/"jax"/"tensorflow" (their test helpers' allclose, tolerances per dtype) or "reference(k)".
+    result of the same computation, against which each result's error is measured (with
+    ``inputs``, also a function of the float64 inputs); ``condition``: the operation's condition
+    scale per element (for a matmul, |A|.|B|), so that cancellation near zero does not look like a
+    huge error; ``inputs``: for an elementwise op, its input (the results' shape): each element is
+    judged on its own, and ``report.worst_regions`` says in which input intervals the errors live.
+    ``policy`` decides ``passed``: the default, "rounding(k)" (what rounding explains, see
+    explain.py), "exact", "ulp(n)", "allclose(rtol, atol)", "torch"/"jax"/"tensorflow" (their test
+    helpers' allclose, tolerances per dtype) or "reference(k)".
 
     A report with nothing compared never passes silently: fewer than two results
     (one and a reference judges no pair, and reference(k) has nothing to rank), or
@@ -436,48 +350,41 @@ def compare(*results, reference=None, condition=None, policy="ulp(1)", names=Non
     if len(values) < 2 and reference is None or not values and not not_run:  # not_run: the report says why
         raise InvalidArgumentError(f"compare needs two results or more, or one and a reference; got {len(values)} "
                                    "result(s)" + (" and a reference" if reference is not None else ""))
-    arrays = [_one_tensor(f"result {i + 1} ({n!r})", v) for i, (n, v) in enumerate(zip(labels, values))]
-    pairs = [_pair(labels[i], labels[j], arrays[i], arrays[j], k_worst, pol)
+    _check_policy(pol, reference, condition)
+    arrays = [against.one_tensor(f"result {i + 1} ({n!r})", v) for i, (n, v) in enumerate(zip(labels, values))]
+    g = against.given(labels, arrays, reference, condition, inputs)
+    pairs = [_pair(labels[i], labels[j], arrays[i], arrays[j], k_worst, pol, g)
              for i, j in itertools.combinations(range(len(arrays)), 2)]
-    refs: list = []
-    outlier, why = None, None
-    if reference is not None:
-        refs = _against_reference(labels, arrays, reference, condition)
-        outlier, why = _outlier(refs)
-    elif pol.kind == "reference":
-        raise InvalidArgumentError("policy reference(k) needs reference=: the float64 result of the same "
-                                   "computation (or judge the results against each other: ulp(n), allclose)")
-    refs, passed = _verdict(pol, pairs, refs)
+    refs = against.measure(labels, arrays, g, pol) if g.reference is not None else []
+    outlier, why = against.outlier(refs) if refs else (None, None)
+    pairs, refs, passed = _verdict(pol, pairs, refs)
     not_compared = _not_compared(labels, not_run)
     if not_compared and not allow_missing:
         passed = False
+    found = _regions(labels, arrays, g, pol) if g.inputs is not None else ()
     return Report(str(pol), tuple(pairs), tuple(refs), outlier, why, _smallest(pairs, refs), bool(passed), op,
-                  settings or {}, not_compared)
+                  settings or {}, not_compared, worst_regions=found)
 
 
-#: a result whose RMS error against the reference is this many times the others' is named
-OUTLIER_RATIO = 1.5
+def _check_policy(pol: Policy, reference, condition) -> None:
+    """Refuse what the policy cannot use: reference(k) without a reference; a condition scale
+    with neither a reference nor the rounding policy (nothing would read it)."""
+    if reference is None and pol.kind == "reference":
+        raise InvalidArgumentError("policy reference(k) needs reference=: the float64 result of the same "
+                                   "computation (or judge the results against each other: rounding(k), ulp(n), "
+                                   "allclose)")
+    if reference is None and condition is not None and pol.kind != "rounding":
+        raise InvalidArgumentError(f"compare: condition= scales errors against reference= or under the rounding "
+                                   f"policy; {pol} reads neither: give reference= too, or policy='rounding(k)'")
 
 
-def _outlier(refs):
-    if len(refs) < 2:
-        return None, None
-    odd = [r for r in refs if r.shape_mismatch]
-    if odd:
-        return ", ".join(r.name for r in odd), "; ".join(f"{r.name}: {r.shape_mismatch}" for r in odd)
-    bad = [r for r in refs if r.nonfinite_mismatches]
-    if bad and len(bad) < len(refs):
-        return ", ".join(r.name for r in bad), (
-            "NaN or infinite where the float64 reference (as the result dtype holds it) is finite, or the reverse: "
-            + ", ".join(f"{r.name} {r.nonfinite_mismatches}" for r in bad) + "; the others none")
-    errs = sorted((r.rms_error, r.name) for r in refs)
-    best, worst = errs[0][0], errs[-1]
-    others = [e for e, n in errs if n != worst[1]]
-    typical = float(np.median(others))
-    if worst[0] > OUTLIER_RATIO * max(typical, 1e-300) and worst[0] > 0:
-        return worst[1], (f"its RMS error against the float64 reference is {worst[0] / max(typical, 1e-300):.1f}x "
-                          f"the others' ({worst[0]:.3g} against {typical:.3g})")
-    return None, f"no result stands out: RMS errors against the reference within {worst[0] / max(best, 1e-300):.2f}x"
+def _regions(labels, arrays, g: against.Given, pol: Policy) -> tuple:
+    """Where an elementwise op's errors live: each result's against the reference, or each pair's."""
+    results = dict(zip(labels, arrays))
+    assert g.inputs is not None
+    if g.reference is not None:
+        return regions.find(g.inputs, results, g.reference, pol, condition=g.condition, flushed=g.flushed)
+    return regions.find_pairs(g.inputs, results, pol, condition=g.condition)
 
 
 def _smallest(pairs, refs) -> dict:
@@ -495,6 +402,10 @@ def _smallest(pairs, refs) -> dict:
         odd = any(r.shape_mismatch for r in refs)
         out["reference_k"] = None if odd else max(1.0, max(r.rms_error / max(best, r.rounding_rms) for r in refs))
         out["reference_cap"] = None if odd else max(1.0, max(rounding_multiple(r) for r in refs))
+    judged = [r.explained for r in refs] if refs else [p.explained for p in pairs]
+    if judged and all(e is not None for e in judged):  # the rounding policy: the smallest k that passes
+        k = max(max(e.elementwise, e.normwise) / (1 if refs else 2) for e in judged)
+        out["rounding_k"] = None if not np.isfinite(k) or any(p.shape_mismatch for p in pairs) else max(1.0, k)
     return out
 
 
@@ -505,7 +416,7 @@ def assert_parity(*results, ulp: int | None = None, policy=None, **kwargs) -> Re
     """
     if ulp is not None and policy is not None:
         raise InvalidArgumentError("assert_parity: pass ulp= or policy=, not both")
-    pol = f"ulp({ulp})" if ulp is not None else ("ulp(1)" if policy is None else policy)
+    pol = f"ulp({ulp})" if ulp is not None else (DEFAULT_POLICY if policy is None else policy)
     rep = compare(*results, policy=pol, **kwargs)
     if not rep.passed:
         raise AssertionError(f"results differ beyond {rep.policy}:\n{rep}")

@@ -1,4 +1,4 @@
-"""Regenerate the parity documents from one run of the built-in suite:
+"""Regenerate the parity documents from one run of the built-in suite at the default policy:
 
     python -m bf16bridge.parity.docs [DOCS_DIR]     (default: docs)
 
@@ -46,11 +46,12 @@ def write(docs: pathlib.Path, reports, policy: str) -> None:
 
 
 def main(argv=None) -> int:
+    from bf16bridge.parity.policies import DEFAULT_POLICY
     from bf16bridge.parity.runner import suite
 
     argv = sys.argv[1:] if argv is None else argv
     docs = pathlib.Path(argv[0] if argv else "docs")
-    policy = "ulp(1)"
+    policy = DEFAULT_POLICY
     reports = suite(policy=policy)
     write(docs, reports, policy)
     print(f"wrote {docs}/parity-results.json, parity-results.md and the summary in parity.md "

@@ -215,6 +215,21 @@ def _min_exponent(kind: str) -> int:
     return int(np.finfo(np.float32 if kind == "bfloat16" else kind).minexp)
 
 
+def limits(kind: str) -> tuple[float, float, float, bool]:
+    """A format's (u, tiny, largest, integer): its unit roundoff (half its spacing at 1: 2**-8 for bf16;
+    0.5 for the narrow integers, whose steps are absolute), its smallest normal number (the floor a
+    flush to zero loses; 0 for the integers), its largest finite value, and whether it holds integers."""
+    fmt = kernels.FORMATS.get(kind)
+    if fmt is not None:
+        values = kernels.decoded(fmt)
+        largest = float(np.max(np.abs(values[np.isfinite(values)])))
+        if fmt.integer:
+            return 0.5, 0.0, largest, True
+        return 2.0 ** -(fmt.mbits + 1), 2.0 ** _min_exponent(kind), largest, False
+    m, emin = mantissa_bits(kind), _min_exponent(kind)
+    return 2.0 ** -(m + 1), 2.0 ** emin, (2 - 2.0 ** -m) * 2.0 ** (1 - emin), False  # IEEE: emax = 1 - emin
+
+
 def ulp_of(x: np.ndarray, kind: str) -> np.ndarray:
     """The spacing of ``kind``'s numbers at |x| (x float64): the ULP an error against a float64
     reference is counted in (1 for the narrow integers). Exact: the exponent comes from frexp."""

@@ -112,6 +112,22 @@ def _layer_norm64(x, eps=1e-5):
     return (x - m) / np.sqrt(v + eps)
 
 
+def _gelu_condition(x):
+    """|f| + |x f'| (the input rounded, as jax and tensorflow round x / sqrt(2) before erfc), plus
+    erf's float32 rounding times |x| / 2, which 1 + erf cancels for negative x (torch's erf form)."""
+    with np.errstate(over="ignore", under="ignore"):
+        cdf = 0.5 * _erfc(-x / math.sqrt(2))
+        pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return np.abs(x) * (cdf + np.abs(cdf + x * pdf) + 2.0 ** -17 * np.abs(2 * cdf - 1))
+
+
+def _softmax_condition(x):
+    """s (1 + |z| + sum s |z|), z = x - max: the result's rounding, and each shifted input's (jax
+    rounds x - max and the exponentials to bf16), through its own exponential and through the sum."""
+    s, z = _softmax64(x), np.abs(x - x.max(axis=-1, keepdims=True))
+    return s * (1 + z + (s * z).sum(axis=-1, keepdims=True))
+
+
 def _attention64(q, k, v):
     return _softmax64(q @ k.T / math.sqrt(q.shape[-1])) @ v
 
@@ -177,6 +193,7 @@ _add(Op(
     {"torch": lambda x, **p: _torch().softmax(x, -1),
      "jax": lambda x, **p: _jax().nn.softmax(x, axis=-1),
      "tensorflow": lambda x, **p: _tf().nn.softmax(x, axis=-1)},
+    condition=lambda x, **p: _softmax_condition(x),
     params={"rows": 64, "cols": 256}, kinds=("normal", "wide"),
 ))
 _add(Op(
@@ -195,6 +212,7 @@ _add(Op(
     {"torch": lambda x, **p: _torch().nn.functional.gelu(x),
      "jax": lambda x, **p: _jax().nn.gelu(x, approximate=False),
      "tensorflow": lambda x, **p: _tf().nn.gelu(x, approximate=False)},
+    condition=lambda x, **p: _gelu_condition(x),
     kinds=("all",),
 ))
 _add(Op(

@@ -31,7 +31,8 @@ from bf16bridge.adapters.hooks import CastHooks, NumericsHooks
 from bf16bridge.core import registry
 from bf16bridge.trees import walk as trees
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedDtypeError
-from bf16bridge.parity import metrics
+from bf16bridge.parity import explain, metrics
+from bf16bridge.parity.policies import DEFAULT_POLICY, parse
 
 #: the floor under |reference| in the element-wise relative error: float32's (and bf16's)
 #: smallest normal number, so an exact zero in the reference does not divide by zero
@@ -105,6 +106,9 @@ class LeafOutput(_Measures):
     top1_disagree: int = 0
     reference_ties: int = 0
     candidate_ties: int = 0
+    #: whether the leaf passes the report's policy, and under rounding(k) which measure decided and why
+    passed: bool = True
+    explained: explain.Explained | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,15 +122,22 @@ class OutputReport(_Measures):
 
     leaves: tuple
     fed: str | None = None
+    #: the policy each leaf was judged by (``failures()`` without thresholds)
+    policy: str = DEFAULT_POLICY
 
     def failures(self, **thresholds) -> tuple[str, ...]:
         """What breaks ``thresholds`` (names in ``THRESHOLDS``: max_abs, max_rel, rel_norm,
-        cosine_min, kl_mean_max, kl_max, top1_min), one line each; NaN or infinity that
+        cosine_min, kl_mean_max, kl_max, top1_min), one line each; with none given, the leaves
+        the report's policy fails (the default: what rounding explains). NaN or infinity that
         appeared in the candidate always fails. A logits threshold without logits fails too.
         A threshold that is not a number, or is NaN (which no comparison breaks), is refused."""
         out = []
         if self.new_nonfinite:
             out.append(f"{self.new_nonfinite} NaN/inf in the candidate where the reference holds another value")
+        if all(bound is None for bound in thresholds.values()):
+            out += [f"{leaf.path}: beyond {self.policy}"
+                    + (f" ({leaf.explained.decided_by}): {leaf.explained.why}" if leaf.explained else "")
+                    for leaf in self.leaves if not leaf.passed]
         for name, bound in thresholds.items():
             if name not in THRESHOLDS:
                 raise InvalidArgumentError(
@@ -161,6 +172,9 @@ class OutputReport(_Measures):
             head += (f"; logits over {self.rows} rows: KL mean {self.kl_mean:.4g} max {self.kl_max:.4g} nats, "
                      f"top-1 agreement {self.top1:.4%}")
         lines.append(head)
+        bad = sum(not leaf.passed for leaf in self.leaves)
+        lines.append(f"policy {self.policy}: " + (f"{bad} of {len(self.leaves)} leaves fail" if bad else
+                                                  f"every leaf passes ({len(self.leaves)})"))
         for leaf in self.leaves:
             dt = (leaf.candidate_dtype if leaf.candidate_dtype == leaf.reference_dtype
                   else f"{leaf.candidate_dtype} against {leaf.reference_dtype}")
@@ -176,6 +190,10 @@ class OutputReport(_Measures):
                     s += (f": KL mean {leaf.kl_mean:.4g} max {leaf.kl_max:.4g}, top-1 {leaf.top1:.4%} "
                           f"({leaf.top1_disagree} differ; ties: reference {leaf.reference_ties}, "
                           f"candidate {leaf.candidate_ties})")
+            if leaf.explained is not None:
+                s += f"; {'explained' if leaf.passed else 'NOT explained'} ({leaf.explained.why})"
+            elif not leaf.passed:
+                s += f"; beyond {self.policy}"
             lines.append(s)
         return "\n".join(lines)
 
@@ -193,8 +211,9 @@ def _leaves(tree, side: str) -> dict:
     return out
 
 
-def _host64(x, path: str, side: str) -> tuple[np.ndarray, str]:
-    """A leaf as float64 on the host, exactly (bf16/fp8 through their own widening), and its dtype."""
+def _host64(x, path: str, side: str) -> tuple[np.ndarray, str, np.ndarray]:
+    """A leaf as float64 on the host, exactly (bf16/fp8 through their own widening), its dtype, and the
+    leaf as numpy holds it (in that dtype, for the policy's judgement)."""
     from bf16bridge.core.convert import convert
 
     a = x if isinstance(x, np.ndarray) else convert(x, "numpy", fallback="float32", on_grad="drop",
@@ -205,7 +224,7 @@ def _host64(x, path: str, side: str) -> tuple[np.ndarray, str]:
             f"the {side}'s leaf at {path} is {name}: compare_outputs measures floating outputs; leave integer "
             "or boolean outputs out of the trees (compare them for equality)")
     try:
-        return metrics.to_float64(np.asarray(a)), name
+        return metrics.to_float64(np.asarray(a)), name, np.asarray(a)
     except TypeError as err:
         raise UnsupportedDtypeError(f"the {side}'s leaf at {path} ({name}) has no exact float64 widening") from err
 
@@ -294,10 +313,10 @@ def _same_tree(ref: dict, cand: dict) -> None:
             + "; compare the same model's outputs (or pass the matching subtrees)")
 
 
-def _measure_leaf(path: str, rx, cx, axis: int | None) -> tuple[dict, _Sums]:
+def _measure_leaf(path: str, rx, cx, axis: int | None, pol) -> tuple[dict, _Sums]:
     """One leaf's LeafOutput fields (with ``kl_sum`` for logits), and its sums for the overall norms."""
-    r, rname = _host64(rx, path, "reference")
-    c, cname = _host64(cx, path, "candidate")
+    r, rname, r_held = _host64(rx, path, "reference")
+    c, cname, c_held = _host64(cx, path, "candidate")
     if r.shape != c.shape:
         raise OutputMismatchError(f"the leaf at {path} has shape {c.shape} in the candidate, "
                                   f"{r.shape} in the reference")
@@ -320,10 +339,22 @@ def _measure_leaf(path: str, rx, cx, axis: int | None) -> tuple[dict, _Sums]:
     if axis is not None:
         leaf["axis"] = axis
         leaf.update(_logits(r, c, axis, path))
+    leaf.update(_judged(pol, c_held, r_held))
     return leaf, own
 
 
-def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
+def _judged(pol, c: np.ndarray, r: np.ndarray) -> dict:
+    """A leaf under the policy: the candidate and the reference output as two results of one
+    computation (rounding(k): within 2k roundings; the others as compare() judges a pair)."""
+    if pol.kind == "rounding":
+        e = explain.pair(c, r, k=pol.n)
+        return dict(passed=e.passed, explained=e)
+    from bf16bridge.parity.compare import compare
+
+    return dict(passed=compare(c, r, names=("candidate", "reference"), policy=pol, k_worst=0).passed)
+
+
+def compare_outputs(reference, candidate, *, logits=False, policy=DEFAULT_POLICY) -> OutputReport:
     """The candidate's outputs against the reference's (the float32 model's), leaf by leaf.
 
     ``reference``, ``candidate``: tensors of any framework, or trees of them (dicts, lists,
@@ -334,7 +365,16 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
     divergence and top-1 agreement are measured along that axis (float64 log-softmax). Or only
     some leaves are logits (a model's output dict): the path of one, as the report names it
     ("['logits']") or its top-level key ("logits"), class axis last; or a dict of such paths to
-    class axes ({"logits": -1, "['aux'][0]": 1})."""
+    class axes ({"logits": -1, "['aux'][0]": 1}). ``policy`` judges each leaf (``passed()`` and
+    ``failures()`` without thresholds, ``assert_outputs_close`` without thresholds): the default,
+    rounding(k), passes what bf16 rounding explains between two results of one computation (two
+    frameworks' gradients, a model and its cast); ulp(n), exact, allclose and the framework
+    policies as compare() judges a pair; reference(k), which needs a float64 reference, is refused."""
+    pol = parse(policy)
+    if pol.kind == "reference":
+        raise InvalidArgumentError(f"compare_outputs: policy {pol} needs a float64 reference of each output; "
+                                   "judge the two trees against each other: rounding(k) (the default), ulp(n), "
+                                   "allclose(...) or a framework's policy")
     ref, cand = _leaves(reference, "reference"), _leaves(candidate, "candidate")
     axes = _axes(logits, list(ref))
     any_logits = any(a is not None for a in axes.values())
@@ -346,7 +386,7 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
     kl_max: float | None = None
     agree = rows = 0.0
     for path, rx in ref.items():
-        leaf, own = _measure_leaf(path, rx, cand[path], axes[path])
+        leaf, own = _measure_leaf(path, rx, cand[path], axes[path], pol)
         sums.add(own)
         if "kl_sum" in leaf:
             kl_sum += leaf.pop("kl_sum")
@@ -361,7 +401,7 @@ def compare_outputs(reference, candidate, *, logits=False) -> OutputReport:
         rel_norm=sums.rel_norm(), cosine=sums.cosine(), new_nonfinite=tot["new_nonfinite"],
         nonfinite_mismatches=tot["nonfinite_mismatches"], rows=int(rows),
         kl_mean=kl_sum / rows if any_logits and rows else None, kl_max=kl_max,
-        top1=agree / rows if any_logits and rows else None)
+        top1=agree / rows if any_logits and rows else None, policy=str(pol))
 
 
 class _Sums:
@@ -419,10 +459,12 @@ class _Sums:
 def assert_outputs_close(reference, candidate, *, logits=False, max_abs: float | None = None,
                          max_rel: float | None = None, rel_norm: float | None = None,
                          cosine_min: float | None = None, kl_mean_max: float | None = None,
-                         kl_max: float | None = None, top1_min: float | None = None) -> OutputReport:
+                         kl_max: float | None = None, top1_min: float | None = None,
+                         policy=DEFAULT_POLICY) -> OutputReport:
     """compare_outputs(...) and raise OutputsDifferError (an AssertionError too), with the
-    report, when a threshold is broken or NaN/inf appeared in the candidate."""
-    rep = compare_outputs(reference, candidate, logits=logits)
+    report, when a threshold is broken (with none given: when a leaf fails ``policy``) or NaN/inf
+    appeared in the candidate."""
+    rep = compare_outputs(reference, candidate, logits=logits, policy=policy)
     bad = rep.failures(max_abs=max_abs, max_rel=max_rel, rel_norm=rel_norm, cosine_min=cosine_min,
                        kl_mean_max=kl_mean_max, kl_max=kl_max, top1_min=top1_min)
     if bad:

@@ -1,9 +1,10 @@
 """Policies decide whether a comparison passed.
 
-``exact()``, ``ulp(n)``, ``allclose(rtol, atol)`` and ``reference(k)``, plus
-the frameworks' own test helpers' allclose, tolerances per dtype included. A policy is also
-written as text: "exact", "ulp(2)", "allclose(1e-2, 1e-5)", "torch", "jax",
-"tensorflow", "reference(2)".
+``rounding(k)`` (the default: what bf16 rounding explains, see rounding.py), ``exact()``,
+``ulp(n)``, ``allclose(rtol, atol)`` and ``reference(k)``, plus the frameworks' own test
+helpers' allclose, tolerances per dtype included. A policy is also written as text:
+"rounding(8)", "exact", "ulp(2)", "allclose(1e-2, 1e-5)", "torch", "jax", "tensorflow",
+"reference(2)".
 """
 
 from __future__ import annotations
@@ -25,11 +26,18 @@ class PolicyError(Bf16BridgeError, ValueError):
 #: random data stay well inside it (tests/parity/test_parity_policies.py; docs/parity.md, "reference(k)'s cap")
 REFERENCE_CAP = 16.0
 
+#: rounding(k)'s default budget: each result within k roundings of the exact answer, two results within 2k
+ROUNDING_K = 8
+
+#: the policy ``compare``, ``run``, ``suite``, ``compare_outputs``, the ``assert_*`` helpers and
+#: ``bf16bridge parity`` use when none is given: passes what bf16 rounding explains (rounding.py)
+DEFAULT_POLICY = "rounding(8)"
+
 
 @dataclass(frozen=True)
 class Policy:
-    kind: str  # exact | ulp | allclose | reference
-    n: float = 0  # ulp: max ULP distance; reference: k
+    kind: str  # rounding | exact | ulp | allclose | reference
+    n: float = 0  # ulp: max ULP distance; reference, rounding: k
     rtol: float = 0.0
     atol: float = 0.0
     name: str = ""  # e.g. "torch" for a framework's own defaults
@@ -71,6 +79,8 @@ class Policy:
             return f"{self.name} (allclose with its test helper's tolerances per dtype{nan})"
         if self.kind == "exact":
             return "exact"
+        if self.kind == "rounding":
+            return f"rounding({self.n:g})"
         if self.kind == "ulp":
             return f"ulp({self.n:g}" + (", signed_zeros=true)" if self.signed_zeros else ")")
         if self.kind == "allclose":
@@ -83,6 +93,16 @@ class Policy:
 def _number(x) -> bool:
     """A finite real number (not a bool, a string or None): what a tolerance can be."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def rounding(k: float = ROUNDING_K) -> Policy:
+    """What rounding explains: each result within k roundings (u, the unit roundoff of its dtype, times
+    each element's scale: its condition scale, or its magnitude and the tensor's) of the float64
+    reference where there is one; without, two results within 2k of each other, element by element
+    and normwise. NaN/inf only where rounding explains them (see rounding.py)."""
+    if not (_number(k) and k >= 1):
+        raise PolicyError(f"rounding(k) needs a finite number k >= 1 (1: as close as correct rounding); got {k!r}")
+    return Policy("rounding", n=float(k))
 
 
 def exact() -> Policy:
@@ -192,13 +212,14 @@ FRAMEWORK_DEFAULTS = {
 
 #: each policy written as text: its arguments, in order, and their defaults (None: required)
 _SIGNATURES = {
+    "rounding": (("k", float(ROUNDING_K)),),
     "exact": (),
     "ulp": (("n", 1), ("signed_zeros", False)),
     "allclose": (("rtol", None), ("atol", 0.0), ("equal_nan", True)),
     "reference": (("k", 2.0), ("cap", REFERENCE_CAP)),
 }
 
-_USAGE = ("use exact, ulp(N) (N a whole number), ulp(N, signed_zeros=true), allclose(RTOL, ATOL) "
+_USAGE = ("use rounding(K) (the default, rounding(8)), exact, ulp(N) (N a whole number), ulp(N, signed_zeros=true), allclose(RTOL, ATOL) "
           "(or allclose(rtol=R, atol=A, equal_nan=false)), reference(K) (or reference(K, cap=C), cap=none), torch, "
           "jax or tensorflow")
 
@@ -250,7 +271,7 @@ def parse(spec) -> Policy:
     if not m or m.group(1) not in _SIGNATURES:
         raise _bad(spec, "unknown policy")
     kind, inner = m.group(1), m.group(2)
-    if inner is None and kind != "exact":
+    if inner is None and kind not in ("exact", "rounding"):
         raise _bad(spec, f"{kind} needs parentheses")
     params = _SIGNATURES[kind]
     got: dict = {}
@@ -279,9 +300,16 @@ def parse(spec) -> Policy:
             if default is None and not (kind == "allclose" and "atol" in got):
                 raise _bad(spec, f"{kind} needs {name}")
             got[name] = 0.0 if default is None else default
+    return _made(spec, kind, got)
+
+
+def _made(spec, kind: str, got: dict) -> Policy:
+    """The policy of ``kind`` with the arguments read from ``spec``; refused as ``spec``'s error."""
     try:
         if kind == "exact":
             return exact()
+        if kind == "rounding":
+            return rounding(got["k"])
         if kind == "ulp":
             return ulp(got["n"], signed_zeros=got["signed_zeros"])
         if kind == "allclose":

@@ -60,6 +60,10 @@ def _smallest(rep) -> str:
         parts.append(f"allclose(rtol=0, atol={_g(s['allclose_atol_at_rtol_0'])})")
     else:
         parts.append("no ulp or allclose tolerance (NaN/inf positions or shapes differ)")
+    if s.get("rounding_k") is not None:
+        parts.append(f"rounding({s['rounding_k']:.3g})")
+    elif "rounding_k" in s:
+        parts.append("no rounding(k) (a NaN/inf rounding does not explain, or shapes differ)")
     if s.get("reference_k") is not None:
         cap = s.get("reference_cap") or 0.0  # the default cap passes: not named
         parts.append(f"reference({s['reference_k']:.3g}" + (f", cap={cap:.3g})" if cap > REFERENCE_CAP else ")"))
@@ -90,6 +94,26 @@ def _reference_rule(rep) -> str | None:
     return line
 
 
+def _explained(rep) -> list:
+    """(name, Explained) of what the rounding policy judged: each result against the reference,
+    else each pair."""
+    return ([(r.name, r.explained) for r in rep.references if r.explained is not None]
+            or [(p.label, p.explained) for p in rep.pairs if p.explained is not None])
+
+
+def _rounding_head(rep) -> str:
+    judged = _explained(rep)
+    budget = judged[0][1].budget if judged else 0
+    side = "each result against the float64 reference" if rep.references else "each pair of results"
+    return (f"what rounding explains, {side} (within {budget:g} roundings: u times each element's scale, "
+            "element by element and normwise)")
+
+
+def _rounding_lines(rep) -> list[str]:
+    return [f"  {name}: {'explained' if e.passed else 'NOT explained'} ({e.decided_by}): {e.why}"
+            for name, e in _explained(rep)]
+
+
 def _title(rep) -> str:
     names = []
     for p in rep.pairs:
@@ -110,15 +134,22 @@ def _table(head, rows) -> list[str]:
 
 
 def _region_head(rep) -> str:
-    return f"where a result's error against the reference exceeds {rep.policy} (inputs: every value)"
+    if rep.references:
+        return f"where a result's error against the reference exceeds {rep.policy} (by input)"
+    return f"where two results differ beyond {rep.policy} (by input)"
 
 
 def region_text(rep, g) -> str:
     """One worst region in a line: the interval, how many inputs exceed, and the representative."""
-    dist = "NaN/inf where the rounded reference is not, or the reverse" if g.ulps is None else f"{g.ulps:g} ulp"
+    pair = g.reference != g.reference  # NaN: a pair's region, without a reference (regions.find_pairs)
+    if g.ulps is None:
+        dist = "NaN/inf on one side only" if pair else "NaN/inf where the rounded reference is not, or the reverse"
+    else:
+        dist = f"{g.ulps:g} ulp" + (" apart" if pair else "")
     vals = ", ".join(f"{n} {v:.8g}" for n, v in g.values)
     return (f"{g.result}: x in [{g.lo:.8g}, {g.hi:.8g}]: {g.exceeding} of {g.inputs} inputs exceed"
-            f" ({g.nonfinite} non-finite); at x = {g.input:.8g}: {vals}, reference {g.reference:.8g} ({dist})")
+            f" ({g.nonfinite} non-finite); at x = {g.input:.8g}: {vals}"
+            + (f" ({dist})" if pair else f", reference {g.reference:.8g} ({dist})"))
 
 
 def _region_lines(rep) -> list[str]:
@@ -160,6 +191,8 @@ def text(rep) -> str:
         lines += ["  " + line for line in _table(*_ref_rows(rep))]
         lines.append(f"outlier: {rep.outlier} ({rep.outlier_why})" if rep.outlier else f"outlier: none ({rep.outlier_why})")
         lines += [rule] if (rule := _reference_rule(rep)) else []
+    if _explained(rep):
+        lines += ["", _rounding_head(rep) + ":", *_rounding_lines(rep)]
     lines += ["", *_worst_lines(rep)] if any(p.worst for p in rep.pairs) else []
     if rep.worst_regions:
         lines += ["", _region_head(rep) + ":", *_region_lines(rep)]
@@ -187,6 +220,8 @@ def markdown(reports) -> str:
             out += [""] + _md_table(*_ref_rows(rep))
             out += ["", f"Outlier: {rep.outlier or 'none'} ({rep.outlier_why})."]
             out += ["", rule + "."] if (rule := _reference_rule(rep)) else []
+        if _explained(rep):
+            out += ["", _rounding_head(rep) + ":", ""] + ["- " + line.strip() for line in _rounding_lines(rep)]
         if rep.worst_regions:
             out += ["", f"Worst regions, {_region_head(rep)}:", ""]
             out += _md_table(*_region_rows(rep))
@@ -249,6 +284,9 @@ def html(reports) -> str:
             parts.append(f"<p>Outlier: {esc(str(rep.outlier or 'none'))} ({esc(str(rep.outlier_why))})</p>")
             if rule := _reference_rule(rep):
                 parts.append(f"<p>{esc(rule)}</p>")
+        if _explained(rep):
+            parts.append(f"<p>{esc(_rounding_head(rep))}:</p><ul>"
+                         + "".join(f"<li>{esc(line.strip())}</li>" for line in _rounding_lines(rep)) + "</ul>")
         if rep.worst_regions:
             parts.append(f"<p>Worst regions, {esc(_region_head(rep))}</p>")
             parts.append(_html_table(*_region_rows(rep)))

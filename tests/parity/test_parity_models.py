@@ -110,7 +110,10 @@ def test_nonfinite_counted_apart_and_rows_holding_nan_left_out():
     assert leaf.finite_compared == 11 and leaf.max_abs == 0.0
     # rows with a NaN or a +inf (no softmax) are left out, and counted
     assert leaf.rows == 1 and leaf.rows_skipped == 3 and leaf.kl_max == 0.0 and leaf.top1 == 1.0
-    assert rep.failures() == ("3 NaN/inf in the candidate where the reference holds another value",)
+    assert rep.failures(max_abs=1.0) == ("3 NaN/inf in the candidate where the reference holds another value",)
+    # without thresholds, the policy judges too (rounding(8): NaN/inf on one side only is not explained)
+    assert rep.failures()[1].startswith("the root: beyond rounding(8) (non-finite): 3 element(s) NaN or infinite "
+                                        "where the other side is not (first at [0, 0])"), rep.failures()
 
 
 
