@@ -131,6 +131,25 @@ class BridgeHooks:
         None for none) gives one gradient per input leaf, None where ``diff`` is False."""
         raise NotImplementedError(f"{self.name} has no autodiff")
 
+    #: compiles a function of its own tensors (jax: ``jax.jit``): ``bb.bridge`` compiles such a callee by default
+    compiles: ClassVar[bool] = False
+
+    def compile(self, fn, diff: list):
+        """Callee side, where ``compiles``: ``fn`` compiled, once per input shapes and dtypes. ``fn(*leaves)``
+        gives ``(output tensors, aux)``, ``aux`` being Python data fixed by the input shapes and dtypes (what
+        a run found beside the tensors). The object returned has ``forward(leaves) -> (outputs, aux)`` and
+        ``vjp(leaves) -> (outputs, aux, pullback)``, the pullback as ``vjp``'s (``diff``: which leaves want a
+        gradient, fixed for this object), both compiled. A pullback may carry ``at_one``: its gradients for
+        the cotangent 1 of a single scalar output (a loss), computed with the forward, on the host."""
+        raise NotImplementedError(f"{self.name} compiles nothing")
+
+    def traced_value_error(self, err: BaseException, compiled: bool) -> str | None:
+        """Callee side: where ``err`` is this framework's error for a traced value used as a Python one (a
+        callee's ``float(x)`` under its autodiff's tracer, or in a function ``compile`` compiled), what the
+        callee did and the way out, as the end of a sentence about it; None for any other error (the default).
+        ``compiled``: only the compilation traced it (no gradient was wanted), so running uncompiled is a way out."""
+        return None
+
 
 class CastHooks:
     """What ``bb.cast_module`` asks of a framework with model objects."""
@@ -275,3 +294,49 @@ def second_order_refused(caller: str, fn) -> UnsupportedTypeError:
         f"({caller} differentiating its own backward): bf16bridge does not support higher-order gradients "
         "across frameworks (the callee's backward runs outside the caller's autodiff); compute the "
         "second-order part in one framework")
+
+
+class TraceHooks:
+    """What ``bb.parity.trace`` asks of a framework: run a model reporting each layer's output as it is
+    made, a float64 copy of a model, its parameters' gradients, and marked taps. The defaults serve a
+    plain function of this framework's tensors (taps only, no model object, no gradients)."""
+
+    #: the registry's name for this feature (a hooks module of a framework package is named so)
+    feature: ClassVar[str] = "trace"
+    #: the framework these hooks serve (set by the registry)
+    name: str = ""
+
+    def owns(self, model) -> bool:
+        """Whether ``model`` is a model object of this framework (torch: an ``nn.Module``). Default: no."""
+        return False
+
+    def run(self, model, args: tuple, record, inputs_of=frozenset()):
+        """``model(*args)``, its output as the model gives it. Each layer's output is handed to
+        ``record(layer, "output", value)`` as it is made (``layer``: its dotted path, "" for the model;
+        ``value``: as the layer returned it, a tensor or a tree of them), and the positional arguments
+        of each layer named in ``inputs_of`` (a set of names, or True for every layer) to
+        ``record(layer, "input", args)`` before it runs. Default: the call alone (taps record)."""
+        return model(*args)
+
+    def float64_copy(self, model):
+        """A copy of ``model`` that computes in float64 (its floating parameters and buffers widened,
+        exactly), or None where this framework cannot run it so (the default)."""
+        return None
+
+    def gradients(self, model, args: tuple, cotangent, loss=None) -> list:
+        """Each trainable parameter's gradient by this framework's autodiff, as (name, parameter,
+        gradient or None where it is not reached), in the model's order: of ``loss(output)`` where given,
+        else of the sum of the first floating output leaf times ``cotangent`` (numpy, of its shape)."""
+        raise UnsupportedTypeError(f"gradients of {type(model).__qualname__} in {self.name}: bf16bridge takes "
+                                   "gradients of torch, flax and Keras models; pass grads=False")
+
+    def layer_variants(self, model, layer: str, args: tuple) -> dict:
+        """``layer`` of ``model`` run again on ``args`` with each square 2-d parameter of its own
+        transposed, as {what changed: output}; {} where this framework cannot (the default)."""
+        return {}
+
+    def tap(self, name: str, x, record):
+        """``x`` unchanged, having handed it to ``record(name, "output", x)`` (a framework that traces
+        may hand it over later, when it runs); asked by ``bb.parity.tap`` while a trace runs."""
+        record(name, "output", x)
+        return x
