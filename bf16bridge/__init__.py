@@ -26,6 +26,7 @@ from bf16bridge.errors import (
     MissingKeyError,
     PrivateApiError,
     InvalidArgumentError,
+    ShapeTooLargeError,
     UnknownFrameworkError,
     UnsupportedDtypeError,
     UnsupportedTypeError,
@@ -82,7 +83,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Adapter", "Bf16BridgeError", "Bf16BridgeWarning", "Capabilities", "CheckpointError", "CopyRequiredError", "CopyTooLargeError",
-    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InputWrittenError", "InvalidArgumentError", "MissingKeyError", "Plan", "PrivateApiError", "Source",
+    "Decision", "DeviceError", "FrameworkNotInstalledError", "Handoff", "InputWrittenError", "InvalidArgumentError", "MissingKeyError", "Plan", "PrivateApiError", "ShapeTooLargeError", "Source",
     "Step", "TreePlan", "UnknownFrameworkError", "UnsupportedDtypeError", "UnsupportedTypeError", "__version__",
     "BridgedFunction", "Shard", "aligned_empty", "bridge", "cast_module", "cast_tree", "convert", "convert_shards",
     "convert_tree", "framework_of", "from_shards", "load", "load_for_target", "open", "plan", "plan_tree", "probe",

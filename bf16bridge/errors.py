@@ -46,7 +46,8 @@ class CopyRequiredError(Bf16BridgeError, ValueError):
 
 
 class DeviceError(Bf16BridgeError, ValueError):
-    """The target framework cannot hold data on the input's device."""
+    """The target framework cannot hold data on the input's device, or ``device=`` names a device
+    the target framework does not have in this process (the message lists those it has)."""
 
 
 class InvalidArgumentError(Bf16BridgeError, ValueError, TypeError):
@@ -55,6 +56,11 @@ class InvalidArgumentError(Bf16BridgeError, ValueError, TypeError):
 
 class CopyTooLargeError(Bf16BridgeError, MemoryError):
     """A route must copy, and the copy would not fit in this machine's memory."""
+
+
+class ShapeTooLargeError(Bf16BridgeError, ValueError):
+    """The input's shape spans more bytes than a framework on the route can describe, even as a view
+    of less memory (numpy: the largest intp; a huge expanded or broadcast tensor)."""
 
 
 class InputWrittenError(Bf16BridgeError, ValueError):

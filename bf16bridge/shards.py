@@ -23,7 +23,7 @@ from bf16bridge import kernels
 from bf16bridge.core import registry
 from bf16bridge.core.sharding import Layout, bounds
 from bf16bridge.core.convert import Fallback, OnAlias, OnGrad, check_keywords, convert
-from bf16bridge.core.warn import gathered, warn
+from bf16bridge.core.warn import gathered, warn_gathered
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
 #: which shards ``convert_shards`` returns: every shard this process holds, or one per global index
@@ -155,8 +155,7 @@ def _convert_pieces(pieces, target: str, copy, fallback, on_alias, on_grad) -> l
             except Bf16BridgeError as err:
                 raise type(err)(f"the shard {_show(index)} on {device}: {err}") from err
             out.append(Shard(index, device, y, replica))
-    for message, n in pending.items():
-        warn(f"{n} shard{'' if n == 1 else 's'}: {message}")
+    warn_gathered(pending, lambda n: f"{n} shard{'' if n == 1 else 's'}: ")
     return out
 
 

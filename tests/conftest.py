@@ -13,6 +13,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow")
 #: The frameworks this test run must have. A named one that cannot be imported
@@ -41,6 +42,17 @@ EXCLUDED_LIBRARIES = tuple(n for n in LIBRARIES if n not in REQUIRED_LIBRARIES)
 IMMUTABLE = ("jax", "tensorflow")
 PAIRS = [(s, d) for s in FRAMEWORKS for d in FRAMEWORKS if s != d]
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+# `make fuzz`'s hypothesis profile: random inputs (the seed is pytest's --hypothesis-seed, which
+# replays them), FUZZ_EXAMPLES examples a test that sets no count of its own. tests/strategies.py
+# registers the others ("ci", fixed and fast, the default; "fuzz", for hunting by hand) and loads
+# the one HYPOTHESIS_PROFILE names.
+settings.register_profile(
+    "campaign", derandomize=False, max_examples=int(os.environ.get("FUZZ_EXAMPLES", 1000)), deadline=None,
+    database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+if os.environ.get("HYPOTHESIS_PROFILE") == "campaign":
+    settings.load_profile("campaign")
 
 
 def fw(name):

@@ -44,6 +44,7 @@ class NumpyAdapter(Adapter):
     label_bitview = "ndarray.view({dtype})"
     label_import = "numpy.from_dlpack"
     label_copy = "copy into a 64-byte aligned array"
+    max_nbytes = int(np.iinfo(np.intp).max)  # numpy's "array is too big" beyond it, a view too
 
     def cannot_hold(self, dtype):
         if dtype == "bfloat16" and dtypes.bfloat16 is None:
@@ -100,7 +101,7 @@ class NumpyAdapter(Adapter):
         dt = x.dtype
         if alignment or dt.alignment < dt.itemsize:  # complex: numpy's alignment is half an element
             ptr = data_pointer(x)  # an ndarray itself (checked above)
-            if ptr % dt.itemsize:
+            if not dt.itemsize or ptr % dt.itemsize:  # (itemsize 0: jax's float0; describe refuses it)
                 return None  # describe copies it: the full path
             return (dt, f.writeable, False, alignment and ptr % ALIGN == 0)
         return (dt, f.writeable, False, False)

@@ -21,7 +21,7 @@ from bf16bridge.core.autograph import plain_python
 from bf16bridge import kernels
 from bf16bridge.core import registry
 from bf16bridge.core.memory import aligned_empty
-from bf16bridge.core.convert import Fallback, convert, plan, run_plan
+from bf16bridge.core.convert import Device, Fallback, convert, find_device, plan, run_plan
 from bf16bridge.errors import (Bf16BridgeError, CheckpointError, CopyRequiredError, InvalidArgumentError, MissingKeyError,
                       UnsupportedDtypeError)
 from bf16bridge.core.plan import Plan, Step
@@ -170,11 +170,12 @@ class Checkpoint:
             return np.zeros(0, np.uint8)
         return np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
 
-    def plan(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
+    def plan(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error",
+             device: Device = None):
         """What ``get(key, to, ...)`` will do, as a ``bb.plan`` (route, copies and why). Reads no data."""
-        return self._route(key, self.info(key), to, copy, fallback)[0]
+        return self._route(key, self.info(key), to, copy, fallback, device)[0]
 
-    def _route(self, key: str, t: fmt.TensorInfo, to: str, copy, fallback):
+    def _route(self, key: str, t: fmt.TensorInfo, to: str, copy, fallback, device=None):
         """(the plan, a placeholder of the array get() reads the tensor into, or None for the map's view)."""
         if t.code in fmt.NIBBLES:
             if copy is False:
@@ -187,17 +188,18 @@ class Checkpoint:
         else:
             a = self._view(key)
         try:
-            p = plan(a, to, copy=copy, fallback=fallback)
+            p = plan(a, to, copy=copy, fallback=fallback, device=device)
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
         if t.code in fmt.NIBBLES:  # read and unpacked into the placeholder: the route takes it from there
             step = Step("copy", registry.HUB, "read and unpack (kernels.unpack_nibbles) into a 64-byte aligned "
                         "array", t.dtype, True, f"the file packs {t.code} two values a byte; ml_dtypes holds one")
             return _prefixed(p, step), a
-        if not a.size or copy is False or not (p.copies or copy):
+        if not a.size or copy is False or not (p.copies or copy) or _moves(p):
+            # (a move to another device copies from the map's view: reading the file first would add a copy)
             return p, None
         buf = self._placeholder(t)
-        q = plan(buf, to, copy=None, fallback=fallback)
+        q = plan(buf, to, copy=None, fallback=fallback, device=device)
         if q.copies:  # the route copies even an aligned array of our own: let it copy from the map
             return p, None
         why = "; ".join(s.reason for s in p.steps if s.copies) or "copy=True"
@@ -241,20 +243,25 @@ class Checkpoint:
             done += n
         return buf
 
-    def get(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error"):
+    def get(self, key: str, to: str = "numpy", *, copy: bool | None = None, fallback: Fallback = "error",
+            device: Device = None):
         """One tensor in framework ``to``: a view of the map where the route allows (numpy, torch;
         jax and tensorflow when 64-byte aligned), else the tensor read from the file into a 64-byte
         aligned array of its own that the route then takes without a copy (``plan(key, to)`` says
         which, and why). ``copy=True`` reads every tensor so (the result holds nothing of the file);
         ``copy=False`` refuses to copy. Two ``get`` of the same key share memory where both are views:
         a write into one shows in the other. ``fallback`` is ``convert``'s, for a target that cannot
-        hold the dtype (jax's int64 without x64: "auto" narrows when every value fits)."""
+        hold the dtype (jax's int64 without x64: "auto" narrows when every value fits). ``device``:
+        the result lands there (``convert``'s ``device=``: one copy from the map to that device,
+        which ``plan(key, to, device=...)`` shows; a device ``to`` does not have is our DeviceError)."""
         t = self.info(key)
         if self.closed:
             raise CheckpointError(f"{self.path}: closed; open it again to read {key!r}")
+        if device is not None:  # a device `to` does not have is the call's fault, said before anything is read
+            find_device(registry.resolve(to), device)
         # whether to read depends on what the route does: the dtype, the address modulo 64, emptiness
         # and the keywords (copy's type too: 0 is refused, not a decided False); planned once per file
-        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, type(copy), fallback)
+        decided = (t.code, t.nbytes == 0, t.offset % fmt.ALIGN, to, copy, type(copy), fallback, device)
         known = self._reads.get(decided)
         if known is None and not copy and t.code not in fmt.NIBBLES and registry.resolve(to) == registry.HUB:
             # numpy takes the map's own array as it is (what plan(key, "numpy") says): not planned, but
@@ -268,7 +275,7 @@ class Checkpoint:
             known = self._reads[decided] = (False, False)  # (the view below refuses F6 and dtypes not held)
         planned = None  # a plan to run as it is: the map's view, on a route that warns of nothing
         if known is None:
-            p, placeholder = self._route(key, t, to, copy, fallback)
+            p, placeholder = self._route(key, t, to, copy, fallback, device)
             read, copies = self._reads[decided] = (placeholder is not None, p.copies)
             if placeholder is None and p.alias is None and not p.drops_grad:
                 planned = p
@@ -284,7 +291,8 @@ class Checkpoint:
             elif planned is not None:
                 out = run_plan(planned, a, copy)
             else:
-                out = convert(a, to, copy=None if buf is not None else copy, fallback=fallback, on_alias="allow")
+                out = convert(a, to, copy=None if buf is not None else copy, fallback=fallback, on_alias="allow",
+                              device=device)
         except Bf16BridgeError as err:
             raise type(err)(f"{self.path}: key {key!r}: {err}") from err
         if buf is None and self._map is not None and a.size:
@@ -345,6 +353,11 @@ def _prefixed(p: Plan, step: Step) -> Plan:
         "read from the file into its own 64-byte aligned array, which only the result holds",))
 
 
+def _moves(p: Plan) -> bool:
+    """Whether plan ``p`` ends by moving its result to another device (``device=``)."""
+    return bool(p.steps) and p.steps[-1].kind == "place"
+
+
 def _shares(a: np.ndarray, out, to: str, copies: bool) -> bool:
     adapter = registry.get(registry.resolve(to))
     try:
@@ -369,16 +382,17 @@ def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - bb.open, as the
 
 @plain_python
 def load(path: str | os.PathLike, to: str = "numpy", *, nested: bool = False, copy: bool | None = None,
-         fallback: Fallback = "error") -> dict:
+         fallback: Fallback = "error", device: Device = None) -> dict:
     """Every tensor of a safetensors file, in framework ``to``, as ``{key: tensor}`` in file order
     (``nested=True``: split on "." into nested dicts). Views of a private memory map where the
-    route allows, one copy a tensor otherwise; ``copy`` and ``fallback`` as ``Checkpoint.get``."""
+    route allows, one copy a tensor otherwise; ``copy``, ``fallback`` and ``device`` as ``Checkpoint.get``."""
     if nested not in (True, False):
         raise InvalidArgumentError(f"nested must be True or False; got {nested!r}")
-    registry.resolve(to)  # an unknown target is said once, not blamed on the first key
+    # an unknown target or device is said once, not blamed on the first key
+    find_device(registry.resolve(to), device)
     with Checkpoint(path) as f:
         f.check()  # a bad entry refuses the file before any tensor is read (not after the ones before it)
-        out = {key: f.get(key, to, copy=copy, fallback=fallback) for key in f.keys()}
+        out = {key: f.get(key, to, copy=copy, fallback=fallback, device=device) for key in f.keys()}
     return nest(out, os.fspath(path)) if nested else out
 
 

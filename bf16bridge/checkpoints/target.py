@@ -14,7 +14,7 @@ from bf16bridge.core import dtypes
 from bf16bridge import kernels
 from bf16bridge.core import registry
 from bf16bridge.core.memory import aligned_empty
-from bf16bridge.core.convert import Fallback, convert, plan
+from bf16bridge.core.convert import Device, Fallback, convert, plan
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, MissingKeyError
 from bf16bridge.core.plan import size
 from bf16bridge.checkpoints import format as fmt
@@ -190,12 +190,12 @@ def _nbytes(value, shape: tuple[int, ...], held: str) -> int:
         return math.prod(shape) * dtypes.itemsize(held)
 
 
-def _load_one(f: Checkpoint, key: str, target: str, dtype_out: str, fallback: Fallback):
-    """(the tensor in ``target``, cast to ``dtype_out`` where the file holds another dtype; whether
-    it is a copy, not a view of the file; what a narrowing cast lost beyond rounding)."""
+def _load_one(f: Checkpoint, key: str, target: str, dtype_out: str, fallback: Fallback, device: str):
+    """(the tensor in ``target`` on ``device``, cast to ``dtype_out`` where the file holds another dtype;
+    whether it is a copy, not a view of the file; what a narrowing cast lost beyond rounding)."""
     info = f.info(key)
     if dtype_out == info.dtype:
-        value = f.get(key, target, fallback=fallback)
+        value = f.get(key, target, fallback=fallback, device=device)
         return value, info.nbytes > 0 and not read.handed_out(f, key), ""
     a = read.copied_view(f, key)
     cast = _cast(a, dtype_out)
@@ -203,7 +203,7 @@ def _load_one(f: Checkpoint, key: str, target: str, dtype_out: str, fallback: Fa
     del a
     read.release(f, key)
     try:
-        return convert(cast, target, on_alias="allow", fallback=fallback), True, lost
+        return convert(cast, target, on_alias="allow", fallback=fallback, device=device), True, lost
     except Bf16BridgeError as err:
         raise type(err)(f"{f.path}: key {key!r}: {err}") from err
 
@@ -226,7 +226,8 @@ def _held(info: fmt.TensorInfo, target: str, value, dtype_out: str, reason: str,
 
 @plain_python
 def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = "auto", for_compute: bool = True,
-                    device: str = "cpu", nested: bool = False, fallback: Fallback = "error") -> tuple[dict, LoadReport]:
+                    device: Device = "cpu", nested: bool = False,
+                    fallback: Fallback = "error") -> tuple[dict, LoadReport]:
     """Every tensor of a safetensors file in framework ``to``, in the dtype it should be used in there.
 
     ``dtype="auto"``: bf16 tensors stay bf16 where ``to`` holds bf16 and (``for_compute=True``)
@@ -240,13 +241,17 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
     ``fallback``: ``convert``'s, for a tensor the target cannot hold as it is (jax's int64 without
     x64: "auto" narrows it to int32 when every value fits, checked); the report gives the dtype
     the result has, and says so in the reason.
+    ``device``: where the tensors are computed on, for the decision, and where they land ("cpu",
+    "cuda:0", or a device object of ``to``, as ``convert``'s ``device=``); a device ``to`` does not
+    have in this process is our DeviceError, listing those it has.
     """
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype must be one of {', '.join(map(repr, DTYPES))}; got {dtype!r}")
     if for_compute not in (True, False):
         raise InvalidArgumentError(f"for_compute must be True or False; got {for_compute!r}")
     target = registry.resolve(to)
-    registry.get(target)  # a framework that is not installed is refused before the file is read
+    # a framework that is not installed, or a device it does not have, is refused before the file is read
+    where = registry.get(target).find_device(device)
     out: dict = {}
     reports: list[KeyReport] = []
     with Checkpoint(path) as f:
@@ -254,10 +259,10 @@ def load_for_target(path: str | os.PathLike, to: str = "numpy", *, dtype: str = 
         for key in f.keys():
             info = f.info(key)
             try:
-                dtype_out, reason = _choose(info, target, dtype, for_compute, device)
+                dtype_out, reason = _choose(info, target, dtype, for_compute, where)
             except Bf16BridgeError as err:  # (a dtype this ml_dtypes lacks: numpy cannot hold F4)
                 raise type(err)(f"{f.path}: key {key!r}: {err}") from err
-            value, copied, lost = _load_one(f, key, target, dtype_out, fallback)
+            value, copied, lost = _load_one(f, key, target, dtype_out, fallback, where)
             held, shape_out, reason = _held(info, target, value, dtype_out, reason + lost, fallback)
             out[key] = value
             values = dtypes.PACKED.get(held, held)  # the dtype of the values (one a byte for a packed one)

@@ -16,7 +16,7 @@ import warnings
 from typing import Any, Callable, ClassVar, NamedTuple
 
 from bf16bridge.core import dtypes
-from bf16bridge.errors import CopyRequiredError
+from bf16bridge.errors import CopyRequiredError, DeviceError
 
 #: Alignment (bytes) a buffer needs to be taken without a copy by the pickiest
 #: importer we know (XLA on CPU), and that our own copies are allocated with.
@@ -34,6 +34,42 @@ class UnalignedImport(CopyRequiredError):
     """``Adapter.importer_aligned``'s refusal of a buffer not ALIGN-aligned. ``convert`` catches it
     and takes the full path, which copies such a buffer first; it reaches a caller only where a
     source adapter described a buffer as aligned that was not."""
+
+
+class StalePlan(UnalignedImport):
+    """A kept plan's pointer-checked step copied an input its key took to share memory (the key
+    cannot tell such inputs apart: a jax array over foreign strides). Caught where
+    ``UnalignedImport`` is: the full path describes the input and plans it afresh."""
+
+
+#: device kinds a device string may name, in any framework's spelling: CUDA (and ROCm) GPUs are
+#: "gpu" (torch's "cuda:0", jax's and tensorflow's "gpu:0" name one device)
+_KINDS = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu"}
+
+
+def parse_device(name: str) -> tuple[str, int | None] | None:
+    """A device string in any framework's spelling ("cpu", "cpu:0", "cuda:1", "gpu:0", tensorflow's
+    "/GPU:0" and "/job:localhost/replica:0/task:0/device:CPU:0") as (kind, index), kind "cpu" or
+    "gpu" and index None where none is named; None where it names no device."""
+    kind, _, index = name.strip().lower().rpartition("device:")[2].lstrip("/").partition(":")
+    found = _KINDS.get(kind)
+    if found is None or (index and not index.isdigit()):
+        return None
+    return found, int(index) if index else None
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two frameworks' names of a device (``Source.device``, ``Adapter.find_device``) are
+    the same device (an unnamed index is 0)."""
+    if a == b:
+        return True
+    pa, pb = parse_device(a), parse_device(b)
+    return pa is not None and pb is not None and pa[0] == pb[0] and (pa[1] or 0) == (pb[1] or 0)
+
+
+def on_host(device: str) -> bool:
+    """Whether ``Source.device`` names host memory ("cpu", or another CPU device of jax: "cpu:1")."""
+    return device == "cpu" or device.startswith("cpu:")
 
 
 def layout_of(shape, strides_in_elements) -> int:
@@ -89,6 +125,9 @@ class Handoff(NamedTuple):
     layouts: int = NEGATIVE
     #: a copy it makes is ALIGN-aligned (False: numpy.array's own allocation, which is not)
     copies_aligned: bool = True
+    #: for a ``verify`` hand-off: a cheap test that its result still shares the input's memory, which
+    #: the fast path runs under copy=None instead of reading two pointers; None: no such test
+    shares: Callable[[Any], bool] | None = None
 
 
 class Adapter:
@@ -123,6 +162,9 @@ class Adapter:
     #: (tensorflow: they abort the process): the planner copies or widens such a tensor
     #: in another framework, through steps plan() shows
     kernels_unaligned: ClassVar[bool] = True
+    #: the most bytes an array of this framework may span (its element count times its itemsize), a
+    #: view too; None: no limit below the memory a copy needs (numpy: the largest intp)
+    max_nbytes: ClassVar[int | None] = None
     #: what a copy made by its import costs, against one made by an adapter's copy()
     #: (measured by the benchmark harness: docs/benchmarks.md, "What an import's own copy costs";
     #: tests/project/test_benchmarks_smoke.py checks the declared value is on the measured side of 1;
@@ -295,6 +337,48 @@ class Adapter:
     def mark_readonly(self, x):
         """``x`` marked read-only, for frameworks that mark memory (default: as it is)."""
         return x
+
+    # -- devices: what ``device=`` may name, and moving a result there ----------------------------
+    #: plan()'s label of a move to another device ("{device}": the device's name)
+    label_place: ClassVar[str] = "move to {device}"
+    #: the device objects of this framework ``device=`` takes besides names ("torch.device"), or ""
+    device_objects: ClassVar[str] = ""
+
+    def devices(self) -> tuple[str, ...]:
+        """The devices this framework has in this process, as ``Source.device`` names them ("cpu",
+        "cuda:0", ...): what ``device=`` may name. Default: the host only."""
+        return ("cpu",)
+
+    def find_device(self, device) -> str:
+        """The device ``device=`` names (a string in any framework's spelling, or a device object of
+        this framework) as one of ``devices()``; our DeviceError listing them otherwise. Default: the
+        host, for a string naming the CPU."""
+        if isinstance(device, str) and parse_device(device) in (("cpu", None), ("cpu", 0)):
+            return "cpu"
+        raise self.no_device(device)
+
+    def fixed_device(self, device) -> bool:
+        """Whether ``find_device(device)`` gives the same answer on every call (False: torch's "cuda",
+        its current device): only then is a plan kept for it. Default: True."""
+        return True
+
+    def device_of(self, x) -> str:
+        """The device tensor ``x`` is on, as ``devices()`` names it. Default: the host."""
+        return "cpu"
+
+    def place(self, x, device: str):
+        """``x`` on ``device`` (one of ``devices()``): ``x`` itself where it is there already, else a
+        copy there. Default: ``x`` (the host only)."""
+        return x
+
+    def no_device(self, device, why: str = "") -> DeviceError:
+        """Our error for a ``device=`` this framework does not have here, listing those it has."""
+        t = type(device)
+        what = repr(device) if isinstance(device, str) else f"{device!r} (a {t.__module__}.{t.__qualname__})"
+        objects = f", a {self.device_objects}" if self.device_objects else ""
+        return DeviceError(f"device={what} is not a device {self.name} has here{why}; {self.name} has: "
+                           f"{', '.join(map(repr, self.devices()))}; pass one of those{objects}, or device=None to "
+                           "leave the result where the route puts it")
 
     def tree_children(self, node):
         """For a container this framework knows (jax: registered pytree nodes):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from bf16bridge.core import fastpath, registry
-from bf16bridge.core.adapter import UnalignedImport
+from bf16bridge.core.adapter import StalePlan, UnalignedImport
 from bf16bridge.core.autograph import plain_python
-from bf16bridge.core.warn import say
+from bf16bridge.core.warn import Once, say
 from bf16bridge.errors import CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
 
 if TYPE_CHECKING:
@@ -30,6 +31,10 @@ OnAlias = Literal["warn", "copy", "error", "allow"]
 OnGrad = Literal["warn", "error", "drop"]
 ON_ALIAS = ("warn", "copy", "error", "allow")
 ON_GRAD = ("warn", "error", "drop")
+#: ``device=``: a device name in any framework's spelling ("cpu", "cuda:0", "gpu:0", "/GPU:0"), or a
+#: device object of the target framework (torch.device, jax.Device, tf.DeviceSpec); None: where the
+#: route puts the result
+Device = Any
 
 
 def _planner():
@@ -58,6 +63,12 @@ def _describe(x, to) -> tuple[str, str, Source]:
     return source, target, src_a.describe(x, alignment=alignment)
 
 
+def find_device(target: str, device) -> str | None:
+    """The target framework's name of the device ``device=`` names, or None for None; our DeviceError
+    listing the devices it has otherwise (``Adapter.find_device``)."""
+    return None if device is None else registry.get(target).find_device(device)
+
+
 def check_keywords(copy, fallback, for_compute, on_alias, on_grad) -> None:
     """Refuse keyword values outside their choices (our InvalidArgumentError, naming them)."""
     _planner().check_args(copy, fallback, for_compute)
@@ -71,34 +82,42 @@ def check_keywords(copy, fallback, for_compute, on_alias, on_grad) -> None:
 
 @plain_python
 def plan(x, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
-         for_compute: bool = False) -> Plan:
+         for_compute: bool = False, device: Device = None) -> Plan:
     """What ``convert(x, to, ...)`` with the same keywords would do, without doing it (a
     ``keras.Variable`` or ``nnx.Param``: for the tensor it holds, as convert converts it).
 
-    ``Plan.alias`` and ``Plan.drops_grad`` say what ``convert`` would warn about.
+    ``Plan.alias`` and ``Plan.drops_grad`` say what ``convert`` would warn about; ``Plan.to_device``
+    and a "place" step the move to the device asked for.
     """
     check_keywords(copy, fallback, for_compute, "warn", "warn")
     source, target, src = _describe(x, to)
-    return _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    return _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute,
+                               device=find_device(target, device))
 
 
 @overload
 def convert(x, to: Literal["numpy", "np"], *, copy: bool | None = ..., fallback: Fallback = ...,
-            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> np.ndarray: ...
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...,
+            device: Device = ...) -> np.ndarray: ...
 @overload
 def convert(x, to: Literal["torch", "pt", "pytorch"], *, copy: bool | None = ..., fallback: Fallback = ...,
-            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> torch.Tensor: ...
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...,
+            device: Device = ...) -> torch.Tensor: ...
 @overload
 def convert(x, to: Literal["jax"], *, copy: bool | None = ..., fallback: Fallback = ...,
-            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> jax.Array: ...
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...,
+            device: Device = ...) -> jax.Array: ...
 @overload
 def convert(x, to: Literal["tensorflow", "tf"], *, copy: bool | None = ..., fallback: Fallback = ...,
-            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> tf.Tensor: ...
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...,
+            device: Device = ...) -> tf.Tensor: ...
 @overload
 def convert(x, to: str, *, copy: bool | None = ..., fallback: Fallback = ...,
-            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...) -> Any: ...
+            for_compute: bool = ..., on_alias: OnAlias = ..., on_grad: OnGrad = ...,
+            device: Device = ...) -> Any: ...
 @plain_python
-def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn"):
+def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="warn", on_grad="warn",
+            device=None):
     """Move tensor ``x`` to framework ``to`` ("numpy", "torch", "jax", "tensorflow" or an alias).
 
     bf16 stays bf16 bit for bit, like every other dtype both sides hold.
@@ -119,10 +138,18 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     (jax or tensorflow -> torch, zero-copy); ``on_grad`` ("warn", "error", "drop")
     when the input takes part in autodiff (a torch tensor that requires grad, a tf
     tensor an active gradient tape watches), whose gradient does not cross.
-    Warnings are ``Bf16BridgeWarning``, raised as ``warnings.warn`` does, at the caller's line.
+    Warnings are ``Bf16BridgeWarning``, raised as ``warnings.warn`` does, at the caller's line; the
+    alias warning is said once per process for each kind of alias.
+
+    ``device``: the result lands on this device, as part of the route (one copy, a "place" step of
+    the plan; none where the data is there already): "cpu", "cuda:0" (or "gpu:0", tensorflow's
+    "/GPU:0": the same GPU in every framework), or a device object of the target framework
+    (``torch.device``, ``jax.Device``, a tensorflow ``DeviceSpec``); a device the target framework
+    does not have here is our ``DeviceError``, listing those it has. None (default): where the
+    route puts it (the input's device).
     """
     # the hot path: an input of a kind seen before with these keywords runs its cached plan
-    fast = fastpath.plans(type(x), to, copy, fallback, for_compute, on_alias, on_grad)
+    fast = fastpath.plans(type(x), to, copy, fallback, for_compute, on_alias, on_grad, device)
     if fast is not None:
         hit = fast.find(x, None if fast.state is None else fast.state())
         if hit is not None:
@@ -130,62 +157,107 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
             try:
                 y = run(x)
             except UnalignedImport:  # a key without the alignment, whose import refused: planned afresh
-                return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
+                return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device)
             if messages is not None:
                 for message in messages:
                     say(message)
             return y
-    return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad)
+    return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device)
 
 
-def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad):
+def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
     """The full path: describe, plan (and keep the plan where the fast path may run it), say, run."""
     check_keywords(copy, fallback, for_compute, on_alias, on_grad)
     source, target, src = _describe(x, to)  # src.value: the tensor a keras.Variable or nnx.Param holds
-    p = _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute)
+    where = find_device(target, device)
+    p = _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute,
+                            device=where)
     # kept where the input stays as it is (not a wrapper's value; a torch tensor that drops its grad is
-    # detached) and the call goes on as it will next time (no refusal, no copy instead)
-    if (not p.copies and src.value is x and not (p.drops_grad and on_grad == "error") and on_alias != "copy"
-            and not (p.alias is not None and on_alias == "error")):
-        fastpath.remember(x, (to, copy, fallback, for_compute, on_alias, on_grad), p, _runner(p, copy),
-                          _messages(p, on_alias, on_grad))
+    # detached) and the call goes on as it will next time (no refusal, no copy instead), and where
+    # device= names the same device every time; once it ran as planned
+    keep = (not p.copies and src.value is x and not (p.drops_grad and on_grad == "error") and on_alias != "copy"
+            and not (p.alias is not None and on_alias == "error")
+            and (device is None or registry.get(target).fixed_device(device)))
     if p.drops_grad and on_grad != "drop":
         if on_grad == "error":
             raise UnsupportedTypeError(f"{_grad_why(p)}; pass on_grad='drop' to detach, or use bb.bridge for gradients")
         say(_grad_message(p), 2)
     if p.alias is not None and on_alias != "allow":
         if on_alias == "copy":
-            p = _planner().plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute)
+            p = _planner().plan_for(src, source, target, copy=True, fallback=fallback, for_compute=for_compute,
+                                    device=where)
         elif on_alias == "error":
             raise CopyRequiredError(f"{p.alias}; on_alias='error' refuses it: pass on_alias='copy'")
         else:
-            say(_alias_message(p), 2)
+            say(alias_warning(p), 2)
     try:
-        return _run(p, src.value, copy)
-    except UnalignedImport:
-        # the source described a buffer as aligned that the target's import found was not (a
-        # framework's small or empty tensor over memory it did not allocate): planned as unaligned
-        p = _planner().plan_for(src._replace(aligned=False), source, target, copy=copy, fallback=fallback,
-                             for_compute=for_compute)
-        return _run(p, src.value, copy)
+        y, as_planned = _ran(p, src.value, copy)
+    except UnalignedImport as err:
+        return _unaligned(p, err, src, copy, fallback, for_compute, where)
+    if keep and as_planned:  # (a plan whose step copied unforeseen is not kept: each call says so)
+        fastpath.remember(x, (to, copy, fallback, for_compute, on_alias, on_grad, device), p, _runner(p, copy),
+                          _messages(p, on_alias, on_grad))
+    return y
+
+
+def _unaligned(p: Plan, err: UnalignedImport, src: Source, copy, fallback, for_compute, where):
+    """The target's import refused a buffer its source described as aligned (a framework's small or
+    empty tensor over memory it did not allocate), or its strides (``StalePlan``: a jax array in an
+    order this jax does not report): planned and run as unaligned, which copies it first. The strides'
+    refusal is refused under copy=False, and said where ``p`` promised shared memory."""
+    stale, why = isinstance(err, StalePlan), str(err).partition(";")[0]
+    if copy is False and stale:
+        raise CopyRequiredError(f"copy=False, but {why}: it must be copied; pass copy=None to allow it") from err
+    q = _planner().plan_for(src._replace(aligned=False), p.source, p.target, copy=copy, fallback=fallback,
+                            for_compute=for_compute, device=where)
+    if stale and p.shares_memory and not q.shares_memory:
+        say(f"{p.source} -> {p.target} copied this input although the plan said zero-copy: {why}")
+    return _run(q, src.value, copy)
 
 
 def _runner(p: Plan, copy) -> Callable[[Any], Any]:
-    """Plan ``p`` as one function for the fast path: its steps' own functions (and the read-only
-    mark) chained, or ``_run`` where copy=False must check a pointer."""
-    if copy is False and any(step.verify for step in p.steps):
-        return lambda x: _run(p, x, False)
-    runs = tuple(step.run for step in p.steps)
+    """Plan ``p`` as one function for the fast path: its steps' own functions (the device's check, and
+    the read-only mark) chained, or ``_run`` where copy=False must check a pointer (a step whose copying
+    the framework decides; the device). Under copy=None the plan ran as planned on the input it was
+    made for, and inputs of its key are taken to run alike: the hot path reads no pointer."""
+    if copy is False and (p.to_device is not None or any(step.verify for step in p.steps)):
+        return functools.partial(_run, p, copy=False, kept=True)
+    # a step with a cheap test of sharing is tested (copy=None: its key may serve an input it copies)
+    runs = tuple(_sharing(step) if step.shares is not None and copy is None and not step.copies and p.nbytes
+                 else step.run for step in p.steps)
     dst = registry.get(p.target)
+    check = _unplaced(p)
+    if check is not None:
+        runs += (functools.partial(dst.place, device=check),)
     if not p.writable and dst.marks_readonly:
         runs += (dst.mark_readonly,)
     return fastpath.chained(runs)
 
 
+def _sharing(step) -> Callable[[Any], Any]:
+    """``step.run``, raising ``StalePlan`` (the full path plans the input afresh) where its result
+    does not share the input's memory, by ``step.shares``."""
+    run, shares = step.run, step.shares
+
+    def sharing(x):
+        out = run(x)
+        if not shares(out):
+            raise StalePlan(f"{step.label} copied this input, which the kept plan took to share memory")
+        return out
+
+    return sharing
+
+
+def _unplaced(p: Plan) -> str | None:
+    """The device ``p`` asks for where it has no step moving the result there (the route leaves it
+    there, which the run checks: ``Adapter.place`` hands back a tensor already there as it is), else None."""
+    return None if p.steps and p.steps[-1].kind == "place" else p.to_device
+
+
 def _messages(p: Plan, on_alias, on_grad) -> tuple:
     """What a conversion planned as ``p`` warns with these keywords, in order."""
     return (((_grad_message(p),) if p.drops_grad and on_grad == "warn" else ())
-            + ((_alias_message(p),) if p.alias is not None and on_alias == "warn" else ()))
+            + ((alias_warning(p),) if p.alias is not None and on_alias == "warn" else ()))
 
 
 def _grad_why(p: Plan) -> str:
@@ -197,8 +269,12 @@ def _grad_message(p: Plan) -> str:
     return f"{_grad_why(p)} (on_grad='drop' silences this; on_grad='error' refuses)"
 
 
-def _alias_message(p: Plan) -> str:
-    return f"{p.alias} (on_alias='allow' silences this; 'copy' or 'error' avoid it)"
+def alias_warning(p: Plan) -> Once:
+    """The alias warning, one line, said once per process for each kind (source, target, owner):
+    the first clause of ``Plan.alias`` (``bb.plan(x, to).alias`` says the rest) and the way out."""
+    head = (p.alias or "").partition(": ")[0]
+    return Once(f"{head}; said once per process (on_alias='copy' copies, 'allow' silences; "
+                "bb.plan(x, to).alias says more)")
 
 
 def run_plan(p: Plan, x, copy: bool | None):
@@ -207,53 +283,77 @@ def run_plan(p: Plan, x, copy: bool | None):
     return _run(p, x, copy)
 
 
-def _run(p: Plan, value, copy):
-    here = p.source
+def _run(p: Plan, value, copy, kept: bool = False):
+    """Run ``p``'s steps on ``value``. Where the framework decides whether a step copies, the pointers
+    are compared (unless copy=True), so a copy the plan did not foresee is never silent: refused under
+    copy=False, said under copy=None. ``kept``: ``p`` is the fast path's plan for another input of
+    this kind, and such a copy sends this input to the full path (``StalePlan``)."""
+    return _ran(p, value, copy, kept)[0]
+
+
+def _ran(p: Plan, value, copy, kept: bool = False) -> tuple[Any, bool]:
+    """``_run``'s result, and whether every step copied as planned (False: one copied unforeseen, said)."""
+    here, as_planned = p.source, True
     for step in p.steps:
         out = step.run(value)  # type: ignore[misc]
-        if step.verify and not step.copies and p.nbytes and copy is False:
-            # the framework decides whether it copies; check, so copy=False is never a lie
-            before = registry.get(here).data_ptr(value)
-            after = registry.get(step.framework).data_ptr(out)
-            if before != after:
-                raise CopyRequiredError(
-                    f"copy=False, but {step.label} copied this {p.source} input; pass copy=None to allow it"
-                )
+        if (step.verify and not step.copies and p.nbytes and copy is not True
+                and registry.get(here).data_ptr(value) != registry.get(step.framework).data_ptr(out)):
+            _copied_unplanned(p, step, copy, kept)
+            as_planned = False
         value, here = out, step.framework
     dst = registry.get(p.target)
+    check = _unplaced(p)
+    if check is not None:
+        placed = dst.place(value, check)
+        if placed is not value and copy is False:
+            raise CopyRequiredError(f"copy=False, but this {p.target} result was not on {check}, which "
+                                    "device= asks for, and moving it there copies; pass copy=None to allow it")
+        value = placed
     if not p.writable and dst.marks_readonly:
         # an empty result may come back writable from a framework that had nothing to share
         value = dst.mark_readonly(value)
-    return value
+    return value, as_planned
+
+
+def _copied_unplanned(p: Plan, step, copy, kept: bool) -> None:
+    """A step planned zero-copy copied: a kept plan's input is planned afresh (the full path), copy=False
+    refuses, copy=None says so where the plan promised shared memory."""
+    if kept:
+        raise StalePlan(f"{step.label} copied this {p.source} input, which the kept plan took to share memory")
+    if copy is False:
+        raise CopyRequiredError(f"copy=False, but {step.label} copied this {p.source} input; pass copy=None to allow it")
+    if p.shares_memory:
+        say(f"{step.label} copied this {p.source} input although the plan said zero-copy: the {p.target} result "
+            "does not share its memory (copy=True asks for the copy, copy=False refuses it)")
 
 
 @plain_python
 def to_numpy(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
-             on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> np.ndarray:
+             on_alias: OnAlias = "warn", on_grad: OnGrad = "warn", device: Device = None) -> np.ndarray:
     """``convert(x, "numpy", ...)``"""
     return convert(x, "numpy", copy=copy, fallback=fallback, for_compute=for_compute,
-                   on_alias=on_alias, on_grad=on_grad)
+                   on_alias=on_alias, on_grad=on_grad, device=device)
 
 
 @plain_python
 def to_torch(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
-             on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> torch.Tensor:
+             on_alias: OnAlias = "warn", on_grad: OnGrad = "warn", device: Device = None) -> torch.Tensor:
     """``convert(x, "torch", ...)``"""
     return convert(x, "torch", copy=copy, fallback=fallback, for_compute=for_compute,
-                   on_alias=on_alias, on_grad=on_grad)
+                   on_alias=on_alias, on_grad=on_grad, device=device)
 
 
 @plain_python
 def to_jax(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
-           on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> jax.Array:
+           on_alias: OnAlias = "warn", on_grad: OnGrad = "warn", device: Device = None) -> jax.Array:
     """``convert(x, "jax", ...)``"""
     return convert(x, "jax", copy=copy, fallback=fallback, for_compute=for_compute,
-                   on_alias=on_alias, on_grad=on_grad)
+                   on_alias=on_alias, on_grad=on_grad, device=device)
 
 
 @plain_python
 def to_tensorflow(x, *, copy: bool | None = None, fallback: Fallback = "error", for_compute: bool = False,
-                  on_alias: OnAlias = "warn", on_grad: OnGrad = "warn") -> tf.Tensor:
+                  on_alias: OnAlias = "warn", on_grad: OnGrad = "warn", device: Device = None) -> tf.Tensor:
     """``convert(x, "tensorflow", ...)``"""
     return convert(x, "tensorflow", copy=copy, fallback=fallback, for_compute=for_compute,
-                   on_alias=on_alias, on_grad=on_grad)
+                   on_alias=on_alias, on_grad=on_grad, device=device)

@@ -2,8 +2,9 @@
 its cached plan without being described or planned again.
 
 The key holds everything a plan depends on: the input's type and ``Adapter.fast_key`` (dtype,
-layout, alignment where it matters, read-only, device, empty or not), the keywords and the adapters'
-run-time state; a change of the registry empties the cache. An input the key cannot describe
+layout, alignment where it matters, read-only, device, empty or not), the keywords (``device=``
+among them: a plan is kept for a device only where it needs no move) and the adapters' run-time
+state; a change of the registry empties the cache. An input the key cannot describe
 cheaply (``fast_key`` None) and any route that copies (its copy costs more than planning it) take
 the full path.
 ``convert`` and ``convert_tree`` share the lookup: ``plans`` once per type, ``Plans.find`` per input.
@@ -19,7 +20,7 @@ from bf16bridge.core.adapter import Adapter
 if TYPE_CHECKING:
     from bf16bridge.core.plan import Plan
 
-#: (type, to, copy, fallback, for_compute, on_alias, on_grad) -> Plans
+#: (type, to, copy, fallback, for_compute, on_alias, on_grad, device) -> Plans
 CACHE: dict = {}
 #: the most keys, and the most plans under one key
 LIMIT = 4096
@@ -53,13 +54,13 @@ class Plans:
         return self.plans.get(k if self.state is None else (k, state))
 
 
-def plans(t: type, to, copy, fallback, for_compute, on_alias, on_grad) -> Plans | None:
+def plans(t: type, to, copy, fallback, for_compute, on_alias, on_grad, device) -> Plans | None:
     """The cached plans for inputs of type ``t`` with these keywords, or None (none yet, or a keyword
     no plan is kept for: only exact bools and None are)."""
     if not ((copy is None or copy is True or copy is False) and (for_compute is False or for_compute is True)):
         return None
     try:
-        return CACHE.get((t, to, copy, fallback, for_compute, on_alias, on_grad))
+        return CACHE.get((t, to, copy, fallback, for_compute, on_alias, on_grad, device))
     except TypeError:  # an unhashable keyword value: the full path says what is wrong with it
         return None
 

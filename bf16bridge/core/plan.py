@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-StepKind = Literal["bitview", "dlpack", "handoff", "copy", "to_host", "widen", "narrow", "pack", "unpack"]
+StepKind = Literal["bitview", "dlpack", "handoff", "copy", "to_host", "widen", "narrow", "pack", "unpack", "place"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Step:
     reason: str = ""  # why it copies
     verify: bool = False  # check the data pointer after running (the framework decides)
     run: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+    #: a cheap test that ``run``'s result still shares its input's memory (``Handoff.shares``)
+    shares: Callable[[Any], bool] | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         how = f"copy ({self.reason})" if self.copies else "zero-copy"
@@ -56,6 +58,13 @@ class Plan:
     #: the result's shape: the input's, but where a packing route changes it (torch's
     #: float4_e2m1fn_x2 [..., n] <-> one value a byte [..., 2n]); None given: the input's
     result_shape: tuple[int, ...] | None = None
+    #: the device ``device=`` asked for, as the target framework names it: the result is there (a
+    #: "place" step copies it there where the route leaves it elsewhere); None: not asked, the result
+    #: is where the route puts it
+    to_device: str | None = None
+    #: why converting may still be refused by the data, which no plan sees (fallback='auto''s checked
+    #: narrowing of int64 to int32); None: the plan holds whatever the values
+    depends_on_values: str | None = None
 
     def __post_init__(self) -> None:
         if self.result_shape is None:
@@ -81,6 +90,11 @@ class Plan:
         lines.append(f"  result: {kind}; {'writable' if self.writable else 'read-only'}")
         if self.decision:
             lines.append(f"  dtype: {self.decision}")
+        if self.to_device is not None:
+            moved = any(s.kind == "place" for s in self.steps)
+            lines.append(f"  device: {self.to_device} (asked; {'moved there' if moved else 'already there: no move'})")
+        if self.depends_on_values:
+            lines.append(f"  values: {self.depends_on_values}; the plan cannot see them")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -91,7 +105,8 @@ class Plan:
             "result_shape": list(self.result_shape or ()), "nbytes": self.nbytes,
             "device": self.device, "copies": self.copies, "shares_memory": self.shares_memory,
             "writable": self.writable, "decision": self.decision, "notes": list(self.notes),
-            "alias": self.alias, "drops_grad": self.drops_grad,
+            "alias": self.alias, "drops_grad": self.drops_grad, "to_device": self.to_device,
+            "depends_on_values": self.depends_on_values,
             "steps": [{"kind": s.kind, "framework": s.framework, "label": s.label, "dtype": s.dtype,
                        "copies": s.copies, "reason": s.reason} for s in self.steps],
         }

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 from functools import lru_cache, partial
 from typing import Any, Callable, NamedTuple
 
-from bf16bridge.core import dtypes, policy, registry
-from bf16bridge.core.adapter import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source
-from bf16bridge.core.plan import Plan, Step, size
+from bf16bridge.core import checks, dtypes, policy, registry
+from bf16bridge.core.adapter import CONTIGUOUS, LAYOUT_NAMES, Adapter, Source, on_host, same_device
+from bf16bridge.core.plan import Plan, Step
 from bf16bridge.core.registry import HUB
-from bf16bridge.errors import (CopyRequiredError, CopyTooLargeError, DeviceError, InvalidArgumentError,
-                               UnsupportedDtypeError)
+from bf16bridge.errors import CopyRequiredError, DeviceError, InvalidArgumentError, UnsupportedDtypeError
 
 FALLBACKS = ("error", "float32", "bits", "auto")
 
@@ -235,7 +233,7 @@ def _handoffs(s: Node, a: Adapter, b: Adapter, q: _Search):
         if entered is not None and not (reason and q.copy is False):
             yield b.import_copy_cost if reason else 0, Step(
                 "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
-                verify=h.verify, run=h.run), entered
+                verify=h.verify, run=h.run, shares=h.shares), entered
 
 
 def _dlpacks(s: Node, a: Adapter, b: Adapter, q: _Search):
@@ -428,86 +426,46 @@ def check_args(copy, fallback, for_compute) -> None:
             "for_compute=True asks the probe to choose the dtype: pass fallback='auto' with it")
 
 
-def _memory_limit() -> int | None:
-    """Bytes of physical memory here; a host copy larger than this is refused before allocating."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # not a POSIX system: no check
-        return None
-
-
-MEMORY_LIMIT = _memory_limit()
-
-
-def _check_copy_size(src: Source, source: str, target: str, steps: tuple) -> None:
-    if MEMORY_LIMIT is None:
-        return
-    n = 1
-    for d in src.shape:
-        n *= d
-    biggest = max((n * dtypes.itemsize(s.dtype) for s in steps if s.copies and s.kind != "to_host"), default=0)
-    if biggest > MEMORY_LIMIT:
-        shape = "x".join(map(str, src.shape))
-        raise CopyTooLargeError(
-            f"{source} -> {target} must copy this [{shape}] {src.dtype} input, and the copy needs "
-            f"{size(biggest)}, more than this machine's {size(MEMORY_LIMIT)} of "
-            "memory; a broadcast or expanded view is small only until copied: convert the un-broadcast "
-            "tensor and broadcast it in the target framework"
-        )
-
-
-def _packing_fails(src: Source, steps: tuple) -> bool:
-    """Whether a route's packing or unpacking cannot lay out this input's values (see _check_packing)."""
-    kinds = {s.kind for s in steps}
-    return ("pack" in kinds and (not src.shape or src.shape[-1] % 2)) or ("unpack" in kinds and not src.shape)
-
-
-def _check_packing(src: Source, source: str, target: str, steps: tuple) -> None:
-    """A packing step pairs values along the last dimension: refuse an odd one before running
-    (with ``fallback='error'``, or when no fallback reaches the target), and an unpacking step a
-    0-d input (its two values have no last dimension to lie along)."""
-    for step in steps:
-        if step.kind == "unpack" and not src.shape:
-            raise UnsupportedDtypeError(
-                f"{target} holds {step.dtype} one value a byte ({step.label}), and this 0-d {source} "
-                f"{src.dtype} input holds {dtypes.ROWS[src.dtype].packing} values in its one byte with no "
-                "last dimension to lay them along; reshape it to (1,) first (the result then has shape "
-                f"(2,)), or pass fallback='bits' (raw {dtypes.BITS_OF.get(src.dtype, 'bits')})")
-        if step.kind == "pack" and (not src.shape or src.shape[-1] % 2):
-            shape = "x".join(map(str, src.shape)) or "scalar"
-            if not src.shape:
-                shape += " (0-d: reshape it to (1,) first, then pad)"
-            raise UnsupportedDtypeError(
-                f"{target} holds {src.dtype} packed two values a byte along the last dimension ({step.label}), "
-                f"and this [{shape}] {source} input's last dimension is not even; pad it to an even length "
-                "(numpy: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 1)])) and keep the logical length yourself, "
-                f"or pass fallback='bits' (raw {dtypes.BITS_OF.get(src.dtype, 'bits')}) or fallback='auto'")
-
-
 def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
-             fallback: str = "error", for_compute: bool = False) -> Plan:
-    """The plan for an already-described input (``convert`` calls this; arguments already checked)."""
-    host = src.device == "cpu"
+             fallback: str = "error", for_compute: bool = False, device: str | None = None) -> Plan:
+    """The plan for an already-described input (``convert`` calls this; arguments already checked).
+    ``device``: the target's name of the device the result must be on (``Adapter.find_device``), or
+    None (where the route puts it)."""
+    host = on_host(src.device)
+    # where the route leaves the result, as the target names it: the input's device (host memory of
+    # another framework is the target's "cpu")
+    here = src.device if source == target or not host else "cpu"
+    moves = device is not None and not same_device(here, device)
+    if moves and copy is False:
+        raise CopyRequiredError(f"copy=False, but the {source} input is on {src.device} and device={device!r} asks "
+                                "for a copy there; pass copy=None to allow it")
+    # a move to another device is the copy copy=True asks for: the route before it need not copy
+    route_copy = None if moves else copy
+    if moves and not host and registry.get(target).host_only:
+        route_copy = True  # device="cpu" into a host-only target: the route's own copy to the host is the move
     start = Node(source, src.dtype, src.layout, src.aligned, src.readonly, True, host)
     attempts = _attempts(src.dtype, target, fallback, for_compute, src.device)
-    route = _route(source, target, start, src.must_copy, copy, attempts, registry.route_key(source, target))
-    if _packing_fails(src, route.steps):
+    route = _route(source, target, start, src.must_copy, route_copy, attempts, registry.route_key(source, target))
+    if checks.packing_fails(src, route.steps):
         # packing pairs values along the last dimension: an odd one, or a 0-d input either way
         # (a 0-d packed tensor holds two values), takes the next fallback asked for, if any, else
         # is refused
         twins = dtypes.PACKED.keys() | dtypes.UNPACKED.keys()
         later = tuple(a for a in attempts if not (a[0] & twins))
         try:
-            route = _route(source, target, start, src.must_copy, copy, later, registry.route_key(source, target))
+            route = _route(source, target, start, src.must_copy, route_copy, later, registry.route_key(source, target))
         except UnsupportedDtypeError:
-            _check_packing(src, source, target, route.steps)
+            checks.check_packing(src, source, target, route.steps)
             raise
         # a later fallback may unpack on its way too (a packed row widens as its values, one a byte)
-        _check_packing(src, source, target, route.steps)
+        checks.check_packing(src, source, target, route.steps)
+    if moves and device is not None:
+        route = _placed(route, here, target, device)
     copies, shares, writable, notes, alias = _outcome(
         route, source, target, src.readonly, src.nbytes > 0, src.notes, registry.GENERATION, src.owner)
     if copies:
-        _check_copy_size(src, source, target, route.steps)
+        checks.check_copy_size(src, source, target, route.steps)
+    checks.check_addressable(src, source, target, route.steps)
     shape = tuple(src.shape)
     # a route with no steps hands back the described value: its gradient is lost only where
     # describe detached it (and then describe's note of it does not hold)
@@ -516,7 +474,30 @@ def plan_for(src: Source, source: str, target: str, *, copy: bool | None = None,
         notes = tuple(n for n in notes if n != registry.get(source).grad_note)
     return Plan(source, target, src.dtype, route.dtype, shape, src.nbytes, src.device,
                 route.steps, copies, shares, writable, route.decision, notes, alias, drops_grad,
-                _result_shape(shape, src.dtype, route.steps))
+                _result_shape(shape, src.dtype, route.steps), device, _depends_on_values(route.steps))
+
+
+def _depends_on_values(steps: tuple) -> str | None:
+    """What the steps that check the data as they run may refuse (Plan.depends_on_values), or None."""
+    why = [f"the narrowing to {s.dtype} refuses any value outside {s.dtype} (UnsupportedDtypeError when converting)"
+           if s.kind == "narrow" else
+           "the packing refuses a byte whose high bits are set, as no ml_dtypes value has (InvalidArgumentError "
+           "when converting)"
+           for s in steps if s.kind in ("narrow", "pack")]
+    return "; ".join(why) or None
+
+
+def _placed(route: Route, here: str, target: str, device: str) -> Route:
+    """``route`` ending on ``device`` (the target's name of it): a last step that copies the result
+    there, where the route leaves it elsewhere (on the input's device; on the host after a copy to it)."""
+    if any(s.kind == "to_host" for s in route.steps):
+        here = "cpu"
+    if same_device(here, device):
+        return route
+    dst = registry.get(target)
+    step = Step("place", target, dst.label_place.format(device=device), route.dtype, True,
+                f"device={device!r} asked; the data is on {here}", run=partial(dst.place, device=device))
+    return route._replace(steps=route.steps + (step,), final=_fresh(dst, route.dtype, on_host(device)))
 
 
 def _result_shape(shape: tuple[int, ...], dtype: str, steps: tuple[Step, ...]) -> tuple[int, ...]:
@@ -545,6 +526,7 @@ def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: b
     writable = (not dst_adapter.immutable) and not final.readonly
     notes = list(src_notes)
     alias = None
+    # the alias text up to its first ": " is what convert's warning says (core.convert.alias_warning)
     if shares and writable and src_adapter.immutable and owner is not None:
         # not a tensor nobody writes: its owner's own storage (a tf.Variable's), which every later
         # read of it sees, changed without an assignment its framework knows of
@@ -552,8 +534,8 @@ def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: b
                  f"that owner's value in place (every later read of it sees the write, which {source} does "
                  f"not know of as an assignment); pass copy=True (or on_alias='copy') to write safely")
     elif shares and writable and src_adapter.immutable:
-        alias = (f"the {target} result is writable and shares memory with an immutable {source} tensor: "
-                 f"writing to it changes that tensor too{_also(src_adapter.shared_with)} (and whatever it "
+        alias = (f"the {target} result is writable and shares memory with an immutable {source} tensor"
+                 f"{_also(src_adapter.shared_with)}: writing to it changes that tensor too (and whatever it "
                  f"aliases: where that is read-only "
                  f"memory, such as a numpy.memmap opened mode='r' that reached {source} without a copy, a "
                  f"write kills the process); pass copy=True (or on_alias='copy') to write safely")

@@ -71,7 +71,7 @@ def register_adapter(
     ``Adapter`` (imported on first use), or an ``Adapter`` instance.
     ``types`` lists the tensor classes as ``"module:Attr"`` strings: they are
     looked up only once that module is in ``sys.modules``. ``hooks`` maps a feature
-    (``"bridge"``, ``"cast"``, ``"shard"``, ``"probe"``, ``"numerics"``, ``"kernel"``) to an import
+    (``"bridge"``, ``"cast"``, ``"shard"``, ``"probe"``, ``"numerics"``, ``"kernel"``, ``"trace"``) to an import
     path whose ``HOOKS`` attribute serves it (``bf16bridge.adapters.hooks``); a feature left out
     gets the adapter itself where it implements that protocol, else the protocol's defaults.
     """
@@ -424,16 +424,19 @@ register_adapter("torch", "bf16bridge.adapters.torch.convert", types=("torch:Ten
                  aliases=("pt", "pytorch"), extra="torch", requires="torch",
                  hooks={"bridge": "bf16bridge.adapters.torch.bridge", "cast": "bf16bridge.adapters.torch.cast",
                         "shard": "bf16bridge.adapters.torch.shards", "probe": "bf16bridge.adapters.torch.probe",
-                        "numerics": "bf16bridge.adapters.torch.numerics", "kernel": "bf16bridge.adapters.torch.kernels"})
+                        "numerics": "bf16bridge.adapters.torch.numerics", "kernel": "bf16bridge.adapters.torch.kernels",
+                        "trace": "bf16bridge.adapters.torch.trace"})
 register_adapter("jax", "bf16bridge.adapters.jax.convert", types=("jax:Array", "jax:core.Tracer"),
                  extra="jax", requires="jax",
                  hooks={"bridge": "bf16bridge.adapters.jax.bridge", "shard": "bf16bridge.adapters.jax.shards",
-                        "probe": "bf16bridge.adapters.jax.probe", "numerics": "bf16bridge.adapters.jax.numerics"})
+                        "probe": "bf16bridge.adapters.jax.probe", "numerics": "bf16bridge.adapters.jax.numerics",
+                        "trace": "bf16bridge.adapters.jax.trace"})
 register_adapter("tensorflow", "bf16bridge.adapters.tensorflow.convert",
                  types=("tensorflow:Tensor", "tensorflow:Variable"),
                  aliases=("tf",), extra="tensorflow", requires="tensorflow",
                  hooks={"bridge": "bf16bridge.adapters.tensorflow.bridge",
                         "probe": "bf16bridge.adapters.tensorflow.probe",
-                        "numerics": "bf16bridge.adapters.tensorflow.numerics"})
+                        "numerics": "bf16bridge.adapters.tensorflow.numerics",
+                        "trace": "bf16bridge.adapters.tensorflow.trace"})
 register_dynamic_alias("keras", "bf16bridge.adapters.keras:backend")
 register_holder("keras", "bf16bridge.adapters.keras:not_a_tensor")

@@ -1,8 +1,10 @@
 """Our warnings: ``warnings.warn`` with ``Bf16BridgeWarning``, pointed at the user's line.
 
-Python's own filters and registries decide what is shown; nothing is remembered here. A call
-that converts many tensors at once (``convert_tree``, ``convert_shards``) gathers what each would
-say and says each message once, with how many it concerns (``gathered``).
+Python's own filters and registries decide what is shown. A message of a kind said once per
+process (``Once``: the alias warning) is said the first time only: a set of those said, kept per
+list of warnings filters (``warnings.catch_warnings`` starts a new one, as Python's own registries
+start over). A call that converts many tensors at once (``convert_tree``, ``convert_shards``) gathers
+what each would say and says each message once, with how many it concerns (``gathered``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import sys
 import warnings
 from types import FrameType
-from typing import Iterator
+from typing import Callable, Iterator
 
 from bf16bridge.errors import Bf16BridgeWarning
 
@@ -53,6 +55,39 @@ def ignored() -> bool:
         return False
 
 
+class Once(str):
+    """A message said once per process (per list of warnings filters), whatever the call site."""
+
+    __slots__ = ()
+
+
+#: (the warnings filters list they were said under, the Once messages said): a new list starts over
+_SAID: tuple[object, set] = ([], set())
+
+
+def said(message: Once) -> bool:
+    """Whether ``message`` was said already under the current warnings filters."""
+    filters, done = _SAID
+    return message in done and filters is warnings.filters
+
+
+def warn_once(message: Once, text: str | None = None, above: int = 1) -> None:
+    """``warn(text or message)`` the first time ``message`` is said under these filters, nothing after.
+    A filter that raises it (``error``) raises it every time: it is marked said once shown only; one
+    that ignores it everywhere (``ignored``) leaves it to be said once that filter is gone."""
+    global _SAID
+    filters, done = _SAID
+    if filters is not warnings.filters:
+        filters, done = warnings.filters, set()
+        _SAID = (filters, done)
+    elif message in done:
+        return
+    if ignored():
+        return
+    warn(message if text is None else text, above + 1)
+    done.add(message)
+
+
 #: inside ``gathered()``: message -> how many times it was said
 _GATHERED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("bf16bridge_gathered", default=None)
 
@@ -61,7 +96,10 @@ def say(message: str, above: int = 1) -> None:
     """``warn(message)``, or, inside ``gathered()``, counted for the end of the call."""
     pending = _GATHERED.get()
     if pending is None:
-        warn(message, above + 1)
+        if type(message) is Once:
+            warn_once(message, None, above + 1)
+        else:
+            warn(message, above + 1)
     else:
         pending[message] = pending.get(message, 0) + 1
 
@@ -76,3 +114,14 @@ def gathered() -> Iterator[dict]:
         yield pending
     finally:
         _GATHERED.reset(token)
+
+
+def warn_gathered(pending: dict, counted: Callable[[int], str]) -> None:
+    """Say each message ``gathered`` counted, once, as ``counted(times) + message`` (a ``Once``
+    message only where it was not said already)."""
+    for message, n in pending.items():
+        text = f"{counted(n)}{message}"
+        if type(message) is Once:
+            warn_once(message, text)
+        else:
+            warn(text)

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 from bf16bridge.core import fastpath, registry
 from bf16bridge.core.adapter import UnalignedImport
 from bf16bridge.core.autograph import plain_python
-from bf16bridge.core.convert import Fallback, OnAlias, OnGrad, Target, check_keywords, convert, plan
-from bf16bridge.core.warn import gathered, warn
+from bf16bridge.core.convert import (Device, Fallback, OnAlias, OnGrad, Target, check_keywords, convert, find_device,
+                                     plan)
+from bf16bridge.core.warn import gathered, warn, warn_gathered
 from bf16bridge.errors import (Bf16BridgeError, DeviceError, InvalidArgumentError, UnsupportedDtypeError,
                                UnsupportedTypeError)
 from bf16bridge.trees import walk
@@ -24,7 +25,7 @@ OnUnsupported = Literal["raise", "keep"]
 @plain_python
 def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
                  for_compute: bool = False, on_alias: OnAlias = "warn", on_grad: OnGrad = "warn",
-                 on_unsupported: OnUnsupported = "raise", unwrap: bool = False) -> T:
+                 on_unsupported: OnUnsupported = "raise", unwrap: bool = False, device: Device = None) -> T:
     """Convert every tensor leaf of a tree, keeping its structure.
 
     The tree: dicts (every dict type keeps its type: defaultdict with its factory, OrderedDict,
@@ -44,22 +45,23 @@ def convert_tree(tree: T, to: Target | str, *, copy: bool | None = None, fallbac
     and where; a refusal the caller chose (``copy=False``, ``on_alias="error"``,
     ``on_grad="error"``) still raises.
     What a leaf's conversion would warn about (aliases, dropped gradients) is said once per
-    call, with how many leaves it concerns.
+    call, with how many leaves it concerns (an alias once per process, as ``convert`` says it).
+    ``device``: every tensor leaf lands there, as ``convert``'s ``device=`` (a device the target
+    framework does not have is refused before any leaf is converted).
     """
     check_keywords(copy, fallback, for_compute, on_alias, on_grad)
     if on_unsupported not in ("raise", "keep"):
         raise InvalidArgumentError(f"on_unsupported must be 'raise' or 'keep'; got {on_unsupported!r}")
-    # the target once, up front: an unknown or unhashable one is the call's fault, not a leaf's
-    # (a leaf's error would be kept silently under on_unsupported="keep")
-    registry.resolve(to)
+    # the target and the device once, up front: an unknown or unhashable one is the call's fault, not a
+    # leaf's (a leaf's error would be kept silently under on_unsupported="keep")
+    find_device(registry.resolve(to), device)
     kept: list[str] = []
     with gathered() as pending:
-        leaf = _leaf_converter(to, (copy, fallback, for_compute, on_alias, on_grad), pending,
+        leaf = _leaf_converter(to, (copy, fallback, for_compute, on_alias, on_grad, device), pending,
                                kept if on_unsupported == "keep" else None)
         out = walk.map_leaves(leaf, tree, unwrap_values=unwrap, strict=True,
-                              as_is=_as_is(to, copy, fallback, for_compute))
-    for message, n in pending.items():
-        warn(f"{n} lea{'f' if n == 1 else 'ves'} of this tree: {message}")
+                              as_is=_as_is(to, copy, fallback, for_compute, device))
+    warn_gathered(pending, lambda n: f"{n} lea{'f' if n == 1 else 'ves'} of this tree: ")
     if kept:
         n = len(kept)
         warn(f"on_unsupported='keep' kept {n} lea{'f' if n == 1 else 'ves'} of this tree as "
@@ -73,8 +75,9 @@ def _leaf_converter(to, keywords: tuple, pending: dict, kept: list | None) -> Ca
     type for the whole call (a tree is converted under one state of the adapters); what a cached
     plan warns is counted in ``pending``. ``kept``: the paths of leaves kept as they are
     (on_unsupported="keep"), or None where a leaf that cannot cross raises."""
-    copy, fallback, for_compute, on_alias, on_grad = keywords
-    kw = dict(copy=copy, fallback=fallback, for_compute=for_compute, on_alias=on_alias, on_grad=on_grad)
+    copy, fallback, for_compute, on_alias, on_grad, device = keywords
+    kw = dict(copy=copy, fallback=fallback, for_compute=for_compute, on_alias=on_alias, on_grad=on_grad,
+              device=device)
     fasts: dict = {}  # type -> (its cached plans, the adapters' state), or False: none
 
     def leaf(x, path):
@@ -82,7 +85,7 @@ def _leaf_converter(to, keywords: tuple, pending: dict, kept: list | None) -> Ca
             t = type(x)
             got: Any = fasts.get(t)
             if got is None:
-                fast = fastpath.plans(t, to, copy, fallback, for_compute, on_alias, on_grad)
+                fast = fastpath.plans(t, to, copy, fallback, for_compute, on_alias, on_grad, device)
                 got = fasts[t] = False if fast is None else (fast, None if fast.state is None else fast.state())
             if got is not False:
                 hit = got[0].find(x, got[1])
@@ -100,7 +103,8 @@ def _leaf_converter(to, keywords: tuple, pending: dict, kept: list | None) -> Ca
         except Bf16BridgeError as err:
             # (a plain dtype refusal of the values, which plan cannot foresee: int64 values past int32
             # under fallback='auto' to a jax without x64; no refusal the caller chose raises this class)
-            if kept is not None and (type(err) is UnsupportedDtypeError or _cannot_cross(x, to, fallback, for_compute)):
+            if kept is not None and (type(err) is UnsupportedDtypeError
+                                     or _cannot_cross(x, to, fallback, for_compute, device)):
                 kept.append(walk.where(path))
                 return x
             raise type(err)(f"at {walk.where(path)}: {err}") from err
@@ -108,7 +112,7 @@ def _leaf_converter(to, keywords: tuple, pending: dict, kept: list | None) -> Ca
     return leaf
 
 
-def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
+def _as_is(to, copy, fallback, for_compute, device=None) -> Callable[[Any], bool]:
     """Whether ``convert`` with these keywords hands a tensor back as it is (the same object: not a
     detached torch tensor, not a tf.Variable's value, no copy, no other dtype), asked only of a
     tensor already of the target framework, and converted only where its plan copies nothing. The
@@ -120,7 +124,7 @@ def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
     known: dict = {}  # (type, whether the key reads alignment, fast key) -> the answer
 
     def key(x):
-        fast = fastpath.plans(type(x), target, copy, fallback, for_compute, "allow", "drop")
+        fast = fastpath.plans(type(x), target, copy, fallback, for_compute, "allow", "drop", device)
         if fast is None:
             return None
         k = fast.src.fast_key(x, fast.alignment)  # (alignment read where the fast path reads it)
@@ -134,9 +138,9 @@ def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
         if answer is not None:
             return answer
         try:
-            answer = (not plan(x, target, fallback=fallback, for_compute=for_compute).copies
+            answer = (not plan(x, target, fallback=fallback, for_compute=for_compute, device=device).copies
                       and convert(x, target, copy=copy, fallback=fallback, for_compute=for_compute, on_alias="allow",
-                                  on_grad="drop") is x)
+                                  on_grad="drop", device=device) is x)
         except Bf16BridgeError:
             answer = False
         k = k or key(x)  # (the conversion just asked may have made the type's plans)
@@ -147,13 +151,13 @@ def _as_is(to, copy, fallback, for_compute) -> Callable[[Any], bool]:
     return as_is
 
 
-def _cannot_cross(x, to, fallback, for_compute) -> bool:
+def _cannot_cross(x, to, fallback, for_compute, device=None) -> bool:
     """Whether the leaf ``x`` cannot cross to ``to`` at all (what ``on_unsupported="keep"`` keeps):
     planned with the caller's fallback, but without the refusals the caller chose (``copy=False``,
     ``on_grad="error"``, ``on_alias="error"``), it still has no route: not a tensor, a dtype or a
     device the target cannot hold."""
     try:
-        plan(x, to, fallback=fallback, for_compute=for_compute)
+        plan(x, to, fallback=fallback, for_compute=for_compute, device=device)
     except (UnsupportedTypeError, UnsupportedDtypeError, DeviceError):
         return True
     except Bf16BridgeError:
@@ -163,19 +167,21 @@ def _cannot_cross(x, to, fallback, for_compute) -> bool:
 
 @plain_python
 def plan_tree(tree, to: Target | str, *, copy: bool | None = None, fallback: Fallback = "error",
-              for_compute: bool = False) -> TreePlan:
+              for_compute: bool = False, device: Device = None) -> TreePlan:
     """What ``convert_tree(tree, to, ...)`` would do, leaf by leaf and in total, without doing it."""
     check_keywords(copy, fallback, for_compute, "warn", "warn")
+    find_device(registry.resolve(to), device)  # the call's fault, not each leaf's
     leaves: list = []
 
     def leaf(x, path):
         try:
-            leaves.append((walk.where(path), plan(x, to, copy=copy, fallback=fallback, for_compute=for_compute)))
+            leaves.append((walk.where(path), plan(x, to, copy=copy, fallback=fallback, for_compute=for_compute,
+                                                 device=device)))
         except Bf16BridgeError as err:
             leaves.append((walk.where(path), err))
         return x
 
-    walk.map_leaves(leaf, tree, strict=True, as_is=_as_is(to, copy, fallback, for_compute))
+    walk.map_leaves(leaf, tree, strict=True, as_is=_as_is(to, copy, fallback, for_compute, device))
     from bf16bridge.core.plan import TreePlan  # (records load on first use)
 
     return TreePlan(tuple(leaves))

@@ -14,7 +14,8 @@ import numpy as np
 from bf16bridge.adapters import dlpack
 from bf16bridge.adapters.jax import internals, probe
 from bf16bridge.core import dtypes, formats, versions
-from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, UnalignedImport
+from bf16bridge.core.adapter import (ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, UnalignedImport,
+                                     parse_device)
 from bf16bridge.errors import UnsupportedDtypeError, UnsupportedTypeError
 
 versions.require("jax", jax.__version__)
@@ -43,6 +44,26 @@ def _device_put_copies(layout, aligned):
     return None
 
 
+def _row_major(x) -> bool:
+    """Whether jax keeps ``x``'s buffer in row-major order. An array imported over DLPack keeps the
+    exporter's order (a transpose; another stride on a size-1 dimension), which numpy.asarray copies
+    and tensorflow's DLPack import refuses. A jax without ``Array.format`` (0.4.30) is taken at its
+    word: it cannot compute on such an array either (no bit-cast, no copy), and convert's pointer
+    check finds the copy numpy.asarray makes."""
+    if x.ndim < 2:
+        return True
+    try:
+        order = x.format.layout.major_to_minor
+    except (AttributeError, RuntimeError):  # no Array.format, or no layout (a backend without one)
+        return True
+    return tuple(order) == tuple(range(x.ndim))
+
+
+def _a_view(a) -> bool:
+    """Whether numpy.asarray's result views the jax buffer (zero-copy, it has a base), not a copy."""
+    return a.base is not None
+
+
 def _capsule(x):
     """A legacy capsule, as ``Array.__dlpack__()`` gives one with no arguments (on the host: no stream)."""
     return x.__dlpack__()
@@ -62,6 +83,22 @@ def _import_aligned(obj):
                 "jax.numpy.from_dlpack would copy this buffer (not 64-byte aligned), which its source "
                 "described as aligned; pass copy=True") from err
         raise
+
+
+def _device_name(d) -> str:
+    """A jax device as ``Source.device`` names it: "cpu" (the first CPU device), "cpu:1", "gpu:0"."""
+    return "cpu" if d.platform == "cpu" and d.id == 0 else f"{d.platform}:{d.id}"
+
+
+@functools.cache
+def _devices() -> dict:
+    """name -> jax device, for every device of this process: the CPU ones, then the default backend's."""
+    found = [*jax.devices("cpu"), *(d for d in jax.devices() if d.platform != "cpu")]
+    return {_device_name(d): d for d in found}
+
+
+#: jax's platform names of a GPU (parse_device's "gpu")
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def _key(entry):
@@ -122,9 +159,10 @@ class JaxAdapter(Adapter):
         out = [
             Handoff("numpy", "jax", "jax.device_put", jax.device_put, _device_put_copies, dtypes=shared,
                     verify=True, copies_aligned=aligned),
-            # zero-copy as a rule, but numpy decides (a jax array over foreign strides is copied)
+            # zero-copy for a row-major buffer (it copies any other, read-only: the planner copies in jax
+            # first), but numpy decides: checked
             Handoff("jax", "numpy", "numpy.asarray", np.asarray, lambda layout, aligned: None,
-                    dtypes=shared - rows.asarray_copies, verify=True),
+                    dtypes=shared - rows.asarray_copies, verify=True, layouts=CONTIGUOUS, shares=_a_view),
         ]
         if rows.put_copies or rows.asarray_copies:
             out += [Handoff("numpy", "jax", "jax.device_put (packs)", _put_packed, _packs_copy,
@@ -157,10 +195,11 @@ class JaxAdapter(Adapter):
         (dev,) = devices
         return Source(
             value=x, dtype=name, shape=tuple(x.shape), nbytes=x.nbytes,
-            # dense and row-major, and 64-byte aligned where this jax allocates so (copies_aligned; it
-            # imports anything else by copying); else the pointer says, where it matters
-            layout=CONTIGUOUS, aligned=self.copies_aligned or not alignment or self.data_ptr(x) % ALIGN == 0,
-            readonly=False, device="cpu" if dev.platform == "cpu" else f"{dev.platform}:{dev.id}",
+            # dense, in row-major order unless imported over DLPack in another, and 64-byte aligned where
+            # this jax allocates so (copies_aligned; it imports anything else by copying); else the
+            # pointer says, where it matters
+            layout=CONTIGUOUS if _row_major(x) else STRIDED, aligned=self.copies_aligned or not alignment or self.data_ptr(x) % ALIGN == 0,
+            readonly=False, device=_device_name(dev),
         )
 
     def _dtype_name(self, x) -> str:
@@ -176,6 +215,41 @@ class JaxAdapter(Adapter):
                 f"{', '.join(d for d in dtypes.NAMES if self.holds(d))}"
             )
         return name
+
+    label_place = "jax.device_put(device={device!r})"
+    device_objects = "jax.Device"
+
+    def devices(self):
+        return tuple(_devices())
+
+    def find_device(self, device):
+        found = _devices()
+        if isinstance(device, jax.Device):
+            name = _device_name(device)
+            if found.get(name) is device:
+                return name
+            raise self.no_device(device, ": not one of this process's devices")
+        if not isinstance(device, str):
+            raise self.no_device(device, ": neither a device name nor a jax.Device")
+        if device in found:
+            return device
+        parsed = parse_device(device)
+        if parsed is not None:
+            kind, index = parsed
+            for name, d in found.items():
+                if ((d.platform == "cpu") if kind == "cpu" else (d.platform in _GPU_PLATFORMS)) and (
+                        index is None or d.id == index):
+                    return name
+        raise self.no_device(device)
+
+    def device_of(self, x):
+        names = sorted(_device_name(d) for d in x.sharding.device_set)
+        return names[0] if len(names) == 1 else f"{len(names)} devices ({', '.join(names)})"
+
+    def place(self, x, device):
+        dev = _devices()[device]
+        here = x.sharding.device_set
+        return x if len(here) == 1 and dev in here else jax.device_put(x, dev)
 
     def tree_children(self, node):
         tu = jax.tree_util

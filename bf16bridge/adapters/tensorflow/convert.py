@@ -16,7 +16,7 @@ import numpy as np
 
 from bf16bridge.core import dtypes
 from bf16bridge.core import fpenv
-from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, Adapter, Handoff, Source
+from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, Adapter, Handoff, Source, StalePlan, parse_device
 from bf16bridge.errors import UnsupportedDtypeError, UnsupportedTypeError
 from bf16bridge.adapters import dlpack
 from bf16bridge.adapters.trials import float_row
@@ -50,6 +50,21 @@ class _Exported:
 
     def __dlpack_device__(self):
         return dlpack.device(probe.export().capsule(self._x))
+
+
+_from_capsule = tf.experimental.dlpack.from_dlpack
+
+
+def _import_capsule(capsule):
+    """tensorflow's import of a capsule; its refusal of strides a kept plan did not foresee (a jax array
+    over a transposed buffer, after a row-major one of its kind) sends the input to the full path."""
+    try:
+        return _from_capsule(capsule)
+    except tf.errors.InvalidArgumentError as err:
+        if "strides" not in str(err):
+            raise
+        raise StalePlan(f"tf.experimental.dlpack.from_dlpack refused this buffer's strides ({err}); pass a "
+                        "row-major (contiguous) tensor, or copy=None to let bf16bridge copy it") from err
 
 
 def _numpy(x):
@@ -98,7 +113,7 @@ class TensorflowAdapter(Adapter):
     name = "tensorflow"
     immutable = True
     # a Variable's value read out (v.read_value(), tf.identity(v)) is its buffer until the next assign
-    shared_with = "the live tf.Variable it was read from, if it was (v.read_value(), v.value())"
+    shared_with = "the live tf.Variable it was read from, if any"
     dlpack_accepts = CONTIGUOUS  # anything else: "Invalid strides array from DLPack"
     # it imports any buffer, but the first op on one not 64-byte aligned aborts the process: never hand it one
     dlpack_unaligned = "refuse"
@@ -174,6 +189,39 @@ class TensorflowAdapter(Adapter):
                     "variables (module.variables, or module.trainable_variables)")
         return None
 
+    # -- devices: device= names one of these ------------------------------------------------------
+    label_place = "tf.identity under tf.device({device!r})"
+    device_objects = "tf.DeviceSpec or tf.config.LogicalDevice"
+
+    def devices(self):
+        return tuple(_devices())
+
+    def find_device(self, device):
+        if isinstance(device, (tf.config.LogicalDevice, tf.config.PhysicalDevice)):
+            spec = device.name
+        elif isinstance(device, tf.DeviceSpec):
+            spec = device.to_string()
+        elif isinstance(device, str):
+            spec = device
+        else:
+            raise self.no_device(device, ": neither a device name nor a tensorflow device")
+        parsed = parse_device(spec)
+        if parsed is not None:
+            kind, index = parsed
+            name = "cpu" if kind == "cpu" and not index else f"{kind}:{index or 0}"
+            if name in _devices():
+                return name
+        raise self.no_device(device)
+
+    def device_of(self, x):
+        return device_name(x.device)
+
+    def place(self, x, device):
+        if device_name(x.device) == device:
+            return x
+        with tf.device(_devices()[device]):
+            return tf.identity(x)
+
     # -- the primitives convert runs -------------------------------------------------------------
     def describe(self, x, *, alignment: bool = True) -> Source:
         notes: tuple[str, ...] = ()
@@ -243,7 +291,7 @@ class TensorflowAdapter(Adapter):
         return tf.experimental.dlpack.to_dlpack  # every tensorflow tested has it
 
     def capsule_importer(self):
-        return tf.experimental.dlpack.from_dlpack
+        return _import_capsule
 
     def from_dlpack(self, obj):
         # a capsule: the one form every tensorflow tested takes (2.16 takes nothing else)
@@ -266,6 +314,16 @@ class TensorflowAdapter(Adapter):
 
     def shape_dtype(self, x):
         return tuple(x.shape), bridge_name(x.dtype) or x.dtype.name
+
+
+@functools.cache
+def _devices() -> dict:
+    """name (as ``device_name`` gives it) -> tensorflow's name of the device, for every logical
+    device of this process."""
+    out: dict = {}
+    for d in tf.config.list_logical_devices():
+        out.setdefault(device_name(d.name), d.name)
+    return out
 
 
 def _cast_in_numpy(x, dtype: str):

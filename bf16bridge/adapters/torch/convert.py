@@ -16,7 +16,7 @@ from torch.utils.dlpack import to_dlpack
 
 from bf16bridge.adapters.torch import internals, probe
 from bf16bridge.core import dtypes, memory, versions
-from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, layout_of
+from bf16bridge.core.adapter import ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, layout_of, parse_device
 from bf16bridge.errors import UnsupportedDtypeError, UnsupportedTypeError
 
 versions.require("torch", torch.__version__)
@@ -54,6 +54,24 @@ def _from_numpy(a):
         if same != a.dtype or same.type is a.dtype.type:
             raise
         return torch.from_numpy(a.view(same))
+
+
+def _resolved(x):
+    """``x``'s pending negation and conjugation materialised exactly as torch itself does it
+    (``resolve_neg().resolve_conj().contiguous()``), as a contiguous tensor with row-major strides.
+    A NaN's bits depend on the layout torch's kernel runs over (a sign flip where it vectorises, a
+    canonical NaN elsewhere), so no copy into another layout gives the same bits."""
+    try:
+        out = x.resolve_neg().resolve_conj().contiguous()
+    except (NotImplementedError, RuntimeError) as err:  # a dtype with no negation kernel (float8)
+        raise UnsupportedDtypeError(
+            f"this {x.dtype} tensor carries a pending {'negation' if x.is_neg() else 'conjugation'} "
+            f"(a lazy view) that torch itself cannot materialise ({err}); convert the tensor the view was "
+            "made from, and negate or conjugate in the target framework") from err
+    shape = tuple(out.shape)
+    if 1 in shape and out.stride() != row_major(shape):  # (DLPack would hand a size-1 dim's stride over)
+        out = out.as_strided(shape, row_major(shape))
+    return out
 
 
 def _no_copy(layout, aligned):
@@ -235,10 +253,11 @@ class TorchAdapter(Adapter):
         if name is not None and name in probe.no_kernels():  # a shell dtype (torch.int4): its carrier copies
             carrier = getattr(torch, dtypes.BITS_OF[name])
             return _empty(x.shape, carrier, x.device, x.nbytes).copy_(x.view(carrier)).view(x.dtype)
+        if x.is_conj() or x.is_neg():
+            return _resolved(x)
         n = x.nbytes
-        if n < memory.FRESH_MEMORY_FROM and not (x.is_conj() or x.is_neg()):
-            # empty_like and copy_ in one call (a bridged call's hot path); clone keeps conj/neg bits
-            # lazily, so those take copy_ below, which resolves them
+        if n < memory.FRESH_MEMORY_FROM:
+            # empty_like and copy_ in one call (a bridged call's hot path)
             return x.clone(memory_format=torch.contiguous_format)
         return _empty(x.shape, x.dtype, x.device, n, like=x).copy_(x)
 
@@ -252,6 +271,44 @@ class TorchAdapter(Adapter):
 
     def shape_dtype(self, x):
         return tuple(x.shape), self._from_torch.get(x.dtype, str(x.dtype))
+
+    label_place = "Tensor.to({device!r})"
+    device_objects = "torch.device"
+
+    def devices(self):
+        return ("cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count())))
+
+    def find_device(self, device):
+        if isinstance(device, str):
+            parsed = parse_device(device)
+            if parsed is None:
+                raise self.no_device(device)
+            kind, index = parsed
+        elif isinstance(device, torch.device):
+            kind, index = {"cpu": "cpu", "cuda": "gpu"}.get(device.type, device.type), device.index
+        else:
+            raise self.no_device(device, ": neither a device name nor a torch.device")
+        if kind == "cpu" and not index:
+            return "cpu"
+        n = torch.cuda.device_count() if kind == "gpu" else 0
+        if kind == "gpu" and index is None and n:  # torch's "cuda": its current device
+            return f"cuda:{torch.cuda.current_device()}"
+        if kind == "gpu" and index is not None and index < n:
+            return f"cuda:{index}"
+        raise self.no_device(device, "" if kind != "gpu" or n else " (torch sees no CUDA device)")
+
+    def fixed_device(self, device):
+        # (asked only of a device find_device took) "cuda" and torch.device("cuda") follow torch.cuda.set_device
+        kind, index = ((device.type, device.index) if isinstance(device, torch.device)
+                       else parse_device(device) or ("cpu", None))
+        return kind == "cpu" or index is not None
+
+    def device_of(self, x):
+        return "cpu" if x.device.type == "cpu" else str(x.device)
+
+    def place(self, x, device):
+        dev = _torch_device(device)
+        return x if x.device == dev else x.to(dev)
 
     def not_a_tensor(self, x):
         # asked wherever a walk meets an object no adapter claims (a bridged call's arguments too):
@@ -274,6 +331,11 @@ class TorchAdapter(Adapter):
         # and a detached view of a parameter another tensor to cast (its cast has no graph to join)
         return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
                 x.is_neg(), x.is_conj(), x.requires_grad)
+
+
+@functools.lru_cache(maxsize=64)
+def _torch_device(name: str) -> torch.device:
+    return torch.device(name)
 
 
 def _needed_bytes(x) -> int:
