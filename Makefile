@@ -32,7 +32,7 @@ NUMPY25_TESTS := tests $(addprefix --ignore=,$(NUMPY25_SKIP))
 PY312 ?= $(shell for p in python3.12 $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
 	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: setup setup-legacy setup-oldest setup-numpy25 demo test check typecheck lint-imports test-legacy test-oldest test-numpy25 bench parity-docs dtype-docs matrix clean
+.PHONY: setup setup-legacy setup-oldest setup-numpy25 demo test check fuzz typecheck lint-imports test-legacy test-oldest test-numpy25 bench parity-docs dtype-docs matrix clean
 
 setup: $(STAMP)
 
@@ -92,6 +92,27 @@ check: setup
 	BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch BF16BRIDGE_TEST_LIBRARIES= $(BIN)/python -m pytest -q -n $(JOBS) \
 		-p no:cacheprovider -m "not subprocess" tests/core tests/trees tests/adapters
 
+# the property tests (every test file with a hypothesis @given) on random inputs, the way a bug hunt
+# runs them: a random seed, printed first, and FUZZ_EXAMPLES examples a test (tests/conftest.py's
+# "campaign" profile; test_fuzz_routes.py counts its inputs and chains by FUZZ_ROUTES_EXAMPLES and
+# FUZZ_ROUTES_SEQUENCES; a test with a count of its own keeps it). A failure replays from its seed:
+#   make fuzz SEED=<the printed seed> FUZZ_TESTS=<the failing file>
+# (the same as HYPOTHESIS_PROFILE=campaign pytest --hypothesis-seed=<seed> <file>). make test and CI keep
+# the fixed, derandomized "ci" profile.
+FUZZ_EXAMPLES ?= 1000
+FUZZ_ROUTES_EXAMPLES ?= 3000
+FUZZ_ROUTES_SEQUENCES ?= 600
+FUZZ_TESTS ?= $(shell grep -rl --include='test_*.py' -e '@given' tests | sort)
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+fuzz: setup
+	@echo "make fuzz: seed $(SEED), $(FUZZ_EXAMPLES) examples a test; replay: make fuzz SEED=$(SEED)"
+	@HYPOTHESIS_PROFILE=campaign FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_ROUTES_EXAMPLES=$(FUZZ_ROUTES_EXAMPLES) \
+		FUZZ_ROUTES_SEQUENCES=$(FUZZ_ROUTES_SEQUENCES) BF16BRIDGE_TEST_FRAMEWORKS=numpy,torch,jax,tensorflow \
+		$(BIN)/python -m pytest -q -n $(JOBS) -p no:cacheprovider --hypothesis-seed=$(SEED) $(FUZZ_TESTS) \
+		|| { echo "make fuzz: failed with seed $(SEED); replay: make fuzz SEED=$(SEED) FUZZ_TESTS=<the failing file>"; exit 1; }
+
 # the layers: pyproject.toml's [tool.importlinter] contracts (docs/architecture.md)
 lint-imports: setup
 	$(BIN)/lint-imports
@@ -119,7 +140,7 @@ test-numpy25: setup-numpy25
 	$(call prune,$(NUMPY25))
 
 bench: setup
-	$(BIN)/python -m benchmarks
+	$(BIN)/bf16bridge bench
 
 # docs/parity.md's generated block, docs/parity-results.md and .json, from one run of the suite
 parity-docs: setup
