@@ -56,8 +56,13 @@ REFUSED = {
 }
 
 
+#: a device object's maker -> the framework it needs beyond the target (conftest deselects by marks)
+_NEEDS = {"_torch_cpu": "torch", "_jax_cpu": "jax", "_tf_spec": "tensorflow", "_tf_logical": "tensorflow"}
+
+
 def _cases(table):
-    return [pytest.param(dst, name, id=f"{dst}-{getattr(name, '__name__', name)}")
+    return [pytest.param(dst, name, id=f"{dst}-{getattr(name, '__name__', name)}",
+                         marks=[pytest.mark.frameworks(_NEEDS[name.__name__])] if callable(name) else [])
             for dst, names in table.items() for name in names]
 
 
