@@ -39,15 +39,18 @@ def as_bridged_runs(callee, f):
     return f
 
 
-def _callee_vjp(callee, w, x, ct):
+def _callee_vjp(callee, w, x, ct, compiled=True):
     """The callee framework's own vjp of _layer at (w, x) with cotangent ct: (dw, dx)."""
-    return native_vjp(callee, _layer(callee), (w, x), ct)
+    return native_vjp(callee, _layer(callee), (w, x), ct, compiled=compiled)
 
 
-def native_vjp(callee, f, primals, cts):
+def native_vjp(callee, f, primals, cts, wanted=None, compiled=True):
     """The callee framework's own vjp of ``f`` (its tensors in, a tensor or a list of them out) at
     ``primals`` (numpy arrays) with cotangents ``cts`` (numpy, matching f's output): one gradient
-    per primal."""
+    per primal. A jax one as ``bb.bridge("jax")`` runs it (docs/functions.md): ``jax.jit`` of ``jax.vjp``
+    over the primals in ``wanted`` (default all), its pullback applied by a ``jax.jit`` too (XLA's fused
+    code may round differently from ``jax.vjp`` run op by op, as on jax 0.4.30); None for the others.
+    ``compiled=False``: ``jax.vjp`` as written (a jax caller's call, or ``jit=False``)."""
     P = [make(callee, v) for v in primals]
     C = [make(callee, c) for c in cts] if isinstance(cts, list) else make(callee, cts)
     if callee == "torch":
@@ -59,8 +62,19 @@ def native_vjp(callee, f, primals, cts):
     if callee == "jax":
         import jax
 
-        _, pullback = jax.vjp(f, *P)
-        return pullback(C)
+        if not compiled:
+            return jax.vjp(f, *P)[1](C)
+        chosen = [i for i in range(len(P)) if wanted is None or i in wanted]
+
+        def of_chosen(*xs):
+            full = list(P)
+            for i, v in zip(chosen, xs):
+                full[i] = v
+            return f(*full)
+
+        _, pullback = jax.jit(lambda *xs: jax.vjp(of_chosen, *xs))(*[P[i] for i in chosen])
+        grads = iter(jax.jit(lambda p, c: p(c))(pullback, C))
+        return [next(grads) if i in chosen else None for i in range(len(P))]
     import tensorflow as tf
 
     with tf.GradientTape() as tape:

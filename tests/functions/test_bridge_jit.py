@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bf16bridge as bb
-from bridge_cases import _data, _layer
+from bridge_cases import _callee_vjp, _data, _layer, native_vjp
 from conftest import bits, make
 
 pytestmark = pytest.mark.frameworks("torch", "jax")
@@ -59,23 +59,21 @@ def test_jit_false_runs_the_function_as_written_each_call():
 
 @pytest.mark.parametrize("caller", ["torch", "tensorflow", "numpy"])
 def test_results_and_gradients_are_jaxs_compiled_ones_bit_for_bit(caller):
-    """The forward equals jax.jit(f), the gradients jax.jit(jax.vjp(f)), bit for bit; for this layer they also
-    equal the uncompiled bridge's (XLA computes tanh(x @ w) alike both ways)."""
+    """The forward equals jax.jit(f), the gradients jax.jit(jax.vjp(f)) applied by a jax.jit, bit for bit; with
+    jit=False, f and jax.vjp(f) as written (XLA's fused code may round tanh(x @ w) differently: jax 0.4.30)."""
     import jax
 
     w, x, ct = _data((4, 3), 3), _data((2, 4), 4), _data((2, 3), 5)
     f = _layer("jax")
-    want = jax.jit(f)(make("jax", w), make("jax", x))
-    for jit in (None, False):
+    for jit, as_run in ((None, jax.jit(f)), (False, f)):
         got = bb.bridge("jax", jit=jit)(f)(make(caller, w), make(caller, x))
-        np.testing.assert_array_equal(bits(got), bits(want))
+        np.testing.assert_array_equal(bits(got), bits(as_run(make("jax", w), make("jax", x))))
     if caller != "torch":
         return
     import torch
 
-    _, pullback = jax.jit(lambda w, x: jax.vjp(f, w, x))(make("jax", w), make("jax", x))
-    want_dw, want_dx = pullback(make("jax", ct))
     for jit in (None, False):
+        want_dw, want_dx = _callee_vjp("jax", w, x, ct, compiled=jit is None)
         W, X = (make("torch", v).requires_grad_() for v in (w, x))
         dw, dx = torch.autograd.grad(bb.bridge("jax", jit=jit)(f)(W, X), (W, X), make("torch", ct))
         np.testing.assert_array_equal(bits(dw), bits(want_dw))
@@ -180,6 +178,10 @@ def test_a_scalar_losss_gradient_comes_with_the_forward_and_again_for_any_other_
     loss = bridged(W, make("torch", x))
     loss.backward(retain_graph=True)
     np.testing.assert_array_equal(bits(W.grad), bits(want_w))
+    # the compiled vjp's, as native_vjp computes them: on jax 0.4.30 XLA's fused forward-and-gradient program
+    # may round a gradient differently from the vjp's two programs (on jax 0.10 they agree)
+    pulled = [make("torch", np.asarray(native_vjp("jax", scalar, (w, x), np.float32(c), wanted=[0])[0]))
+              for c in (1, 2)]
     loss.backward(retain_graph=True)
     (loss * 2).backward()
-    np.testing.assert_array_equal(W.grad.float().numpy(), 4 * np.asarray(want_w, np.float32))
+    np.testing.assert_array_equal(bits(W.grad), bits(make("torch", np.asarray(want_w)) + pulled[0] + pulled[1]))

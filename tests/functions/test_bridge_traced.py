@@ -15,7 +15,7 @@ import pytest
 
 import bf16bridge as bb
 from bf16bridge.core import registry
-from bridge_cases import _callee_vjp, _data, _layer
+from bridge_cases import _callee_vjp, _data, _layer, as_bridged_runs
 from conftest import bits, make
 
 
@@ -322,7 +322,7 @@ def test_tf_caller_inside_tf_function_forward_and_grad():
         return fn(W, X), tape.gradient(loss, W)
 
     y, dw = step(*(make("tensorflow", v) for v in (w, x, ct)))
-    np.testing.assert_array_equal(bits(y), bits(_layer("jax")(make("jax", w), make("jax", x))))
+    np.testing.assert_array_equal(bits(y), bits(as_bridged_runs("jax", _layer("jax"))(make("jax", w), make("jax", x))))
     np.testing.assert_array_equal(bits(dw), bits(_callee_vjp("jax", w, x, ct)[0]))
 
 

@@ -119,9 +119,11 @@ def test_drawn_calls_give_the_callees_own_forward_and_vjp_bit_for_bit(direction,
     fn = bb.bridge(callee)(_two_outputs)
 
     out = fn(make(caller, x), {"y": [make(caller, y)]}, s=s)
-    want = _two_outputs(make(callee, x), {"y": [make(callee, y)]}, s=s)
+    # (jax: compiled, as the bridge runs it, where XLA may round x * y * s once)
+    want = as_bridged_runs(callee, lambda X, Y: _pick(_two_outputs(X, {"y": [Y]}, s=s), (True, True)))(
+        make(callee, x), make(callee, y))
     assert out["q"][1] == "tag"
-    for got, w in ((out["p"], want["p"]), (out["q"][0], want["q"][0])):
+    for got, w in zip((out["p"], out["q"][0]), want):
         assert type_framework(got) == caller
         np.testing.assert_array_equal(bits(got), bits(w))
 
