@@ -204,15 +204,19 @@ def hexbits(a: np.ndarray, i) -> str:
     return f"0x{int(b):0{b.dtype.itemsize * 2}X}"
 
 
+_IEEE_MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}
+
+
 def _min_exponent(kind: str) -> int:
     """The exponent of ``kind``'s smallest normal number (its spacing is the subnormals')."""
     fmt = kernels.FORMATS.get(kind)
     if fmt is not None:
         # a format with no mantissa bits (e8m0) has no subnormals: its exponent field 0 is a number
         return 1 - fmt.bias if fmt.mbits else -fmt.bias
-    # (bf16 has float32's exponent: asked of numpy, so that this module imports without ml_dtypes,
-    # as the pytest plugin that imports it must)
-    return int(np.finfo(np.float32 if kind == "bfloat16" else kind).minexp)
+    # IEEE formats from a table (bf16 has float32's exponent; no ml_dtypes needed, as the pytest plugin
+    # must import this without it): numpy 1.x's finfo warns on a thread that flushes subnormals (a jax callback)
+    known = _IEEE_MIN_EXPONENT.get(kind)
+    return known if known is not None else int(np.finfo(kind).minexp)
 
 
 def limits(kind: str) -> tuple[float, float, float, bool]:

@@ -114,11 +114,12 @@ def _layer_norm64(x, eps=1e-5):
 
 def _gelu_condition(x):
     """|f| + |x f'| (the input rounded, as jax and tensorflow round x / sqrt(2) before erfc), plus
-    erf's float32 rounding times |x| / 2, which 1 + erf cancels for negative x (torch's erf form)."""
+    erf's rounding times |x| / 2, which 1 + erf cancels for negative x: to float32 in torch's erf form,
+    to bf16 in jax's before its erfc form (jax 0.4.30 rounds erf(x / sqrt(2)) to bf16, then adds 1)."""
     with np.errstate(over="ignore", under="ignore"):
         cdf = 0.5 * _erfc(-x / math.sqrt(2))
         pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-        return np.abs(x) * (cdf + np.abs(cdf + x * pdf) + 2.0 ** -17 * np.abs(2 * cdf - 1))
+        return np.abs(x) * (cdf + np.abs(cdf + x * pdf) + 0.5 * np.abs(2 * cdf - 1))
 
 
 def _softmax_condition(x):

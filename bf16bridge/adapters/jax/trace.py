@@ -116,14 +116,23 @@ class _Interceptor:
         return out
 
 
+def _iter_modules(model):
+    """(path, module) of an nnx model and every submodule: flax.nnx.iter_modules where it exists, the
+    Module method that flax 0.10 has instead (it has no nnx.iter_modules)."""
+    nnx = _nnx()
+    if hasattr(nnx, "iter_modules"):
+        return nnx.iter_modules(model)
+    return model.iter_modules()
+
+
 class _NnxCalls:
     """For one run, every nnx module class of the model has its ``__call__`` wrapped to hand the output
     to the trace (the class that defines it, once; restored after)."""
 
     def __init__(self, model, record, inputs_of):
-        self.paths = {id(m): ".".join(str(p) for p in path) for path, m in _nnx().iter_modules(model)}
+        self.paths = {id(m): ".".join(str(p) for p in path) for path, m in _iter_modules(model)}
         self.owners = {}
-        for path, m in _nnx().iter_modules(model):
+        for path, m in _iter_modules(model):
             owner = next((c for c in type(m).__mro__ if "__call__" in c.__dict__), None)
             if owner is not None:
                 self.owners[owner] = owner.__dict__["__call__"]
