@@ -88,3 +88,44 @@ def rounds_as_ml_dtypes(src: str, dst: str, run: Callable[[Any], Any]) -> bool:
         nan = np.isnan(want.astype(np.float32))
         return bool(np.isnan(got[nan].astype(np.float32)).all()
                     and np.array_equal(want[~nan].view(f"u{to.itemsize}"), got[~nan].view(f"u{to.itemsize}")))
+
+
+# -- bf16 compute and allocations, for the capability probe ---------------------------------------
+
+#: the side of the square matmuls the compute trial times: big enough that arithmetic, not the call, costs
+MATMUL_SIDE = 256
+#: bf16 counts as computed natively unless its matmul takes this many times float32's: widening costs a
+#: copy of twice the size, worth it only where bf16 arithmetic is clearly the slower
+SLOWER = 1.5
+#: the sizes (bytes) of the fresh allocations whose alignment the probe reads: small and medium blocks,
+#: which allocators place by their own alignment (large ones are page-aligned mappings)
+ALLOCATION_SIZES = (1, 24, 100, 1000, 4099, 40000)
+
+
+def timed_bf16_matmul(run: Callable[[str], Callable[[], Any]], what: str, rounds: int = 5) -> tuple[str, str, str]:
+    """(dtype, "timed", why) for compute in one framework: ``run(dtype)`` ("bfloat16", "float32") gives a
+    call doing one MATMUL_SIDE-square matmul in that dtype, finished when it returns. Each runs once to
+    warm up, then they alternate ``rounds`` times; the best time of each is compared. float32 where bf16
+    takes SLOWER times float32's or more."""
+    import time
+
+    calls = {d: run(d) for d in ("bfloat16", "float32")}
+    best = dict.fromkeys(calls, float("inf"))
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for d, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            best[d] = min(best[d], time.perf_counter() - t0)
+    ratio = best["bfloat16"] / max(best["float32"], 1e-9)
+    said = (f"a {MATMUL_SIDE}x{MATMUL_SIDE} {what} in bf16 took {ratio:.2f} times float32's "
+            f"(best of {rounds}, timed)")
+    return ("float32" if ratio >= SLOWER else "bfloat16"), "timed", said
+
+
+def allocation_offsets(make: Callable[[int], Any], pointer: Callable[[Any], int]) -> tuple[int, ...]:
+    """Each address mod 64 of fresh allocations of ALLOCATION_SIZES bytes (``make(n)``, all alive at
+    once, so each is a block of its own; ``pointer(x)``: its data address)."""
+    kept = [make(n) for n in ALLOCATION_SIZES]
+    return tuple(pointer(x) % 64 for x in kept)

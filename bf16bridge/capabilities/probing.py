@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from bf16bridge.adapters import quiet
 from bf16bridge.adapters.hooks import ProbeHooks
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
@@ -24,11 +25,11 @@ from bf16bridge.core import registry
 from bf16bridge.core import versions
 from bf16bridge.errors import InvalidArgumentError
 from bf16bridge.capabilities.machine import CPU, Reader, read_cpu
-from bf16bridge.capabilities.records import (Capabilities, Decision, Device, DtypeSupport, FrameworkCaps,
-                                             NarrowCompute, NumpyCaps)
+from bf16bridge.capabilities.records import (Alignment, Capabilities, ComputeTrial, Decision, Device, DtypeSupport,
+                                             FrameworkCaps, NarrowCompute, NumpyCaps)
 
-__all__ = ["CPU", "Capabilities", "Decision", "Device", "DtypeSupport", "FrameworkCaps", "NarrowCompute", "NumpyCaps",
-           "Reader", "probe", "probed_dtypes"]
+__all__ = ["CPU", "Alignment", "Capabilities", "ComputeTrial", "Decision", "Device", "DtypeSupport", "FrameworkCaps",
+           "NarrowCompute", "NumpyCaps", "Reader", "probe", "probed_dtypes"]
 
 
 # -- dtypes ------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def _narrow_compute(hooks: ProbeHooks, supports: Mapping) -> tuple:
 # -- frameworks ------------------------------------------------------------------
 
 
-def _framework(name: str, reader: Reader, asked: bool, trials: bool = True,
+def _framework(name: str, reader: Reader, asked: bool, cpu: CPU, trials: bool = True,
                read_devices: bool = True) -> FrameworkCaps:
     spec = registry.spec(name)
     module = spec.requires or name
@@ -150,11 +151,18 @@ def _framework(name: str, reader: Reader, asked: bool, trials: bool = True,
     if not (asked or reader.imported(module)):
         why = "not imported; probe(frameworks=[%r]) imports and tries it" % name if version else "not installed"
         return FrameworkCaps(name, version, False, why, tested=tested)
+    # its import and its trials write natively to fd 2 (aarch64 builds above all): held, and reported
+    return quiet.held_native_output(lambda: _imported(name, version, tested, trials, read_devices, cpu),
+                                    f"probing {name}" + ("" if trials else " (trials=False)"))
+
+
+def _imported(name: str, version, tested: str, trials: bool, read_devices: bool, cpu: CPU) -> FrameworkCaps:
+    """``name``'s answer once it may be imported: its trials (or, with ``trials=False``, its devices)."""
     try:
         adapter = registry.get(name)
     except ImportError as err:
         return FrameworkCaps(name, version, False, str(err), tested=tested)
-    if not trials:  # what decide() reads: the devices, when asked; no DLPack trial, no narrow-dtype compute
+    if not trials:  # what decide() reads: the devices, when asked; no DLPack trial, no compute
         return FrameworkCaps(name, version, True, "not tried: probe(trials=False) reads only what decide() needs"
                              + ("" if read_devices else "; devices not read"),
                              devices=tuple(Device(*d) for d in registry.hooks(name, ProbeHooks).devices()) if read_devices else (),
@@ -182,7 +190,43 @@ def _framework(name: str, reader: Reader, asked: bool, trials: bool = True,
     facts.update(hooks.facts())  # the adapter's own account (of a missing entry point too) comes last
     supports = {d: _dtype_support(adapter, d, None) for d in probed_dtypes()}
     return FrameworkCaps(name, version, True, why, ok, dl_version, devices, facts, tested, supports,
-                         _narrow_compute(hooks, supports))
+                         _narrow_compute(hooks, supports), _bf16_compute(hooks, cpu), _alignment(hooks, name))
+
+
+def _bf16_compute(hooks: ProbeHooks, cpu: CPU) -> tuple:
+    """The adapter's bf16 compute trials (its ``bf16_compute`` hook, where it has one): ComputeTrial each.
+    On a CPU without bf16 arithmetic none runs ("not tried"): float32 is the answer there whatever a
+    trial found, and a framework that picks its kernels wrongly for such a CPU would die running one."""
+    hook = getattr(hooks, "bf16_compute", None)
+    if hook is None:
+        return ()
+    if not cpu.bf16_compute:
+        return (ComputeTrial("cpu", "float32", "not tried", f"this CPU has no bf16 arithmetic ({cpu.why})"),)
+    try:
+        return tuple(ComputeTrial(*row) for row in hook())
+    except Exception as err:  # noqa: BLE001 - the trial's failure is the finding
+        return (ComputeTrial("cpu", "unknown", "failed", f"the trial itself failed: {_first_line(err)}"),)
+
+
+def _alignment(hooks, name: str, offsets=None) -> Alignment | None:
+    """Where ``name``'s fresh allocations start (its ``fresh_offsets`` hook, or ``offsets`` read already)."""
+    if offsets is None:
+        hook = getattr(hooks, "fresh_offsets", None)
+        if hook is None:
+            return None
+        try:
+            offsets = tuple(hook())
+        except Exception as err:  # noqa: BLE001
+            return Alignment((), False, f"not read: {_first_line(err)}")
+    if not offsets:  # the hook read none
+        return None
+    aligned = not any(offsets)
+    said = ", ".join(map(str, offsets))
+    return Alignment(tuple(offsets), aligned, (
+        f"address mod 64 of {len(offsets)} fresh {name} allocations: {said}" + (
+            "" if aligned else "; routes from such a tensor into jax and tensorflow copy it (they take only "
+                               f"64-byte aligned buffers as they are; bb.aligned_empty(..., like={name!r}) makes "
+                               "aligned ones)")))
 
 
 def _tried(call, works: str) -> tuple[bool, str]:
@@ -213,10 +257,10 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
     ``frameworks``: a name or names to import and try ("all" for every registered one);
     others are tried only if already imported, and otherwise reported by version.
 
-    ``trials=False``: only what ``decide()`` reads (the CPU, numpy's bf16 storage, the
-    frameworks' devices), none of the trials (DLPack per dtype, the narrow-dtype matmuls under a
-    framework's profiler, numpy's DLPack). ``fallback='auto'`` asks this one: a conversion must not
-    run compute behind the user's back.
+    ``trials=False``: only what ``decide()`` reads (the CPU, numpy's bf16 storage and matmul loop,
+    the frameworks' devices), none of the trials (DLPack per dtype, the narrow-dtype matmuls under a
+    framework's profiler, the bf16 compute trials, the allocations' alignment, numpy's DLPack).
+    ``fallback='auto'`` asks this one: a conversion must not run compute behind the user's back.
 
     ``devices=False`` (with ``trials=False``): do not read the frameworks' devices either.
     Reading them starts a framework's device runtime (a CUDA context; jax's GPU client, which
@@ -246,24 +290,31 @@ def probe(frameworks=None, *, reader: Reader | None = None, refresh: bool = Fals
                 if not refresh and k in _CACHE:
                     return _CACHE[k]
     r = reader or Reader()
-    storage, storage_why = r.ml_dtypes()
-    if not trials:
-        dl, dl_why = False, "not tried: probe(trials=False) reads only what decide() needs"
-    else:
-        dl, dl_why = r.numpy_bf16_dlpack() if storage else (False, "numpy holds no bf16 here")
-    caps = Capabilities(
-        cpu=read_cpu(r),
-        numpy=NumpyCaps(r.version("numpy"), r.version("ml_dtypes"), storage, storage_why, dl, dl_why,
-                        r.numpy_dlpack_version(),
-                        "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes")),
-                        _hub_dtypes(None if storage else storage_why) if trials else {}),
-        frameworks={n: _framework(n, r, n in asked, trials, devices) for n in names},
-        python=platform.python_version(),
-    )
+    cpu = read_cpu(r)
+    frameworks = {n: _framework(n, r, n in asked, cpu, trials, devices) for n in names}
+    caps = Capabilities(cpu=cpu, numpy=_numpy(r, trials), frameworks=frameworks,
+                        python=platform.python_version(), native_output=quiet.written())
     if reader is None:
         with _LOCK:
             _CACHE[(*key, trials, devices)] = caps
     return caps
+
+
+def _numpy(r: Reader, trials: bool) -> NumpyCaps:
+    """numpy's answer: its bf16 storage and what np.matmul computes bf16 in (read, no arithmetic); with
+    ``trials``, its DLPack and dtype trials and where its allocations start."""
+    storage, storage_why = r.ml_dtypes()
+    if not trials:
+        dl, dl_why = False, "not tried: probe(trials=False) reads only what decide() needs"
+    else:
+        dl, dl_why = (quiet.held_native_output(r.numpy_bf16_dlpack, "numpy's bf16 DLPack trial") if storage
+                      else (False, "numpy holds no bf16 here"))
+    return NumpyCaps(r.version("numpy"), r.version("ml_dtypes"), storage, storage_why, dl, dl_why,
+                     r.numpy_dlpack_version(),
+                     "; ".join(f"{m} {versions.status(m, r.version(m))}" for m in ("numpy", "ml_dtypes")),
+                     _hub_dtypes(None if storage else storage_why) if trials else {},
+                     (ComputeTrial("cpu", *r.numpy_compute()),) if storage else (),
+                     _alignment(None, registry.HUB, r.numpy_offsets()) if trials else None)
 
 
 def auto_policy(target: str, for_compute: bool, device: str) -> tuple[str, str]:

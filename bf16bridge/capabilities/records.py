@@ -14,7 +14,8 @@ from bf16bridge.errors import InvalidArgumentError
 from bf16bridge.capabilities.machine import CPU
 from bf16bridge.core.text import table
 
-__all__ = ["Capabilities", "Decision", "Device", "DtypeSupport", "FrameworkCaps", "NarrowCompute", "NumpyCaps"]
+__all__ = ["Alignment", "Capabilities", "ComputeTrial", "Decision", "Device", "DtypeSupport", "FrameworkCaps",
+           "NarrowCompute", "NumpyCaps"]
 
 
 def _frozen(obj, name: str, kind) -> None:
@@ -55,6 +56,33 @@ class NarrowCompute:
 
 
 @dataclass(frozen=True)
+class ComputeTrial:
+    """Whether one framework computes in bf16 on one device, found by trying: the dtype to hand it for
+    compute (``decide(for_compute=True)`` follows it on a device with bf16 arithmetic).
+
+    ``how``: "read" (its own loop or compiled program shows what it computes in), "timed" (a small
+    bf16 matmul against the same in float32), "not tried" (a CPU without bf16 arithmetic: float32) or
+    "failed" (``dtype`` "unknown": ``why`` says how).
+    """
+
+    device: str
+    dtype: str  # "bfloat16" | "float32" | "unknown"
+    how: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Where one framework's fresh CPU allocations start: each address mod 64 (a few sizes, tried).
+    Not all 0: zero-copy routes into frameworks that take only 64-byte aligned buffers (jax,
+    tensorflow) copy such tensors; ``bb.aligned_empty(shape, dtype, like=...)`` makes aligned ones."""
+
+    offsets: tuple
+    aligned: bool
+    why: str
+
+
+@dataclass(frozen=True)
 class NumpyCaps:
     version: str | None
     ml_dtypes_version: str | None
@@ -66,9 +94,14 @@ class NumpyCaps:
     tested: str = ""  # numpy's and ml_dtypes' versions against the tested ranges
     #: {dtype: DtypeSupport} for the dtypes beyond NumPy's own (bf16 and the narrow ones); read-only
     dtypes: Mapping = field(default_factory=dict)
+    #: ComputeTrial on the CPU: what np.matmul computes two bf16 arrays in (read, never timed)
+    compute: tuple = ()
+    #: where numpy's fresh allocations start (tried with the trials; None: not tried)
+    alignment: Alignment | None = None
 
     def __post_init__(self):
         _frozen(self, "dtypes", dict)
+        _frozen(self, "compute", tuple)
 
 
 @dataclass(frozen=True)
@@ -95,12 +128,17 @@ class FrameworkCaps:
     dtypes: Mapping = field(default_factory=dict)
     #: NarrowCompute for each fp8 dtype it holds and each device it computes on
     narrow_compute: tuple = ()
+    #: ComputeTrial for each device the adapter tries bf16 compute on (the CPU at least); () untried
+    compute: tuple = ()
+    #: where its fresh CPU allocations start (None: not tried)
+    alignment: Alignment | None = None
 
     def __post_init__(self):
         _frozen(self, "devices", tuple)
         _frozen(self, "facts", dict)
         _frozen(self, "dtypes", dict)
         _frozen(self, "narrow_compute", tuple)
+        _frozen(self, "compute", tuple)
 
 
 @dataclass(frozen=True)
@@ -120,9 +158,13 @@ class Capabilities:
     numpy: NumpyCaps
     frameworks: Mapping  # name -> FrameworkCaps (torch, jax, tensorflow, and any registered); read-only
     python: str
+    #: (what was tried, what it wrote to fd 2): the frameworks' native output held off stderr while the
+    #: bridge tried them in this process (``adapters.quiet``)
+    native_output: tuple = ()
 
     def __post_init__(self):
         _frozen(self, "frameworks", dict)
+        _frozen(self, "native_output", tuple)
 
     def decide(self, target: str, *, for_compute: bool = False, device: str = "cpu",
                widen_to: str = "float32") -> Decision:
@@ -143,19 +185,46 @@ class Capabilities:
             return Decision(widen_to, f"{target} cannot hold bf16 here: {held}")
         if for_compute:
             if _on_cpu(device):  # "cpu:0", "CPU" and tensorflow's "/CPU:0" too
-                if not self.cpu.bf16_compute:
-                    return Decision(widen_to, f"for compute on this CPU, which has no bf16 arithmetic "
-                                              f"({self.cpu.why}); float32 holds every bf16 value exactly")
-                return Decision("bfloat16", f"{target} holds bf16 and this CPU computes in it ({self.cpu.why})")
+                return self._for_compute_on_cpu(target, widen_to)
             dev = self._device(device)
             if dev is not None and dev.bf16_compute is False:
                 return Decision(widen_to, f"for compute on {dev.name}, which has no bf16 arithmetic ({dev.why})")
             if dev is None:
                 return Decision("bfloat16", f"{target} holds bf16; no framework here reports a device {device!r}, "
                                             "so its bf16 arithmetic is not known: the data stays bf16")
+            trial = self._compute(target, device)
+            if trial is not None and trial.dtype == "float32":
+                return Decision(widen_to, f"for compute in {target} on {device}: {trial.why}; float32 holds every "
+                                          "bf16 value exactly")
             return Decision("bfloat16", f"{target} holds bf16 on {device} ({dev.why})")
         return Decision("bfloat16", f"{target} holds bf16 here" + (
             f" ({self.numpy.bf16_storage_why})" if target == "numpy" else ""))
+
+    def _for_compute_on_cpu(self, target: str, widen_to: str) -> Decision:
+        """bf16 where this CPU has bf16 arithmetic and ``target`` computes in it (its ComputeTrial, where
+        tried); ``widen_to`` otherwise."""
+        if not self.cpu.bf16_compute:
+            return Decision(widen_to, f"for compute on this CPU, which has no bf16 arithmetic "
+                                      f"({self.cpu.why}); float32 holds every bf16 value exactly")
+        trial = self._compute(target, "cpu")
+        if trial is None or trial.dtype == "unknown":
+            untried = "not tried: bb.probe() tries it" if trial is None else trial.why
+            return Decision("bfloat16", f"{target} holds bf16 and this CPU computes in it ({self.cpu.why}); "
+                                        f"whether {target} itself does is not known ({untried})")
+        if trial.dtype == "float32":
+            return Decision(widen_to, f"for compute in {target}, which computes in float32 on this CPU though the "
+                                      f"CPU has bf16 arithmetic ({self.cpu.why}): {trial.why}; float32 holds every "
+                                      "bf16 value exactly")
+        return Decision("bfloat16", f"{target} computes in bf16 on this CPU ({self.cpu.why}): {trial.why}")
+
+    def _compute(self, target: str, device: str):
+        """``target``'s ComputeTrial on ``device`` ("cpu" for any spelling of the CPU), or None: not tried."""
+        fw = self.frameworks.get(target)
+        trials = self.numpy.compute if target == registry.HUB else (fw.compute if fw is not None else ())
+        for t in trials:
+            if t.device == device or (t.device == "cpu" and _on_cpu(device)):
+                return t
+        return None
 
     def _cannot_hold(self, target: str) -> str | None:
         if target == registry.HUB:  # the core's own storage, found by trying
@@ -205,6 +274,7 @@ class Capabilities:
         for fw in self.frameworks.values():
             for c in fw.narrow_compute:
                 rows.append((f"{fw.name} {c.device} {c.dtype} matmul", f"{c.how}: {c.why}"))
+        rows.extend(_trial_rows(self))
         rows.append(("", ""))
         for target in (registry.HUB, *self.frameworks):
             if target != registry.HUB and not self.frameworks[target].probed:
@@ -240,6 +310,21 @@ class Capabilities:
         bullet, gap = ("- ", "\n\n") if fmt == "markdown" else ("  ", "\n")
         notes = [f"{bullet}{fw} {', '.join(ds)}{what}: {why}".replace("\n", " ") for (fw, what, why), ds in grouped.items()]
         return f"{out}\n\nwhy not:{gap}" + "\n".join(notes)
+
+
+def _trial_rows(caps: Capabilities) -> list[tuple[str, str]]:
+    """The text rows of the bf16 compute trials, the allocation alignments and the native output held."""
+    rows = []
+    for name, found in ((registry.HUB, caps.numpy), *caps.frameworks.items()):
+        for t in found.compute:
+            rows.append((f"{name} {t.device} bf16 compute", f"{t.dtype} ({t.how}): {t.why}"))
+        if found.alignment is not None:
+            a = found.alignment
+            rows.append((f"{name} allocations", f"{'64-byte aligned' if a.aligned else 'not 64-byte aligned'}: {a.why}"))
+    for what, text in caps.native_output:
+        lines = text.splitlines()
+        rows.append(("held off stderr", f"{what}: {lines[0][:160]}" + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")))
+    return rows
 
 
 def _plain(obj):

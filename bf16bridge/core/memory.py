@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from bf16bridge.core import dtypes
+from bf16bridge.core import dtypes, registry
 from bf16bridge.core.adapter import ALIGN
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.errors import InvalidArgumentError
@@ -30,12 +30,49 @@ FRESH_MEMORY_FROM = 32 << 20
 
 
 @plain_python
-def aligned_empty(shape, dtype="bfloat16") -> np.ndarray:
-    """An uninitialised C-ordered numpy array whose buffer starts on a 64-byte boundary.
+def aligned_empty(shape, dtype="bfloat16", like: str | None = None):
+    """An uninitialised C-ordered array whose buffer starts on a 64-byte boundary.
 
-    jax and tensorflow take such arrays without a copy; numpy's own allocations
-    are usually not so aligned. ``dtype`` is a numpy dtype or a name ("bfloat16").
+    jax and tensorflow take such arrays without a copy; numpy's own allocations (and torch's on
+    aarch64) are usually not so aligned. ``dtype`` is a numpy dtype or a name ("bfloat16").
+
+    ``like``: a framework ("numpy", "torch", "jax", "tensorflow" or an alias): the array as that
+    framework's CPU tensor over the same aligned memory, by its zero-copy route from numpy (where
+    none exists for ``dtype``, its own copy, kept only if aligned too). jax's and tensorflow's arrays
+    never change in place, so theirs start zeroed (as ``jnp.empty``'s do).
     """
+    a = _aligned_array(shape, dtype)
+    if like is None:
+        return a
+    target = registry.resolve(like)
+    if target == registry.HUB:
+        return a
+    adapter = registry.get(target)
+    if adapter.immutable:  # nothing can write it afterwards: zeros, not leftovers
+        a.reshape(-1).view(np.uint8)[...] = 0
+    from bf16bridge.core.convert import convert
+    from bf16bridge.errors import CopyRequiredError, UnsupportedDtypeError
+
+    # the buffer is this function's own: a writable numpy alias of it is no one's
+    try:
+        return convert(a, target, copy=False, on_alias="allow")
+    except CopyRequiredError:
+        x = convert(a, target, on_alias="allow")
+    try:
+        at = adapter.data_ptr(x) % ALIGN
+    except UnsupportedDtypeError as err:
+        raise UnsupportedDtypeError(f"aligned_empty(like={like!r}): {target} takes no {a.dtype} array from numpy "
+                                    f"without a copy, and its copy's address cannot be read ({err}); use another "
+                                    "dtype, or like='numpy'") from err
+    if at:
+        raise UnsupportedDtypeError(f"aligned_empty(like={like!r}): {target} takes no {a.dtype} array from numpy "
+                                    f"without a copy, and its own copy starts {at} bytes past a 64-byte boundary; "
+                                    "use another dtype, or like='numpy'")
+    return x
+
+
+def _aligned_array(shape, dtype) -> np.ndarray:
+    """aligned_empty's numpy array, its arguments checked (our errors, naming them)."""
     try:
         dtype = dtypes.numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
     except TypeError as err:

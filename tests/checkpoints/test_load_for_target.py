@@ -131,8 +131,10 @@ def test_load_for_target_takes_the_fallback_its_error_names_and_reports_the_dtyp
     k = report["bn.num_batches_tracked"]
     assert (k.dtype_in, k.dtype_out, out["bn.num_batches_tracked"].dtype.name) == ("int64", "int32", "int32")
     assert "fallback='auto'" in k.reason and int(out["bn.num_batches_tracked"]) == 7
-    assert report["bn.weight"].dtype_out == out["bn.weight"].dtype.name == "bfloat16"
-    assert report.changed == (k,)
+    # the weight as the probe decides jax computes here (float32 where XLA widens bf16 dots on this CPU)
+    want = bb.probe().decide("jax", for_compute=True).dtype
+    assert report["bn.weight"].dtype_out == out["bn.weight"].dtype.name == want
+    assert set(report.changed) == ({k} if want == "bfloat16" else {report["bn.weight"], k})
 
 
 @pytest.mark.frameworks("tensorflow")

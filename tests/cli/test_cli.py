@@ -334,8 +334,11 @@ def test_framework_log_banners_are_quieted_unless_the_user_set_a_level(env, bann
     out = _run("probe", "--frameworks", "tensorflow", "--json", env=_env(**env))
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout)["frameworks"]["tensorflow"]["probed"]
-    # the banners tensorflow itself prints at import here (2.16, the oldest declared: the oneDNN line only)
-    assert {b for b in BANNERS if b in out.stderr} == (_tensorflow_banners() if banners else set()), out.stderr
+    # the banners tensorflow itself prints at import here (2.16, the oldest declared: the oneDNN line only);
+    # asked for, they reach the user: on stderr, or, written while the probe imported tensorflow, held
+    # off stderr as that import's own output and kept in the probe's record (the JSON on stdout)
+    shown = {b for b in BANNERS if b in out.stderr or (banners and b in out.stdout)}
+    assert shown == (_tensorflow_banners() if banners else set()), out.stderr
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import numpy as np
 from bf16bridge.adapters import dlpack
 from bf16bridge.adapters.hooks import ProbeHooks
 from bf16bridge.adapters.jax import internals
-from bf16bridge.adapters.trials import cast_matches, float_row, rounds_as_ml_dtypes
+from bf16bridge.adapters.trials import allocation_offsets, cast_matches, float_row, rounds_as_ml_dtypes
 from bf16bridge.core import dtypes, registry
 from bf16bridge.core.adapter import ALIGN
 from bf16bridge.core.memory import aligned_empty
@@ -255,6 +255,24 @@ def narrow_dot(np_dtype, device) -> tuple[str, str]:
     return "unknown", "jnp.dot runs; no dot found in the compiled program"
 
 
+def bf16_dot(device) -> tuple[str, str, str]:
+    """(dtype, how, why): what jnp.dot of two bf16 arrays (a bf16 result, as users write it) computes in
+    on ``device``, read from the compiled program: the dot's operands are bf16, or XLA converts them first."""
+    try:
+        x = jax.device_put(np.ones((16, 16), dtype=dtypes.numpy_dtype("bfloat16")), device)
+        compiled = jax.jit(jnp.dot).lower(x, x).compile()
+        ops = internals.hlo_matmuls(internals.hlo_text(compiled))
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        return "unknown", "failed", f"jnp.dot: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+    if not ops or "?" in ops[0][1]:
+        return "unknown", "failed", "jnp.dot compiles; its dot's operand types are not in the program's text"
+    op, types = ops[0]
+    if all(t == "bf16" for t in types):
+        return "bfloat16", "read", f"the compiled jnp.dot's {op} takes the bf16 operands as they are"
+    return "float32", "read", (f"XLA converts the bf16 operands to {types[0]} before its {op} (the compiled "
+                               "program of jnp.dot on two bf16 arrays): it computes in float32")
+
+
 class JaxProbe(ProbeHooks):
     name = "jax"
 
@@ -284,6 +302,22 @@ class JaxProbe(ProbeHooks):
         one_each = {d.platform: d for d in (*jax.devices("cpu"), *jax.devices())}  # a device per platform
         return tuple(("cpu" if p == "cpu" else f"{p}:{d.id}", *narrow_dot(dtypes.numpy_dtype(dtype), d))
                      for p, d in one_each.items())
+
+    def bf16_compute(self):
+        """What jnp.dot of two bf16 arrays computes in, read from its program compiled for a device of each
+        platform (((device, dtype, how, why), ...))."""
+        one_each = {d.platform: d for d in (*jax.devices("cpu"), *jax.devices())}
+        return tuple(("cpu" if p == "cpu" else f"{p}:{d.id}", *bf16_dot(d)) for p, d in one_each.items())
+
+    def fresh_offsets(self):
+        """Address mod 64 of fresh jnp.zeros arrays on the CPU."""
+        def make(n):
+            with jax.ensure_compile_time_eval(), jax.default_device(jax.local_devices(backend="cpu")[0]):
+                x = jnp.zeros(n, jnp.uint8)
+                x.block_until_ready()
+                return x
+
+        return allocation_offsets(make, lambda x: x.unsafe_buffer_pointer())
 
 
 def _x64_fact():

@@ -3,8 +3,8 @@ capability probe's hooks (``TensorflowProbe``: devices, facts, fp8 matmuls).
 
 The trials: how a tensor leaves over DLPack (``export``), what tensorflow does with each
 low-precision row (``low_precision_rows``: held, exported, bit-cast), whether its copy kernel
-and casts take a dtype (``copy_kernel``, ``casts``, ``rounds_as_ml_dtypes``). Each runs once and is cached; those whose
-refusals tensorflow logs natively keep those lines off stderr.
+and casts take a dtype (``copy_kernel``, ``casts``, ``rounds_as_ml_dtypes``). Each runs once and is cached; what
+tensorflow writes natively while one runs (a refusal it logs) is held off stderr (``adapters.quiet``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from bf16bridge.core import versions
 from bf16bridge.errors import FrameworkNotInstalledError
 from bf16bridge.adapters import dlpack
 from bf16bridge.adapters.hooks import ProbeHooks
-from bf16bridge.adapters.quiet import without_native_lines
-from bf16bridge.adapters.trials import cast_matches, rounds_as_ml_dtypes as _rounds_as
+from bf16bridge.adapters.quiet import held_native_output
+from bf16bridge.adapters.trials import (MATMUL_SIDE, allocation_offsets, cast_matches, rounds_as_ml_dtypes as _rounds_as,
+                                        timed_bf16_matmul)
 from bf16bridge.adapters.tensorflow import internals
 from bf16bridge.adapters.tensorflow.framework import tf, tf_dtype
 
-#: what a refused trial's op logs natively (the refusal is the finding; the line is noise)
-_REFUSALS = (b"OP_REQUIRES failed", b"Local rendezvous is aborting")
 T = TypeVar("T")
 
 
@@ -151,7 +150,7 @@ def low_precision_rows() -> LowPrecisionRows:
                     views.add(name)
         return LowPrecisionRows(frozenset(held), why, frozenset(out), frozenset(views))
 
-    return without_native_lines(trial, *_REFUSALS)
+    return held_native_output(trial, "tensorflow's low-precision rows")
 
 
 def holds(name: str) -> bool:
@@ -168,14 +167,10 @@ def copy_kernel(name: str) -> bool:
             tf.raw_ops.DeepCopy(x=tf.constant(np.zeros(2, dtypes.numpy_dtype(name))))
 
     try:
-        without_native_lines(trial, f"Unsupported data type: {tf_dtype(name).name}".encode())
+        held_native_output(trial, f"tensorflow's copy kernel for {name}")
         return True
     except Exception:  # noqa: BLE001 - no copy kernel for it
         return False
-
-
-#: tensorflow's C++ names (DataTypeString) where they differ from ours
-_CPP_NAMES = {"float32": "float", "float16": "half", "float64": "double"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,9 +178,9 @@ def casts(src: str, dst: str) -> bool:
     """Whether tf.cast keeps every src value in dst, tried once. A cast with no kernel raises (the
     finding) and logs natively, as does a first float16 cast on a CPU without AVX-512: those lines
     are kept off stderr."""
-    return without_native_lines(
+    return held_native_output(
         lambda: cast_matches(src, dst, lambda a: tf.cast(tf.constant(a), tf_dtype(dst)).numpy()),
-        f"UNIMPLEMENTED: Cast {_CPP_NAMES.get(src, src)} to ".encode(), b"oneDNN supports DT_HALF only")
+        f"tf.cast from {src} to {dst}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -235,6 +230,28 @@ class TensorflowProbe(ProbeHooks):
             return (("cpu", "no", f"tf.linalg.matmul: {type(err).__name__}: "
                                   f"{(str(err).splitlines() or [''])[0][:200]}"),)
         return (("cpu", "unknown", "tf.linalg.matmul runs; how is not read"),)
+
+    def bf16_compute(self):
+        """tf.linalg.matmul in bf16 against float32 on the CPU, timed (eager CPU ops finish before they return)."""
+        def run(dtype):
+            with tf.init_scope(), tf.device("/CPU:0"):
+                a = tf.ones((MATMUL_SIDE, MATMUL_SIDE), dtype=tf_dtype(dtype))
+
+            def matmul():
+                with tf.init_scope(), tf.device("/CPU:0"):
+                    return tf.linalg.matmul(a, a)
+
+            return matmul
+
+        return (("cpu", *timed_bf16_matmul(run, "tf.linalg.matmul")),)
+
+    def fresh_offsets(self):
+        """Address mod 64 of fresh tf.zeros CPU tensors (read from their DLPack capsules)."""
+        def make(n):
+            with tf.init_scope(), tf.device("/CPU:0"):
+                return tf.zeros([n], tf.uint8)
+
+        return allocation_offsets(make, lambda t: dlpack.data_ptr(export().capsule(t)))
 
 
 HOOKS = TensorflowProbe()

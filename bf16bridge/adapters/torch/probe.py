@@ -13,9 +13,9 @@ import torch
 
 from bf16bridge.adapters import dlpack
 from bf16bridge.adapters.hooks import ProbeHooks
-from bf16bridge.adapters.quiet import without_native_lines
+from bf16bridge.adapters.quiet import held_native_output
 from bf16bridge.adapters.torch import internals
-from bf16bridge.adapters.trials import cast_matches
+from bf16bridge.adapters.trials import MATMUL_SIDE, allocation_offsets, cast_matches, timed_bf16_matmul
 from bf16bridge.core import dtypes
 from bf16bridge.errors import UnsupportedTypeError
 
@@ -166,8 +166,9 @@ def _scaled_mm_traced(dt, device: str):
             out = internals.scaled_mm(a, b, one)
         return prof, out
 
-    # kineto logs each profiler start and stop natively: the trial's own lines, kept off stderr
-    return without_native_lines(traced, b"SyncActivityProfilerHandler.cpp")
+    # kineto logs each profiler start and stop natively (and a CUDA build without a driver, that it
+    # found none): the trial's own output, held off stderr
+    return held_native_output(traced, f"{dt} matmul on {device} under torch's profiler")
 
 
 def narrow_matmul(dt, device: str) -> tuple[str, str]:
@@ -222,6 +223,18 @@ class TorchProbe(ProbeHooks):
             return ()
         devices = ("cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count())))
         return tuple((d, *narrow_matmul(dt, d)) for d in devices)
+
+    def bf16_compute(self):
+        """torch.mm in bf16 against float32 on the CPU, timed (((device, dtype, how, why),))."""
+        def run(dtype):
+            a = torch.ones(MATMUL_SIDE, MATMUL_SIDE, dtype=getattr(torch, dtype))
+            return lambda: torch.mm(a, a)
+
+        return (("cpu", *timed_bf16_matmul(run, "torch.mm")),)
+
+    def fresh_offsets(self):
+        """Address mod 64 of fresh torch.empty CPU tensors."""
+        return allocation_offsets(lambda n: torch.empty(n, dtype=torch.uint8), lambda t: t.data_ptr())
 
 
 HOOKS = TorchProbe()
