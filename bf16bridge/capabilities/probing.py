@@ -117,7 +117,7 @@ def _dtype_support(adapter, dtype: str, storage_why: str | None) -> DtypeSupport
         checked.append("" if ok is None or said == ok else
                        f" (the adapter declares {'yes' if said else 'no'}: the planner follows the declaration)")
         if ok is None:
-            checked[-1] = f"; the adapter declares {'yes' if said else 'no'}"
+            checked[-1] = f"; the adapter declares that it {'can' if said else 'cannot'} {way} it"
     return DtypeSupport(dtype, True, "holds it", export, export_why + checked[0], imported, import_why + checked[1])
 
 

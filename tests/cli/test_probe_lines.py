@@ -68,8 +68,6 @@ def test_verbose_has_the_findings_and_no_phrase_is_cut_off(capsys):
 
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")
-@pytest.mark.xfail(strict=True, reason="bf16bridge/capabilities/probing.py (_dtype_support) ends a reason with "
-                                       "'; the adapter declares no': the lead applies the fix, then drops this mark")
 def test_no_reason_in_the_findings_ends_cut_off(capsys):
     """`DLPack import: not tried: its own export fails; the adapter declares no` (declares no what?)."""
     full = _probe(capsys, "--frameworks", "all", "--verbose")
