@@ -8,7 +8,6 @@ targets are judged on the fastest (the least disturbed by other load), and the r
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 import warnings
@@ -21,7 +20,7 @@ import bf16bridge as bb
 from bf16bridge.errors import Bf16BridgeWarning
 
 from .harness import SIZES, machine, pairs, sample
-from .loss_step import bench_mlp_step
+from .loss_step import bench_mlp_step, one_torch_thread
 from .raw import from_tf, raw_routes
 
 BUDGET_S, QUICK_BUDGET_S = 1.5, 0.03  # seconds a comparison runs, all contenders together
@@ -336,20 +335,6 @@ def _driver(caller: str):
     return {"torch": torch_run, "jax": jax_run}.get(caller, tf_run)
 
 
-@contextlib.contextmanager
-def _one_torch_thread():
-    """torch's intra-op threads spin against jax's and tensorflow's pools on this small shared
-    machine: a 64x64 bf16 matmul took 20 us on one thread and up to 15 ms on two. One thread
-    keeps the callee's own work small and steady, so the ratio shows the call's overhead."""
-    torch = _mods()[1]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _bridged_data() -> list:
     """The bridged calls' three 64x64 bf16 inputs and their cotangent, as numpy arrays."""
     ml = _mods()[0]
@@ -358,7 +343,7 @@ def _bridged_data() -> list:
 
 
 def bench_bridged(quick: bool, log) -> list[dict]:
-    with _one_torch_thread():
+    with one_torch_thread(_mods()[1]):
         return _bench_bridged(quick, log)
 
 
@@ -399,7 +384,7 @@ def bench_bridged_jit(quick: bool, log) -> list[dict]:
     ``pure_callback`` wrapper (``baseline``), forward and backward (a jitted ``jax.vjp``) and forward
     only, for the torch and tensorflow callees."""
     ml, torch, jax, jnp, tf = _mods()
-    with _one_torch_thread():
+    with one_torch_thread(_mods()[1]):
         data = _bridged_data()
         xs = [jnp.asarray(a) for a in data[:3]]
         ct = jnp.asarray(data[3])

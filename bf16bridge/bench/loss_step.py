@@ -90,7 +90,10 @@ def judged_against(times: dict) -> str:
 
 
 @contextlib.contextmanager
-def _one_torch_thread(torch):
+def one_torch_thread(torch):
+    """torch on one intra-op thread for the block: its threads spin against jax's and tensorflow's
+    pools on a small shared machine, so one thread keeps the callee's own work steady and the ratio
+    shows the call's overhead."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -110,7 +113,7 @@ def bench_mlp_step(quick: bool, log, compare, torch, jax, jnp) -> dict:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=gen)
     targets = torch.nn.functional.one_hot(torch.randint(0, 10, (32,), generator=gen), 10).float()
-    with _one_torch_thread(torch):  # (torch's threads spin against jax's on a small machine: functions.py says why)
+    with one_torch_thread(torch):
         steps = {k: _stepper(f, x, targets, torch) for k, f in losses.items()}
         first = {k: [s(), *(p.grad.clone() for p in m.parameters())] for k, (s, m) in steps.items()}
         same = all(torch.equal(a, b) for a, b in zip(first["bridge"], first["jax.jit(vjp) by hand"]))
