@@ -24,10 +24,10 @@ __all__ = ["Against", "DEFAULT_POLICY", "Element", "Explained", "FRAMEWORK_DEFAU
 
 def __getattr__(name):
     if name in ("trace", "trace_cast", "tap", "TraceReport"):
-        from bf16bridge.parity import trace_api, trace_precision, trace_report, trace_tap
+        from bf16bridge.parity.tracing import api, precision, report, tap
 
-        return {"trace": trace_api.trace, "trace_cast": trace_precision.trace_cast, "tap": trace_tap.tap,
-                "TraceReport": trace_report.TraceReport}[name]
+        return {"trace": api.trace, "trace_cast": precision.trace_cast, "tap": tap.tap,
+                "TraceReport": report.TraceReport}[name]
     if name in ("run", "recheck", "suite", "OPS"):
         from bf16bridge.parity import runner
 

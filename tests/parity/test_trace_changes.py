@@ -9,9 +9,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bf16bridge.parity import explain, trace_judge
-from bf16bridge.parity.trace_changes import what_changed
-from bf16bridge.parity.trace_names import Pairing, ancestors, canonical, pair_params
+from bf16bridge.parity import explain
+from bf16bridge.parity.tracing import judge
+from bf16bridge.parity.tracing.changes import what_changed
+from bf16bridge.parity.tracing.names import Pairing, ancestors, canonical, pair_params
 
 RNG = np.random.default_rng(0)
 
@@ -22,29 +23,29 @@ RNG = np.random.default_rng(0)
 def test_the_layer_measure_is_explain_against_s(dtype, scale):
     r = RNG.standard_normal((3, 5, 7)) * scale
     x = (r * (1 + 1e-3 * RNG.standard_normal(r.shape))).astype(dtype)
-    mine, theirs = trace_judge.measure(x, r, 8), explain.against(x, r, k=8)
+    mine, theirs = judge.measure(x, r, 8), explain.against(x, r, k=8)
     assert mine.normwise == pytest.approx(theirs.normwise, rel=1e-9)
     assert mine.elementwise == pytest.approx(theirs.elementwise, rel=1e-9)
     assert mine.worst == theirs.worst and mine.unit == theirs.unit
     assert mine.cosine == pytest.approx(theirs.cosine, abs=1e-12)
-    assert mine.sqnr_db == pytest.approx(trace_judge.sqnr_db(x.astype(np.float64), r), abs=1e-9)
+    assert mine.sqnr_db == pytest.approx(judge.sqnr_db(x.astype(np.float64), r), abs=1e-9)
 
 
 def test_with_nan_the_measure_is_explain_against_itself():
     r = RNG.standard_normal(16)
     x = r.astype(np.float32)
     x[3] = np.nan
-    m = trace_judge.measure(x, r, 8)
+    m = judge.measure(x, r, 8)
     assert m.nonfinite == 1 and math.isinf(m.elementwise) and m.worst == (3,)
 
 
 def test_the_budget_grows_with_depth_or_with_the_reference_side_s_own_error():
     r = RNG.standard_normal(64)
     off = (r * (1 + 30 * 2.0 ** -24)).astype(np.float32)  # about 30 roundings of float32 everywhere
-    assert not trace_judge.against(off, r, None, 1, 8).passed  # 8 roundings at depth 1
-    assert trace_judge.against(off, r, None, 16, 8).passed  # 8 * sqrt(16) = 32 at depth 16
-    own = trace_judge.measure((r * (1 + 10 * 2.0 ** -24)).astype(np.float32), r, 8)
-    v = trace_judge.against(off, r, own, 1, 8)
+    assert not judge.against(off, r, None, 1, 8).passed  # 8 roundings at depth 1
+    assert judge.against(off, r, None, 16, 8).passed  # 8 * sqrt(16) = 32 at depth 16
+    own = judge.measure((r * (1 + 10 * 2.0 ** -24)).astype(np.float32), r, 8)
+    v = judge.against(off, r, own, 1, 8)
     assert v.passed and v.budget == pytest.approx(4 * own.normwise)  # 4 times the reference side's own
     assert "the reference side's own" in v.why
 
@@ -117,7 +118,7 @@ def test_without_a_reference_the_measure_is_explain_pair_s(dtypes):
     a = r.astype(dtypes[0])
     b = (r * (1 + 1e-3 * RNG.standard_normal(r.shape))).astype(dtypes[1])
     for depth in (1, 50):
-        v, e = trace_judge.between(a, b, depth, 8), explain.pair(a, b, k=8 * math.sqrt(depth))
+        v, e = judge.between(a, b, depth, 8), explain.pair(a, b, k=8 * math.sqrt(depth))
         assert (v.passed, v.budget, v.unit) == (e.passed, e.budget, e.unit)
         assert v.error == pytest.approx(e.normwise, rel=1e-9)
         assert v.elementwise == pytest.approx(e.elementwise, rel=1e-9)

@@ -168,19 +168,19 @@ def test_a_layer_called_twice_is_two_rows_and_a_tuple_output_a_row_per_tensor():
 def test_the_judged_side_is_compared_as_it_runs_and_what_was_kept_for_it_is_freed():
     import torch
 
-    from bf16bridge.parity import trace_names, trace_run
+    from bf16bridge.parity.tracing import names, run
 
     m = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(6)))
     hooks = registry.hooks("torch", TraceHooks)
-    x = trace_run.side_inputs((np.ones((2, 8), np.float32),), "torch")
-    side = trace_run.Side(m, "torch", hooks, x, True)
-    base = trace_run.first_run(side, None, 8)
+    x = run.side_inputs((np.ones((2, 8), np.float32),), "torch")
+    side = run.Side(m, "torch", hooks, x, True)
+    base = run.first_run(side, None, 8)
     assert len(base.values) == 7  # six layers and the model: one side's activations, kept
-    pairing = trace_names.Pairing(base.order, pairs=None, rename=None, by="name", stored_is_a=True)
-    depth, _ = trace_run.depths(base.order)
+    pairing = names.Pairing(base.order, pairs=None, rename=None, by="name", stored_is_a=True)
+    depth, _ = run.depths(base.order)
     held = []
     m[3].register_forward_hook(lambda *a: held.append(len(base.values)))  # before the trace's own hook on it
-    rows, _, _ = trace_run.judged_run(trace_run.Side(m, "torch", hooks, x, False), base, pairing, depth, 8)
+    rows, _, _ = run.judged_run(run.Side(m, "torch", hooks, x, False), base, pairing, depth, 8)
     assert held == [4] and len(rows) == 7 and not base.values  # layers 0-2 freed as soon as each was judged
 
 

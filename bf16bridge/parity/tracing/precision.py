@@ -12,10 +12,11 @@ from bf16bridge.adapters.hooks import TraceHooks
 from bf16bridge.casting.module import cast_module
 from bf16bridge.core import registry
 from bf16bridge.errors import InvalidArgumentError
-from bf16bridge.parity import explain, metrics, trace_judge
-from bf16bridge.parity.trace_api import owner, run_trace
-from bf16bridge.parity.trace_report import CastFix, LayerRow, TraceReport
-from bf16bridge.parity.trace_run import Side, side_inputs
+from bf16bridge.parity import explain, metrics
+from bf16bridge.parity.tracing import judge
+from bf16bridge.parity.tracing.api import owner, run_trace
+from bf16bridge.parity.tracing.report import CastFix, LayerRow, TraceReport
+from bf16bridge.parity.tracing.run import Side, side_inputs
 from bf16bridge.trees.walk import map_leaves
 
 
@@ -24,11 +25,11 @@ def _rounded_inputs(inputs: tuple, dtype: str) -> tuple[tuple, tuple]:
     see the same values, the cast one in its dtype."""
     def narrow(x, path):
         arr = metrics.ensure_numpy(x)
-        return metrics.rounded(np.ascontiguousarray(arr), dtype) if trace_judge.floating(arr) else arr
+        return metrics.rounded(np.ascontiguousarray(arr), dtype) if judge.floating(arr) else arr
 
     def wide(x, path):
         arr = metrics.ensure_numpy(x)
-        if not trace_judge.floating(arr):
+        if not judge.floating(arr):
             return arr
         return metrics.to_float64(metrics.rounded(np.ascontiguousarray(arr), dtype)).astype(arr.dtype)
     return tuple(map_leaves(narrow, tuple(inputs))), tuple(map_leaves(wide, tuple(inputs)))

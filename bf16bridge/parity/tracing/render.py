@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bf16bridge.parity.trace_report import TraceReport
+    from bf16bridge.parity.tracing.report import TraceReport
 
 
 def _g(x) -> str:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from bf16bridge.errors import InvalidArgumentError
-from bf16bridge.parity import metrics, trace_judge
-from bf16bridge.parity.trace_names import pair_params
-from bf16bridge.parity.trace_report import GradRow
-from bf16bridge.parity.trace_run import Side, float_leaves
+from bf16bridge.parity import metrics
+from bf16bridge.parity.tracing import judge
+from bf16bridge.parity.tracing.names import pair_params
+from bf16bridge.parity.tracing.report import GradRow
+from bf16bridge.parity.tracing.run import Side, float_leaves
 
 
 def cotangent(shape: tuple, seed: int) -> np.ndarray:
@@ -66,16 +67,16 @@ def gradients(first: Side, judged: Side, ref: Side | None, output, *, k: float, 
             "grads_unpaired_a": tuple(ua), "grads_unpaired_b": tuple(ub)}
 
 
-def _judge(mine, theirs, ref, transposed: bool, depth: int, k: float, floor: float) -> trace_judge.Verdict:
+def _judge(mine, theirs, ref, transposed: bool, depth: int, k: float, floor: float) -> judge.Verdict:
     if mine is None or theirs is None:
-        v = trace_judge.mismatched((), ())
+        v = judge.mismatched((), ())
         side = "either side" if mine is None and theirs is None else "one side only"
-        return trace_judge.Verdict(**{**v.__dict__, "why": f"no gradient reaches this parameter on {side}"})
+        return judge.Verdict(**{**v.__dict__, "why": f"no gradient reaches this parameter on {side}"})
     if transposed:
         theirs = np.ascontiguousarray(theirs.T)
     if theirs.shape != mine.shape:
-        return trace_judge.mismatched(tuple(theirs.shape), tuple(mine.shape))
+        return judge.mismatched(tuple(theirs.shape), tuple(mine.shape))
     if ref is not None:
         r64 = metrics.to_float64(ref)
-        return trace_judge.against(theirs, r64, trace_judge.measure(mine, r64, k), depth, k)
-    return trace_judge.between(mine, theirs, depth, k, floor)
+        return judge.against(theirs, r64, judge.measure(mine, r64, k), depth, k)
+    return judge.between(mine, theirs, depth, k, floor)

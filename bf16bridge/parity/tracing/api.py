@@ -5,7 +5,7 @@ other side (each layer paired and measured as it is made, nothing of it kept), t
 itself where its own error is asked (a layer beyond what depth alone allows) or gradients are. So one
 side's activations are held, not two or three. Without a reference the first side's are held and the
 second is judged against them. Where a layer fails, the models run again keeping only the inputs and
-outputs of that layer and the layers around it (``trace_locate``): the first divergence is the innermost
+outputs of that layer and the layers around it (``tracing.locate``): the first divergence is the innermost
 of them whose input still agreed. Every framework-specific step is asked of the framework's ``TraceHooks``.
 """
 
@@ -18,10 +18,12 @@ import sys
 from bf16bridge.adapters.hooks import TraceHooks
 from bf16bridge.core import registry
 from bf16bridge.errors import FrameworkNotInstalledError, InvalidArgumentError, UnsupportedTypeError
-from bf16bridge.parity import explain, trace_grads, trace_locate
-from bf16bridge.parity.trace_names import Pairing
-from bf16bridge.parity.trace_report import LayerRow, TraceReport
-from bf16bridge.parity.trace_run import (Side, decided, depths, first_run, input_sqnr, judged_run, reference_run,
+from bf16bridge.parity import explain
+from bf16bridge.parity.tracing import locate
+from bf16bridge.parity.tracing.grads import gradients
+from bf16bridge.parity.tracing.names import Pairing
+from bf16bridge.parity.tracing.report import LayerRow, TraceReport
+from bf16bridge.parity.tracing.run import (Side, decided, depths, first_run, input_sqnr, judged_run, reference_run,
                                          side_inputs, wanted_own)
 
 
@@ -148,8 +150,8 @@ def run_trace(a: Side, b: Side, inputs: tuple, *, pairs=None, rename=None, pair_
     divergence = None
     failing = [r for r in layer_rows if not r.passed]
     if failing:
-        divergence = trace_locate.locate(failing[0], first, judged, ref, layer_rows, k)
-    g = trace_grads.gradients(first, judged, ref, base.output, k=k, loss=loss, grad_pairs=grad_pairs,
+        divergence = locate.locate(failing[0], first, judged, ref, layer_rows, k)
+    g = gradients(first, judged, ref, base.output, k=k, loss=loss, grad_pairs=grad_pairs,
                               rename=rename, seed=seed, depth=max(depth.values(), default=1)) if grads else None
     fw = (a.framework, b.framework)
     models = (_model_name(a.model), _model_name(b.model))

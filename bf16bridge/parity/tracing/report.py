@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 
 from bf16bridge.errors import MissingKeyError
-from bf16bridge.parity import trace_render
-from bf16bridge.parity.trace_judge import Verdict
+from bf16bridge.parity.tracing import render
+from bf16bridge.parity.tracing.judge import Verdict
 
 
 @dataclass(frozen=True)
@@ -179,13 +179,13 @@ class TraceReport:
         return json.dumps(self.to_dict(), **kw)
 
     def text(self) -> str:
-        return trace_render.text(self)
+        return render.text(self)
 
     def markdown(self) -> str:
-        return trace_render.markdown(self)
+        return render.markdown(self)
 
     def html(self) -> str:
-        return trace_render.html(self)
+        return render.html(self)
 
     def __str__(self) -> str:
         return self.text()

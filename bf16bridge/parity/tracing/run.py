@@ -13,8 +13,9 @@ from bf16bridge.adapters.hooks import TraceHooks
 from bf16bridge.core import registry
 from bf16bridge.core.convert import convert
 from bf16bridge.errors import UnsupportedDtypeError
-from bf16bridge.parity import metrics, trace_judge, trace_tap
-from bf16bridge.parity.trace_names import Pairing, ancestors, layer_of
+from bf16bridge.parity import metrics
+from bf16bridge.parity.tracing import judge, tap
+from bf16bridge.parity.tracing.names import Pairing, ancestors, layer_of
 from bf16bridge.trees.walk import map_leaves, where
 
 
@@ -35,7 +36,7 @@ def side_inputs(inputs: tuple, framework: str, widen: bool = False) -> tuple:
     def one(x, path):
         if widen:
             arr = metrics.ensure_numpy(x)
-            if trace_judge.floating(arr):
+            if judge.floating(arr):
                 x = metrics.to_float64(arr)
         try:
             return convert(x, framework)
@@ -74,12 +75,12 @@ def float_leaves(value) -> list[tuple[str, np.ndarray]]:
     """The floating tensor leaves of a layer's output (or arguments), as numpy, with their paths."""
     if registry.tensor_framework(value) is not None:  # one tensor, the usual output: no walk
         arr = metrics.ensure_numpy(value)
-        return [("", arr)] if trace_judge.floating(arr) else []
+        return [("", arr)] if judge.floating(arr) else []
     out: list[tuple[str, np.ndarray]] = []
 
     def take(x, path):
         arr = metrics.ensure_numpy(x)
-        if trace_judge.floating(arr):
+        if judge.floating(arr):
             out.append((where(path) if path else "", arr))
         return x
     map_leaves(take, value)
@@ -88,7 +89,7 @@ def float_leaves(value) -> list[tuple[str, np.ndarray]]:
 
 def run_side(side: Side, collector: Collector, inputs_of=frozenset()):
     """Run one side with its layers recorded (and its taps); its output."""
-    with trace_tap.recording(collector):
+    with tap.recording(collector):
         return side.hooks.run(side.model, side.args, collector, inputs_of)
 
 
@@ -114,7 +115,7 @@ class Base:
     order: list[str]
     ref: dict[str, np.ndarray]  # the float64 run's rows (with a reference)
     values: dict[str, np.ndarray]  # the first side's rows (without one)
-    own: dict[str, trace_judge.Measured]  # the first side's own error, at the rows it was asked for
+    own: dict[str, judge.Measured]  # the first side's own error, at the rows it was asked for
     meta: dict[str, tuple[tuple, str]]  # each row's shape and dtype on the first side
     has_ref: bool = False
     output: Any = None
@@ -145,7 +146,7 @@ def first_run(first: Side, base: Base | None, k: float, keep=frozenset(),
             return
         r = base.ref.get(n) if n in wanted or keep else base.ref.pop(n, None)
         if n in wanted and r is not None and r.shape == x.shape:
-            base.own[n] = trace_judge.measure(x, r, k)
+            base.own[n] = judge.measure(x, r, k)
     col = Collector(on_row, keep)
     base.output = run_side(first, col, keep)
     base.first_inputs = col.inputs
@@ -154,17 +155,17 @@ def first_run(first: Side, base: Base | None, k: float, keep=frozenset(),
     return base
 
 
-def judge(x: np.ndarray, name: str, base: Base, depth: int, k: float):
+def layer_verdict(x: np.ndarray, name: str, base: Base, depth: int, k: float):
     """The judged side's row ``x`` against row ``name``: its ``Measured`` against the float64 run (decided once
     the first side ran), or its ``Verdict`` against the first side's row."""
     target = base.ref.get(name) if base.has_ref else base.values.get(name)
     if target is None:
-        return trace_judge.mismatched(tuple(x.shape), ())
+        return judge.mismatched(tuple(x.shape), ())
     if tuple(target.shape) != tuple(x.shape):
-        return trace_judge.mismatched(tuple(x.shape), tuple(target.shape))
+        return judge.mismatched(tuple(x.shape), tuple(target.shape))
     if base.has_ref:
-        return trace_judge.measure(x, target, k)
-    return trace_judge.between(target, x, depth, k)
+        return judge.measure(x, target, k)
+    return judge.between(target, x, depth, k)
 
 
 def judged_run(side: Side, base: Base, pairing: Pairing, depth: dict, k: float, keep=frozenset()):
@@ -177,7 +178,7 @@ def judged_run(side: Side, base: Base, pairing: Pairing, depth: dict, k: float, 
         mine = pairing.match(n)
         if mine is None:
             return
-        rows[mine] = (n, tuple(x.shape), metrics.kind_of(x), judge(x, mine, base, depth[mine], k))
+        rows[mine] = (n, tuple(x.shape), metrics.kind_of(x), layer_verdict(x, mine, base, depth[mine], k))
         if not keep and not base.has_ref:
             base.values.pop(mine, None)
     col = Collector(on_row, keep)
@@ -185,19 +186,19 @@ def judged_run(side: Side, base: Base, pairing: Pairing, depth: dict, k: float, 
     return rows, col, out
 
 
-def decided(rows: dict, base: Base, depth: dict, k: float) -> dict[str, trace_judge.Verdict]:
+def decided(rows: dict, base: Base, depth: dict, k: float) -> dict[str, judge.Verdict]:
     """Each row's verdict, the first side's own error the yardstick where it was measured."""
     out = {}
     for name, (_, _, _, m) in rows.items():
-        out[name] = trace_judge.decide(m, base.own.get(name), depth[name], k) if isinstance(
-            m, trace_judge.Measured) else m
+        out[name] = judge.decide(m, base.own.get(name), depth[name], k) if isinstance(
+            m, judge.Measured) else m
     return out
 
 
 def wanted_own(rows: dict, depth: dict, k: float) -> set[str]:
     """The rows whose measure depth alone does not allow: the first side's own error is asked there."""
-    return {n for n, (_, _, _, m) in rows.items() if isinstance(m, trace_judge.Measured)
-            and trace_judge.over_base(m, depth[n], k)}
+    return {n for n, (_, _, _, m) in rows.items() if isinstance(m, judge.Measured)
+            and judge.over_base(m, depth[n], k)}
 
 
 def input_sqnr(base: Base, col: Collector, first_row: str, judged_row: str) -> float | None:
@@ -208,4 +209,4 @@ def input_sqnr(base: Base, col: Collector, first_row: str, judged_row: str) -> f
     want, got = mine.get(call(first_row)), col.inputs.get(call(judged_row))
     if want is None or got is None or want.shape != got.shape:
         return None
-    return trace_judge.sqnr_db(metrics.to_float64(got), metrics.to_float64(want))
+    return judge.sqnr_db(metrics.to_float64(got), metrics.to_float64(want))

@@ -3,18 +3,19 @@ from code of a layer around it that ran before it (its input already differed)?
 
 The three runs go again, keeping only the inputs and outputs of the failing layer and of the layers
 around it; the first divergence is the innermost whose input still agreed. There, a few diagnostics
-say what changed (``trace_changes``), the reference side's layer run again with a weight transposed
+say what changed (``tracing.changes``), the reference side's layer run again with a weight transposed
 among them."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bf16bridge.parity import metrics, trace_judge
-from bf16bridge.parity.trace_run import Collector, Side, run_side
-from bf16bridge.parity.trace_changes import what_changed
-from bf16bridge.parity.trace_names import ancestors, layer_of
-from bf16bridge.parity.trace_report import Divergence, LayerRow
+from bf16bridge.parity import metrics
+from bf16bridge.parity.tracing import judge
+from bf16bridge.parity.tracing.run import Collector, Side, run_side
+from bf16bridge.parity.tracing.changes import what_changed
+from bf16bridge.parity.tracing.names import ancestors, layer_of
+from bf16bridge.parity.tracing.report import Divergence, LayerRow
 
 
 def _call(row: str) -> str:
@@ -97,8 +98,8 @@ def _agrees(got, want, own_in, depth: int, k: float) -> bool:
     if got.shape != want.shape:
         return False
     if own_in is not None:
-        own = trace_judge.measure(own_in, metrics.to_float64(want), k)
-        return trace_judge.against(got, metrics.to_float64(want), own, depth, k).passed
+        own = judge.measure(own_in, metrics.to_float64(want), k)
+        return judge.against(got, metrics.to_float64(want), own, depth, k).passed
     if metrics.kind_of(want) == "float64" and metrics.kind_of(got) != "float64":
-        return trace_judge.against(got, want, None, depth, k).passed
-    return trace_judge.between(want, got, depth, k).passed
+        return judge.against(got, want, None, depth, k).passed
+    return judge.between(want, got, depth, k).passed
