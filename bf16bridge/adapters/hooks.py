@@ -340,3 +340,17 @@ class TraceHooks:
         may hand it over later, when it runs); asked by ``bb.parity.tap`` while a trace runs."""
         record(name, "output", x)
         return x
+
+
+def first_floating(out, floating):
+    """The first leaf of a model's output (a tensor, or a tuple, list or dict of them, nested) for which
+    ``floating(leaf)`` is true, or None: what a trace takes gradients of when no loss is given."""
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            found = first_floating(o, floating)
+            if found is not None:
+                return found
+        return None
+    return out if floating(out) else None

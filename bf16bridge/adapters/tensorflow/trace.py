@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from bf16bridge.adapters.hooks import TraceHooks
+from bf16bridge.adapters.hooks import TraceHooks, first_floating
 from bf16bridge.adapters.tensorflow.framework import tf
 from bf16bridge.errors import UnsupportedTypeError
 
@@ -64,7 +64,7 @@ class TensorflowTrace(TraceHooks):
         variables = list(model.trainable_variables)
         with tf.GradientTape() as tape:
             out = model(*args)
-            target = loss(out) if loss is not None else _first_floating(out)
+            target = loss(out) if loss is not None else first_floating(out, _floating)
         if target is None:
             raise UnsupportedTypeError("the model's output holds no floating tensor to take gradients of: pass loss= "
                                        "(a scalar of the output)")
@@ -92,17 +92,8 @@ def _var_name(model, v) -> str:
     return v.path[len(root) + 1:] if v.path.startswith(root + "/") else v.path
 
 
-def _first_floating(out):
-    if isinstance(out, (tf.Tensor, tf.Variable)):
-        return out if out.dtype.is_floating else None
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for o in out:
-            found = _first_floating(o)
-            if found is not None:
-                return found
-    return None
+def _floating(x) -> bool:
+    return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype.is_floating
 
 
 HOOKS = TensorflowTrace()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bf16bridge.adapters.hooks import TraceHooks
+from bf16bridge.adapters.hooks import TraceHooks, first_floating
 from bf16bridge.errors import InvalidArgumentError, UnsupportedTypeError
 
 
@@ -54,7 +54,7 @@ class TorchTrace(TraceHooks):
             if loss is not None:
                 target, wanted = loss(out), None
             else:
-                target = _first_floating(out)
+                target = first_floating(out, _floating)
                 if target is None:
                     raise UnsupportedTypeError(f"the model's output ({type(out).__qualname__}) holds no floating "
                                                "tensor to take gradients of: pass loss= (a scalar of the output)")
@@ -146,18 +146,8 @@ def _to_device(args: tuple, device) -> tuple:
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _first_floating(out):
-    """The first floating tensor of a model's output (a tensor, or a tuple, list or dict of them), or None."""
-    if isinstance(out, torch.Tensor):
-        return out if out.is_floating_point() else None
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for o in out:
-            found = _first_floating(o)
-            if found is not None:
-                return found
-    return None
+def _floating(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
 HOOKS = TorchTrace()
