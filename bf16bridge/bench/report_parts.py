@@ -79,6 +79,9 @@ def part_targets(parts: dict) -> list[tuple[str, bool, str]]:
         out += kernel_targets(parts["kernels"])
     if parts.get("casting"):
         out += casting_targets(parts["casting"])
+    # -- shards (bf16bridge/bench/shards.py)
+    if parts.get("shards"):
+        out += shard_targets(parts["shards"])
     return out
 
 
@@ -140,6 +143,20 @@ def _checkpoints_markdown(ck: dict) -> list[str]:
             "before the load (VmHWM); \"touch\" reads one byte of every page of every result.", "",
             table(["loader", "open + first tensor", "load", "load + touch", "peak extra RSS: load",
                    "peak extra RSS: load + touch"], cells, "markdown")]
+
+
+#: convert_shards against the hand torch.from_dlpack loop over the same shards: its checks, indices and
+#: layout may cost this much more (issue 31)
+SHARDS_RATIO = 1.2
+
+
+def shard_targets(sh: dict) -> list[tuple[str, bool, str]]:
+    """The shards part: convert_shards within SHARDS_RATIO of the hand loop, in medians of one run."""
+    t, ratio = sh["times"], sh["ratios"]["convert_shards / hand_loop"]
+    return [(f"convert_shards of {_b(sh['nbytes'])} over {sh['devices']} host devices into torch: at most "
+             f"{SHARDS_RATIO:g}x a hand torch.from_dlpack loop over the shards", ratio <= SHARDS_RATIO,
+             f"{_x(ratio)} ({_t(t['convert_shards']['median'])} vs {_t(t['hand_loop']['median'])}, medians; "
+             f"{sh['shards']} shards)")]
 
 
 def _shards_markdown(sh: dict) -> list[str]:

@@ -5,7 +5,8 @@ ways, in one run (issue 12):
 
 - ``bb.convert_shards(x, "torch")``: shard by shard, zero-copy;
 - a hand loop, ``[torch.from_dlpack(s.data) for s in x.addressable_shards]``: zero-copy too,
-  without indices, replicas, checks or the layout: the floor for per-shard work;
+  without indices, replicas, checks or the layout: the floor for per-shard work (the target,
+  ``report_parts.shard_targets``: convert_shards at most 1.2x it);
 - ``np.asarray(x)``: a gather into one host copy, what most code does (timed on a fresh array
   over the same buffers each time, since jax keeps an array's host copy once made; the cost of
   that rewrapping is measured too, as ``rewrap``);

@@ -31,7 +31,7 @@ SHARDS_FILES = sorted(glob.glob(os.path.join(os.path.dirname(HERE), "test_*.py")
 
 
 #: the TestEightDevices tests the child must pass (it fails here when fewer ran)
-EIGHT_DEVICE_TESTS = 83
+EIGHT_DEVICE_TESTS = 86
 
 
 @pytest.mark.frameworks("torch")

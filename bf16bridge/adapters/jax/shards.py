@@ -23,16 +23,25 @@ class JaxShards(ShardHooks):
     def local_shards(self, x):
         if isinstance(x, internals.Tracer) or not isinstance(x, jax.Array):
             return None
-        if len(x.sharding.device_set) == 1 and not isinstance(x.sharding, jax.sharding.NamedSharding):
+        sharding, shape = x.sharding, tuple(x.shape)
+        key = (type(sharding), sharding, shape)
+        known = PLACES.get(key)
+        if known is None and len(sharding.device_set) == 1 and not isinstance(sharding, jax.sharding.NamedSharding):
             return None  # one device, no mesh (a mesh of one device is a sharding all the same)
         if x.is_deleted():
             raise UnsupportedTypeError(DELETED)
-        shape = tuple(x.shape)
-        layout = _layout(x.sharding, x.ndim)
-        if layout is not None and layout.partial:  # jax has no shard indices for unreduced values
+        if known is None:
+            known = _places(x, sharding, shape)
+            if len(PLACES) < PLACES_LIMIT:
+                PLACES[key] = known
+        layout, places = known
+        if places is None:  # unreduced values: jax has no shard indices for them
             return shape, layout, []
-        pieces = [(shards.bounds(s.index, shape), _device_name(s.device), s.data, s.replica_id)
-                  for s in x.addressable_shards]
+        pieces = []
+        for s in x.addressable_shards:
+            place = places.get(s.device)
+            index, name, replica = place if place is not None else _place(s, shape)
+            pieces.append((index, name, s.data, replica))
         return shape, layout, pieces
 
     def assemble(self, shape, pieces, sharding, layout, copy, on_alias, convert):
@@ -108,6 +117,27 @@ def _put_host(arrays: list, copy) -> None:
                 f"copy=False, but the shard {_show(index)} must be copied onto {_device_name(dev)} "
                 "(its buffer is not 64-byte aligned, or not contiguous); pass copy=None to allow it")
         arrays[i] = (dev, index, y)
+
+
+#: (type of sharding, sharding, global shape) -> (layout, {device: (index, device name, replica)}, or
+#: None where the layout has unreduced axes): what local_shards reads of a sharded array besides its
+#: buffers, which depends on these only (jax shardings are immutable, and hashable: jax keys its own
+#: index cache by them); read once for each
+PLACES: dict = {}
+PLACES_LIMIT = 1024
+
+
+def _places(x, sharding, shape) -> tuple:
+    """What ``PLACES`` keeps for ``x`` (of ``sharding`` and ``shape``), read from it."""
+    layout = _layout(sharding, len(shape))
+    if layout is not None and layout.partial:
+        return layout, None
+    return layout, {s.device: _place(s, shape) for s in x.addressable_shards}
+
+
+def _place(s, shape) -> tuple:
+    """A jax Shard's (index with explicit bounds, device name, replica number)."""
+    return shards.bounds(s.index, shape), _device_name(s.device), s.replica_id
 
 
 def _device_name(dev) -> str:
