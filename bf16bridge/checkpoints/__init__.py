@@ -2,8 +2,8 @@
 
 ``save(tree, path, metadata=None)``, ``load(path, to=...)``, ``open(path)`` and
 ``load_for_target(path, to=..., dtype="auto")``. ``format`` reads and checks headers and lays
-them out; ``keys`` flattens trees to dotted keys; ``write`` streams a file atomically; ``read``
-maps one privately; ``target`` chooses dtypes for a target. The data moves through ``convert``'s routes; nothing here names a framework.
+them out (``decoder``: msgspec decodes them, where installed); ``keys`` flattens trees to dotted
+keys; ``write`` streams a file atomically; ``read`` maps one privately; ``target`` chooses dtypes for a target. The data moves through ``convert``'s routes; nothing here names a framework.
 docs/checkpoints.md has the rules (keys, zero-copy, what is copied and why, errors).
 """
 

@@ -20,11 +20,12 @@ import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
 
+from bf16bridge.checkpoints import decoder
 from bf16bridge.core import dtypes
 from bf16bridge.errors import CheckpointError, InvalidArgumentError
 
@@ -109,14 +110,16 @@ class TensorInfo:
 
 class Entries(Mapping[str, TensorInfo]):
     """The entries of a header, read-only: key -> TensorInfo, in the JSON's order. The JSON's dicts
-    stay inside; a key's entry is checked (``_entry``: its dtype, shape and size) and its TensorInfo
-    (frozen) built the first time it is asked for, since a file lists hundreds of tensors and a
-    caller often wants one. What ties the entries together (their offsets) was checked at open."""
+    (or msgspec's typed entries) stay inside; a key's entry is checked (``_entry``: its dtype, shape
+    and size) and its TensorInfo (frozen) built the first time it is asked for, since a file lists
+    hundreds of tensors and a caller often wants one. What ties the entries together (their offsets)
+    was checked at open."""
 
     __slots__ = ("_raw", "_built", "_data_start", "_path")
 
     def __init__(self, raw: dict, data_start: int, path: str):
-        self._raw = raw  # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]}, offsets checked
+        # key -> {"dtype": code, "shape": [...], "data_offsets": [begin, end]} or a decoder.Entry, offsets checked
+        self._raw = raw
         self._built: dict[str, TensorInfo] = {}
         self._data_start = data_start
         self._path = path
@@ -124,7 +127,9 @@ class Entries(Mapping[str, TensorInfo]):
     def __getitem__(self, key: str) -> TensorInfo:
         t = self._built.get(key)
         if t is None:
-            t = self._built[key] = _entry(self._path, key, self._raw[key], self._data_start)  # KeyError if none
+            raw = self._raw[key]  # KeyError if none
+            check = _entry if type(raw) is dict else _typed_entry
+            t = self._built[key] = check(self._path, key, raw, self._data_start)
         return t
 
     def __contains__(self, key: object) -> bool:
@@ -142,7 +147,13 @@ class Entries(Mapping[str, TensorInfo]):
     @property
     def nbytes(self) -> int:
         """The data's bytes: every tensor's, summed."""
-        return sum(e["data_offsets"][1] - e["data_offsets"][0] for e in self._raw.values())
+        return sum(end - begin for begin, end in map(_offsets, self._raw.values()))
+
+
+def _offsets(entry) -> tuple[int, int]:
+    """An entry's (begin, end), checked at open: from json's dict or msgspec's Entry."""
+    begin, end = entry["data_offsets"] if type(entry) is dict else entry.data_offsets
+    return begin, end
 
 
 @dataclass(frozen=True)
@@ -224,21 +235,62 @@ def parse_header(raw: bytes, path: str, file_size: int) -> Header:
     bytes: the JSON, its keys, the metadata and every entry's data_offsets (which must cover the
     data); each entry's dtype, shape and size are checked when it is first asked for
     (``Header.info``). Anything a reader could trip on raises CheckpointError naming the file and
-    the key."""
+    the key. Decoded by msgspec where it is installed and takes the JSON (``decoder``), else by json:
+    the same answer either way."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise _bad(path, f"the header is not UTF-8 ({err.reason} at byte {err.start})") from None
     length = len(raw)
-    obj = _loads(text, path)  # json's own dicts: a key named twice keeps its last value, checked below
-    if type(obj) is dict:
-        checked = _all_at_once(obj, text, PREFIX + length, file_size)
-        if checked is not None:
-            keys, entries, metadata = checked
-            return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length, path))
+    # msgspec's typed entries, where installed and the JSON is strict and regular (an escape: json's path)
+    typed = None if b"\\" in raw else decoder.decode(raw)
+    checked = None if typed is None else _typed(typed, raw, PREFIX + length, file_size)
+    if checked is None:
+        obj = _loads(text, path)  # json's own dicts: a key named twice keeps its last value, checked below
+        if type(obj) is dict:
+            checked = _all_at_once(obj, text, PREFIX + length, file_size)
+    if checked is not None:
+        keys, entries, metadata = checked
+        return Header(path, length, keys, types.MappingProxyType(metadata), Entries(entries, PREFIX + length, path))
     # something irregular (or a file written otherwise than safetensors and bb.save write): parsed
     # again, naming a key given twice, and checked key by key, which names the fault
     return _one_by_one(_loads(text, path, _pairs), path, length, file_size)
+
+
+def _typed(obj: dict, raw: bytes, data_start: int, file_size: int):
+    """_all_at_once for msgspec's typed entries (decoder.Entry: dtype a str, shape whole numbers,
+    data_offsets two whole numbers, each None where left out or null), with the same answer: None for
+    anything irregular (json's path then checks it), else (the keys in file order, the entries,
+    metadata). The metadata's member was typed as an Entry too: decoded again alone."""
+    named = METADATA_KEY in obj
+    metadata: dict = {}
+    if named:
+        del obj[METADATA_KEY]
+        decoded = decoder.metadata(raw)  # (a JSON null there is no Entry: msgspec refused the header)
+        if decoded is None:
+            return None
+        metadata = decoded
+    n = len(obj)
+    # no key named twice, no field more: the count of quotes, as _all_at_once, given that every entry
+    # has a string dtype and a shape (a field left out is None here: its missing quotes could make up
+    # for a dropped member's)
+    if b"\\" in raw or raw.count(b'"') != 2 * (named + 5 * n + 2 * len(metadata)):
+        return None
+    entries = obj.values()
+    if None in map(_DTYPE, entries) or None in map(_SHAPE, entries):
+        return None
+    offsets = list(map(_DATA_OFFSETS, entries))
+    if not n:
+        return ((), obj, metadata) if data_start == file_size else None
+    try:  # data_offsets left out or null (None)
+        begins = list(map(itemgetter(0), offsets))
+    except TypeError:
+        return None
+    keys = _in_file_order(list(obj), offsets, begins, list(map(itemgetter(1), offsets)), data_start, file_size)
+    return None if keys is None else (keys, obj, metadata)
+
+
+_DTYPE, _SHAPE, _DATA_OFFSETS = attrgetter("dtype"), attrgetter("shape"), attrgetter("data_offsets")
 
 
 def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
@@ -279,6 +331,14 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
         return None
     if not set(map(type, begins + ends)) <= {int}:
         return None  # type(True) is bool and 2.0 a float: neither is an offset
+    in_order = _in_file_order(keys, offsets, begins, ends, data_start, file_size)
+    return None if in_order is None else (in_order, obj, metadata)
+
+
+def _in_file_order(keys: list[str], offsets: list, begins: list[int], ends: list[int], data_start: int,
+                   file_size: int) -> tuple[str, ...] | None:
+    """The keys sorted by their entries' (begin, end) (whole numbers, in lists or tuples), or None where
+    the spans do not cover the data from 0 to the end of the file with no hole and no overlap."""
     # entries that cover the data from 0 in the JSON's order are in (begin, end) order already (each
     # begins where the one before it ended, and none ends before it begins): sorted only if not
     if not _covers(begins, ends):
@@ -292,7 +352,7 @@ def _all_at_once(obj: dict, text: str, data_start: int, file_size: int):
             return None
     if data_start + ends[-1] != file_size:
         return None
-    return tuple(keys), obj, metadata
+    return tuple(keys)
 
 
 def _covers(begins: list[int], ends: list[int]) -> bool:
@@ -402,6 +462,21 @@ def _entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
     if nbytes != nbits // 8:
         raise _bad(path, f"its shape {shape} of {code} needs {nbits // 8} bytes; data_offsets give {nbytes}", key)
     return TensorInfo._make(key, name, code, tuple(shape), data_start + begin, nbytes)
+
+
+def _typed_entry(path: str, key: str, entry, data_start: int) -> TensorInfo:
+    """_entry for msgspec's typed Entry (a string dtype, a shape of whole numbers, its offsets checked at
+    open: _typed): a sound one in a few tests, any other checked by _entry as the dict json makes of
+    the same JSON, which names the fault alike."""
+    code, shape = entry.dtype, entry.shape
+    if code in CODES and len(shape) <= _ANY_NUMPY_DIMS and min(shape or _ONE) > 0:
+        begin, end = entry.data_offsets
+        name, bits = CODES[code]
+        count = math.prod(shape)
+        if count * bits == 8 * (end - begin) and count * -(-bits // 8) <= _MAX_BYTES:
+            return TensorInfo._make(key, name, code, shape, data_start + begin, end - begin)
+    return _entry(path, key, {"dtype": code, "shape": list(shape), "data_offsets": list(entry.data_offsets)},
+                  data_start)
 
 
 def _read(f, n: int) -> bytes:

@@ -1,14 +1,17 @@
 """What the checkpoint tests share: values of every safetensors dtype code, safetensors' own writer
-and readers (numpy buffers; its torch module, loaded only where called), and a file made byte by
-byte from a header (``_file``, ``_t``) for the files no writer makes."""
+and readers (numpy buffers; its torch module, loaded only where called), a file made byte by
+byte from a header (``_file``, ``_t``) for the files no writer makes, and headers parsed with or
+without msgspec (``decoding``)."""
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import numpy as np
 import safetensors
 
+from bf16bridge.checkpoints import decoder
 from bf16bridge.checkpoints import format as fmt
 
 
@@ -57,3 +60,20 @@ def _file(header, data: bytes = b"", pad: int = 8, length: int | None = None) ->
 
 def _t(dtype="F32", shape=(2,), offsets=(0, 8)):
     return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+#: how headers are parsed: msgspec's typed entries first (as installed: the test extra has it), and
+#: json's path alone (as where msgspec is not installed)
+DECODINGS = ("msgspec", "json")
+
+
+@contextmanager
+def decoding(name: str):
+    """Headers parsed with msgspec (as installed) or without it (json's path alone)."""
+    kept = decoder.DECODERS
+    if name == "json":
+        decoder.DECODERS = None
+    try:
+        yield
+    finally:
+        decoder.DECODERS = kept

@@ -18,7 +18,7 @@ import safetensors
 import bf16bridge as bb
 from bf16bridge.checkpoints import format as fmt
 from bf16bridge.errors import CheckpointError, InvalidArgumentError
-from checkpoint_cases import _file, _t
+from checkpoint_cases import DECODINGS, _file, _t, decoding
 
 
 GOOD = _file({"a": _t(), "b": _t("I16", (2,), (8, 12))}, bytes(12))
@@ -70,8 +70,14 @@ def _read_every_key(p):
             f.get(k)
 
 
+@pytest.mark.parametrize("decoding_name", DECODINGS)
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_files_raise_checkpoint_error_naming_file_and_key(tmp_path, name):
+def test_bad_files_raise_checkpoint_error_naming_file_and_key(tmp_path, name, decoding_name):
+    with decoding(decoding_name):  # with msgspec, and without it (json's path alone)
+        _bad_file_refused(tmp_path, name)
+
+
+def _bad_file_refused(tmp_path, name):
     blob, match, key = BAD[name]
     p = tmp_path / "bad.safetensors"
     p.write_bytes(blob)

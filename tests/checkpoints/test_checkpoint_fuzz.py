@@ -6,6 +6,7 @@ bytes, bit for bit: we accept no file that safetensors refuses. Derandomized and
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import bf16bridge as bb
 import strategies
 from bf16bridge.checkpoints import format as fmt
 from bf16bridge.errors import CheckpointError, UnsupportedDtypeError
+from checkpoint_cases import DECODINGS, decoding
 from conftest import PRESENT
 
 
@@ -137,6 +139,32 @@ def test_a_mutant_is_refused_or_read_as_safetensors_reads_it(blob):
             return
     assert theirs is not None, f"we read a file safetensors refuses: {ours}"
     assert ours == theirs
+
+
+def _header_read(blob: bytes):
+    """What reading the header answers: its keys, metadata and every entry (each a TensorInfo or its
+    check's message), or the message of the file's refusal."""
+    try:
+        h = fmt.read(io.BytesIO(blob), "m.safetensors", len(blob))
+    except CheckpointError as err:
+        return str(err)
+    entries = []
+    for key in h.keys:
+        try:
+            entries.append(h.info(key))
+        except CheckpointError as err:
+            entries.append(str(err))
+    return h.keys, dict(h.metadata), h.length, entries
+
+
+@given(mutants())
+def test_a_mutant_header_reads_alike_with_msgspec_and_with_json_alone(blob):
+    # msgspec decodes what it can vouch for and leaves the rest to json's path: the answers are one
+    answers = []
+    for name in DECODINGS:
+        with decoding(name):
+            answers.append(_header_read(blob))
+    assert answers[0] == answers[1]
 
 
 # -- save -> load round trips: every input layout, every framework, every dtype the format holds ------

@@ -1,23 +1,28 @@
-"""Opening a checkpoint fast without checking less: format.parse_header checks a header as a whole
-in a few passes over lists (_all_at_once) and sends anything irregular to the key-by-key checks
+"""Opening a checkpoint fast without checking less: format.parse_header decodes a header with
+msgspec into typed entries where it can (_typed), else with json and checks it as a whole in a few
+passes over lists (_all_at_once), and sends anything irregular to the key-by-key checks
 (_one_by_one), which name the fault; either way each entry's dtype, shape and size are checked on
-its first use (_entry). Here, for headers built to slip past one check of the fast path each, and
-for drawn headers with one field changed: the fast path either declines or gives exactly the
-key-by-key answer (keys in file order, every TensorInfo, metadata), and parse_header, then each
-entry's first use, raises exactly where the key-by-key checks raise, with their message."""
+its first use (_entry, _typed_entry). Here, for headers built to slip past one check of the fast
+paths each, and for drawn headers with one field changed: each fast path either declines or gives
+exactly the key-by-key answer (keys in file order, every TensorInfo, metadata), and parse_header,
+then each entry's first use, raises exactly where the key-by-key checks raise, with their message,
+with msgspec and with it taken away (json's path, as where it is not installed)."""
 
 from __future__ import annotations
 
 import json
 from types import MappingProxyType
 
+import msgspec  # noqa: F401 - the test extra installs it: its path is tested here, never skipped
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import strategies  # noqa: F401 - loads the ci/fuzz profiles
+from bf16bridge.checkpoints import decoder
 from bf16bridge.checkpoints import format as fmt
 from bf16bridge.errors import CheckpointError
+from checkpoint_cases import DECODINGS, decoding
 
 PATH = "/x/m.safetensors"
 
@@ -61,6 +66,12 @@ def _fast(text: str, size: int):
     return fmt._all_at_once(json.loads(text), text, fmt.PREFIX + len(text.encode()), size)
 
 
+def _typed_fast(text: str, size: int):
+    raw = text.encode()
+    obj = decoder.decode(raw)
+    return None if obj is None else fmt._typed(obj, raw, fmt.PREFIX + len(raw), size)
+
+
 def _parsed(text: str, size: int):
     try:
         return _checked(fmt.parse_header(text.encode(), PATH, size))
@@ -70,7 +81,7 @@ def _parsed(text: str, size: int):
 
 def _same(a: fmt.Header, b: fmt.Header) -> bool:
     return (a.keys == b.keys and dict(a.metadata) == dict(b.metadata) and a.length == b.length
-            and [a.info(k) for k in a.keys] == [b.info(k) for k in b.keys])
+            and a.file_size == b.file_size and [a.info(k) for k in a.keys] == [b.info(k) for k in b.keys])
 
 
 #: name -> (header, data bytes, whether the fast path takes it); each irregular one slips past one
@@ -95,6 +106,16 @@ CASES = {
     # the dropped member has no string past its key, the entry kept none for its shape: as many quotes
     "key twice, no shape": ('{"b":1,"b":{"dtype":"F32","data_offsets":[0,8]}}', 8, False),
     "metadata twice": ('{"__metadata__":{"k":"v"},"__metadata__":{},"a":' + _text(_t()) + "}", 8, False),
+    # msgspec types a member left out as None: its quotes missing make up for those of a dropped member
+    "key twice, the first empty, no shape": ('{"a":{},"a":{"dtype":"F32","data_offsets":[0,8]}}', 8, False),
+    "key twice, the first empty, dtype null": ('{"a":{},"a":{"dtype":null,"shape":[2],"data_offsets":[0,8]}}', 8,
+                                               False),
+    "a field more for the dtype": ({"a": {"x": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8, False),
+    "offsets null": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": None}}, 8, False),
+    # the metadata, which msgspec types as an entry too (the fields it has) before reading it alone
+    "metadata named as fields": ({"__metadata__": {"dtype": "x", "k": "v"}, "a": _t()}, 8, True),
+    "metadata named as a shape": ({"__metadata__": {"shape": "x"}, "a": _t()}, 8, True),
+    "metadata empty": ({"__metadata__": {}, "a": _t()}, 8, True),
     # the metadata: an object of strings (a list of one string has the quotes of one)
     "metadata value a list": ({"__metadata__": {"k": ["v"]}, "a": _t()}, 8, False),
     "metadata a list": ({"__metadata__": ["k", "v"], "a": _t()}, 8, False),
@@ -143,20 +164,28 @@ CASES = {
 }
 
 
+#: the cases the json path's fast checks take that msgspec's typing refuses (so json's path takes them)
+UNTYPED = frozenset({"metadata null", "float dim", "bool dim", "shape an object", "metadata named as a shape"})
+
+
+@pytest.mark.parametrize("decoding_name", DECODINGS)
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_fast_path_takes_what_it_should_and_answers_as_the_key_by_key_checks(name):
+def test_the_fast_path_takes_what_it_should_and_answers_as_the_key_by_key_checks(name, decoding_name):
     header, data, fast = CASES[name]
     text = _text(header)
     size = _size(text, data)
     slow = _slow(text, size)
-    taken = _fast(text, size)
-    assert (taken is not None) == fast
-    if taken is not None:
-        keys, entries, metadata = taken
-        n = len(text.encode())
-        got = _checked(fmt.Header(PATH, n, keys, MappingProxyType(metadata), fmt.Entries(entries, fmt.PREFIX + n, PATH)))
-        assert got == slow if isinstance(slow, str) else isinstance(got, fmt.Header) and _same(got, slow)
-    ours = _parsed(text, size)
+    n = len(text.encode())
+    for path, taken, takes in (("json", _fast(text, size), fast), ("msgspec", _typed_fast(text, size),
+                                                                   fast and name not in UNTYPED)):
+        assert (taken is not None) == takes, path
+        if taken is not None:
+            keys, entries, metadata = taken
+            got = _checked(fmt.Header(PATH, n, keys, MappingProxyType(metadata),
+                                      fmt.Entries(entries, fmt.PREFIX + n, PATH)))
+            assert got == slow if isinstance(slow, str) else isinstance(got, fmt.Header) and _same(got, slow)
+    with decoding(decoding_name):
+        ours = _parsed(text, size)
     if isinstance(slow, str):
         assert isinstance(ours, str) and PATH in ours
         assert ours == slow or (slow.startswith("twice ") and "names a key twice" in ours
@@ -182,6 +211,7 @@ def test_headers_written_by_safetensors_and_bb_save_take_the_fast_path(tmp_path)
         n = int.from_bytes(blob[:8], "little")
         text = blob[8:8 + n].decode()
         assert _fast(text, len(blob)) is not None, name
+        assert _typed_fast(text, len(blob)) is not None, name  # msgspec's path too, metadata and all
         with bb.open(tmp_path / f"{name}.safetensors") as f:
             assert f.keys() == sorted(f.keys(), key=lambda k: f.info(k).offset)
 
@@ -228,10 +258,12 @@ def headers(draw):
     return _text(header), fmt.PREFIX + len(_text(header).encode()) + at + draw(st.sampled_from([0, 0, 0, 1, -1]))
 
 
-@given(headers())
-def test_drawn_headers_read_as_the_key_by_key_checks_read_them(drawn):
+@pytest.mark.parametrize("decoding_name", DECODINGS)
+@given(drawn=headers())
+def test_drawn_headers_read_as_the_key_by_key_checks_read_them(decoding_name, drawn):
     text, size = drawn
-    slow, ours = _slow(text, size), _parsed(text, size)
+    with decoding(decoding_name):
+        slow, ours = _slow(text, size), _parsed(text, size)
     if isinstance(slow, str):
         assert ours == slow
     else:
@@ -258,8 +290,9 @@ def _mutable(value, where: str) -> list[str]:
     return found
 
 
+@pytest.mark.parametrize("decoding_name", DECODINGS)
 @pytest.mark.parametrize("fast", [True, False], ids=["all-at-once", "one-by-one"])
-def test_a_header_holds_nothing_a_caller_could_change(fast):
+def test_a_header_holds_nothing_a_caller_could_change(fast, decoding_name):
     # a frozen Header once held the JSON's entry dicts (their shape and offsets lists too): a caller
     # changing one changed what info(key), and so get(key), read from the file
     header = {"__metadata__": {"format": "pt"}, "w": _t("F32", (2,), (0, 8)), "e": _t("BF16", (1, 2), (8, 12))}
@@ -268,7 +301,8 @@ def test_a_header_holds_nothing_a_caller_could_change(fast):
         text = text.replace('"w"', '"\\u0077"')  # an escape in a key: the key-by-key checks read it
     size = _size(text, 12)
     assert (_fast(text, size) is not None) == fast
-    h = fmt.parse_header(text.encode(), PATH, size)
+    with decoding(decoding_name):
+        h = fmt.parse_header(text.encode(), PATH, size)
     assert _mutable(h, "header") == []
     with pytest.raises(TypeError):
         h.entries["w"] = h.entries["e"]  # type: ignore[index]
@@ -293,11 +327,13 @@ ON_FIRST_USE = {
 }
 
 
+@pytest.mark.parametrize("decoding_name", DECODINGS)
 @pytest.mark.parametrize("name", [*ON_FIRST_USE, "empty, largest", "most dims", "scalar and empty", "packed F4"])
-def test_an_entry_is_checked_on_first_use_and_refused_naming_its_fault(name):
+def test_an_entry_is_checked_on_first_use_and_refused_naming_its_fault(name, decoding_name):
     header, data, _ = CASES[name]
     text = _text(header)
-    h = fmt.parse_header(text.encode(), PATH, _size(text, data))  # the header as a whole is sound: it opens
+    with decoding(decoding_name):  # the header as a whole is sound: it opens
+        h = fmt.parse_header(text.encode(), PATH, _size(text, data))
     if name not in ON_FIRST_USE:
         assert [h.info(k).key for k in h.keys] == list(h.keys)
         return
