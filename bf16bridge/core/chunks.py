@@ -7,6 +7,7 @@ adapter's widening run through here.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -18,6 +19,8 @@ from bf16bridge.errors import InvalidArgumentError
 CHUNK = 1 << 22
 #: the smallest piece worth a thread of its own
 MIN_PIECE = 1 << 18
+#: on threads, a conversion is cut into about this many pieces a thread, taken as threads come free
+PIECES_PER_THREAD = 4
 #: elements a table kernel handles at a time (``blocked``): its temporaries (np.take's intp
 #: indices among them) stay in cache
 BLOCK = 1 << 16
@@ -69,35 +72,66 @@ def spread(kernel, threaded: bool, src, dst, chunk: int, threads: int | None, ba
             kernel(src, dst)
             bar.update(n)
         return
-    if workers > 1:
-        chunk = min(chunk, max(MIN_PIECE, -(-n // workers)))
-    spans = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
-    if workers == 1 or len(spans) == 1:
-        for lo, hi in spans:
+    if workers > 1:  # pieces small enough that a thread slowed by other load holds up little
+        chunk = min(chunk, max(MIN_PIECE, -(-n // (workers * PIECES_PER_THREAD))))
+    if workers == 1 or n <= chunk:
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
             kernel(src[lo:hi], dst[lo:hi])
             bar.update(hi)
         return
-    _on_threads(kernel, src, dst, spans, workers, bar)
+    _on_threads(kernel, src, dst, chunk, workers, bar)
 
 
-def _on_threads(kernel, src, dst, spans, workers: int, bar: Progress) -> None:
+def _pool(size: int):
     with _POOL_LOCK:
-        pool = _POOLS.get(workers)
+        pool = _POOLS.get(size)
         if pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="bf16bridge-kernel")
-    # at most `workers` pieces in flight, so extra memory stays bounded by a chunk per thread
-    pending = []  # (future, end of its span), oldest first
-    for lo, hi in spans:
-        pending.append((pool.submit(kernel, src[lo:hi], dst[lo:hi]), hi))
-        if len(pending) >= workers:
-            future, end = pending.pop(0)
+            pool = _POOLS[size] = ThreadPoolExecutor(size, thread_name_prefix="bf16bridge-kernel")
+    return pool
+
+
+def _on_threads(kernel, src, dst, chunk: int, workers: int, bar: Progress) -> None:
+    """The calling thread and ``workers - 1`` pool threads each take the next piece until none is
+    left: one piece a thread at a time, so extra memory stays bounded by a chunk per thread."""
+    n, pieces, lock = src.size, itertools.count(), threading.Lock()
+    stop: list = []  # non-empty once a piece raised (or the caller is done): no thread takes another
+    done = [0]
+
+    def work(show: bool) -> None:
+        while not stop:
+            lo = next(pieces) * chunk
+            if lo >= n:
+                return
+            try:
+                kernel(src[lo:lo + chunk], dst[lo:lo + chunk])
+            except BaseException:
+                stop.append(True)
+                raise
+            with lock:
+                done[0] += min(chunk, n - lo)
+            if show and done[0] < n:  # (the whole is shown once, at the end)
+                bar.update(done[0])
+
+    futures = [_pool(workers - 1).submit(work, False) for _ in range(workers - 1)]
+    error = None
+    try:
+        work(True)
+    except BaseException as err:  # (an interrupt too: the other threads finish their pieces first)
+        error = err
+    stop.append(True)
+    for future in futures:  # none writes into dst once this returns; one not started never will
+        if future.cancel():
+            continue
+        try:
             future.result()
-            bar.update(end)
-    for future, end in pending:
-        future.result()
-        bar.update(end)
+        except BaseException as err:
+            error = error or err
+    if error is not None:
+        raise error
+    bar.update(n)
 
 
 def blocked(step):

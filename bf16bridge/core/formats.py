@@ -95,22 +95,23 @@ def widen(bits: np.ndarray, name: str) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _changed_by_padding(name: str) -> np.ndarray:
+def _changed_by_padding(name: str) -> tuple[np.ndarray | None, int]:
     """Which of the 256 bytes hold another ``name`` value than their low bits alone: what packing
-    (which keeps the low bits) would change (``byte_codes``). None of them for the integer formats;
-    for float4_e2m1fn the bytes from 0x10 whose sign the low bits do not carry."""
+    (which keeps the low bits) would change (``byte_codes``), None where no byte is (the integer
+    formats; for float4_e2m1fn the bytes from 0x10 whose sign the low bits do not carry); and the
+    format's mask (a byte above it has high bits set)."""
     fmt = dtypes.FORMATS[name]
     codes = byte_codes(fmt)
-    return codes != codes[np.arange(256) & fmt.mask]
+    changed = codes != codes[np.arange(256) & fmt.mask]
+    return (changed if changed.any() else None), fmt.mask
 
 
 def refuse_changed_padding(bits: np.ndarray, name: str, what: str) -> None:
     """Raise where ``bits`` (the uint8 view of a sub-byte ``name`` array, one value a byte) hold a
     byte whose value packing would change: packing keeps a value's low bits only (``pack_nibbles``,
     bb.save's F4, jax's device_put of a sub-byte type)."""
-    changed = _changed_by_padding(name)
-    mask = dtypes.FORMATS[name].mask
-    if not changed.any() or not bits.size or int(bits.max()) <= mask:
+    changed, mask = _changed_by_padding(name)
+    if changed is None or not bits.size or int(bits.max()) <= mask:
         return  # a format packing never changes, or every byte one ml_dtypes makes: one pass at most
     flat = bits.reshape(-1)
     if not changed[flat[flat > mask]].any():  # only the bytes with high bits are looked up

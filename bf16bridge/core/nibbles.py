@@ -21,6 +21,13 @@ NIBBLE_DTYPES = tuple(n for n, f in dtypes.FORMATS.items() if f.bits == 4)
 #: a pair of bytes as one number, the first byte the low one, whatever this machine's byte order
 _PAIR = np.dtype("<u2")
 _U8 = np.dtype(np.uint8)
+#: up to this many packed bytes, unpack_nibbles looks each byte's pair up in a table (one numpy call);
+#: above it, four elementwise calls a block run faster than the lookup
+GATHER_UP_TO = 1 << 12
+#: each byte's two nibbles as the pair unpack_nibbles writes: the low nibble in the first byte
+_UNPACKED_PAIR = (lambda b: ((b & 0xF) | (b >> 4 << 8)).astype(_PAIR))(np.arange(256, dtype=np.uint16))
+#: what unpack_nibbles gives for each dtype name it takes (uint8 where this ml_dtypes lacks the dtype)
+_GIVES = {"uint8": _U8, **{n: dtypes.numpy_dtype_or_none(n) or _U8 for n in NIBBLE_DTYPES}}
 
 
 def _nibble_source(a: np.ndarray, what: str) -> np.ndarray:
@@ -72,20 +79,27 @@ def unpack_nibbles(bits, dtype, *, out=None) -> np.ndarray:
     (float4_e2m1fn, int4, uint4, or "uint8" for plain nibbles); the last dimension doubles.
     Where this ml_dtypes lacks the dtype, the nibbles come back as uint8."""
     b = np.asarray(bits)
-    if b.dtype != np.uint8:
+    if b.dtype != _U8:
         raise UnsupportedDtypeError(f"unpack_nibbles takes packed bytes (uint8, as a float4_e2m1fn_x2 tensor "
                                     f"viewed as uint8 gives them); got dtype {b.dtype}")
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    if name != "uint8" and name not in NIBBLE_DTYPES:
+    nd = _GIVES.get(dtype if isinstance(dtype, str) else np.dtype(dtype).name)
+    if nd is None:
         raise UnsupportedDtypeError(f"unpack_nibbles gives a 4-bit dtype ({', '.join(NIBBLE_DTYPES)}) or "
                                     f"'uint8'; got {dtype!r}")
     if b.ndim == 0:
         raise InvalidArgumentError("unpack_nibbles needs an array with a last dimension; got a 0-d array")
-    nd = _U8 if name == "uint8" else dtypes.numpy_dtype_or_none(name)
-    result = output_array(out, (*b.shape[:-1], b.shape[-1] * 2), nd if nd is not None else _U8,
-                          "unpack_nibbles", b)
-    src = np.ascontiguousarray(b).reshape(-1)
-    pairs = result.reshape(-1).view(np.uint8).view(_PAIR)  # as pack_nibbles reads them
+    return unpack_into(b, output_array(out, (*b.shape[:-1], b.shape[-1] * 2), nd, "unpack_nibbles", b))
+
+
+def unpack_into(b: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """unpack_nibbles' kernel, unchecked: packed bytes ``b`` (uint8, at least 1-d) into ``result``, a
+    C-contiguous array of one-byte values shaped as ``b`` with its last dimension doubled, apart from
+    ``b``'s memory. For a caller that made both so (an adapter's unpacking step); returns ``result``."""
+    src = b.reshape(-1)  # (a copy where b is not contiguous)
+    pairs = result.reshape(-1).view(_PAIR)  # as pack_nibbles reads them (every dtype given is a byte wide)
+    if src.size <= GATHER_UP_TO:  # (mode="clip": every byte is an index; "raise" would buffer the output)
+        _UNPACKED_PAIR.take(src, out=pairs, mode="clip")
+        return result
     hi = np.empty(min(BLOCK, src.size), np.uint16)
     for lo in range(0, src.size, BLOCK):
         s, p = src[lo:lo + BLOCK], pairs[lo:lo + BLOCK]

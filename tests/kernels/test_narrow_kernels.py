@@ -14,6 +14,7 @@ import pytest
 from bf16bridge import errors as bb_errors
 from bf16bridge import kernels
 from bf16bridge.core import dtypes
+from bf16bridge.core.nibbles import GATHER_UP_TO, unpack_into
 from conftest import EXCLUDED
 from strategies import needs_newer_ml_dtypes, numpy_holds
 
@@ -451,7 +452,8 @@ def test_unpack_inverts_pack(name):
 
 
 @pytest.mark.parametrize("offset", [0, 1])  # a source at an odd address: its byte pairs unaligned
-@pytest.mark.parametrize("n", [1, 7, kernels.BLOCK - 1, kernels.BLOCK + 3, 2 * kernels.BLOCK + 1])
+@pytest.mark.parametrize("n", [1, 7, GATHER_UP_TO, GATHER_UP_TO + 1,  # the table lookup's edge
+                               kernels.BLOCK - 1, kernels.BLOCK + 3, 2 * kernels.BLOCK + 1])
 def test_nibbles_over_blocks_and_odd_addresses_are_the_one_liners(n, offset):
     # every byte value, past the kernels' block edges, against numpy's one-liners (a byte's low
     # nibble first, then its high one)
@@ -464,6 +466,26 @@ def test_nibbles_over_blocks_and_odd_addresses_are_the_one_liners(n, offset):
     src = np.empty(2 * n + offset, np.uint8)[offset:]
     src[...] = unpacked
     np.testing.assert_array_equal(kernels.pack_nibbles(src), (src[1::2] << 4) | (src[0::2] & 0xF))
+
+
+@pytest.mark.parametrize("n", [GATHER_UP_TO // 2, 4 * GATHER_UP_TO])  # by table, by elementwise calls
+def test_unpack_nibbles_of_a_strided_input_into_out(n):
+    # every byte value, in rows of which every other one is taken (not contiguous), into a given out=
+    b = np.resize(np.arange(256, dtype=np.uint8), (2 * n // 64, 64))[::2]
+    want = np.stack([b & 0xF, b >> 4], axis=-1).reshape(b.shape[0], -1)
+    out = np.empty(want.shape, _dt("float4_e2m1fn") if numpy_holds("float4_e2m1fn") else np.uint8)
+    assert kernels.unpack_nibbles(b, "float4_e2m1fn", out=out) is out
+    np.testing.assert_array_equal(out.view(np.uint8), want)
+    with pytest.raises(bb_errors.InvalidArgumentError, match="out must be"):
+        kernels.unpack_nibbles(b, "float4_e2m1fn", out=np.empty(want.shape, np.int8))
+
+
+@pytest.mark.parametrize("n", [GATHER_UP_TO, GATHER_UP_TO + 1])
+def test_unpack_into_is_unpack_nibbles_without_the_checks(n):
+    b = np.resize(np.arange(256, dtype=np.uint8), (2, n))[:, ::-1]  # every byte, not contiguous
+    out = np.empty((2, 2 * n), np.uint8)
+    assert unpack_into(b, out) is out
+    np.testing.assert_array_equal(out, kernels.unpack_nibbles(b, "uint8"))
 
 
 def _doc_row(name: str) -> str:
