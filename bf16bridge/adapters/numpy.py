@@ -3,8 +3,6 @@ so bf16 crosses as a uint16 bit-view, which is free."""
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from bf16bridge.core import dtypes
@@ -113,7 +111,14 @@ class NumpyAdapter(Adapter):
         return x.view(dtypes.numpy_dtype(dtype))
 
     def bitview_to(self, dtype):
-        return operator.methodcaller("view", dtypes.numpy_dtype(dtype))
+        to = dtypes.numpy_dtype(dtype)
+
+        # a method call by name: ndarray.view through operator.methodcaller (or unbound) takes the
+        # slower calling convention, which costs more than this frame
+        def view(x):
+            return x.view(to)
+
+        return view
 
     def export(self, x, readonly):
         return np.asarray(_WritableAlias(x)) if readonly else x
@@ -154,10 +159,14 @@ class NumpyAdapter(Adapter):
             raise InvalidArgumentError(f"packing {x.dtype.name} as {dtype} (the target holds it packed), {err}") from err
 
     def unpack(self, x, dtype):
-        from bf16bridge.core.nibbles import unpack_nibbles
+        from bf16bridge.core.nibbles import unpack_into
 
-        values = dtypes.PACKED[dtype]
-        return unpack_nibbles(x, values, out=aligned_empty((*x.shape[:-1], x.shape[-1] * 2), values))
+        # (the planner unpacks only a uint8 array of at least one dimension; a kept plan's 0-d input is sent
+        # back to it by this refusal)
+        if not x.ndim:
+            raise InvalidArgumentError("a 0-d packed array has no last dimension to unpack along")
+        values = dtypes.numpy_dtype(dtypes.PACKED[dtype])  # (aligned_bytes: aligned_empty without its checks)
+        return unpack_into(x, aligned_bytes(2 * x.size).view(values).reshape(*x.shape[:-1], 2 * x.shape[-1]))
 
     fits_int = True
 

@@ -25,9 +25,10 @@ ALIGN = 64
 # Memory layouts, from the most to the least regular. An importer states the
 # least regular one it takes; anything beyond needs a copy first.
 CONTIGUOUS = 0  # row-major, no gaps
-STRIDED = 1  # positive (or zero) strides: transposes, slices with steps, broadcasts
-NEGATIVE = 2  # at least one negative stride (numpy's a[::-1])
-LAYOUT_NAMES = ("contiguous", "strided", "negatively strided")
+PERMUTED = 1  # no gaps, dimensions in another order: transposes, permutes (a size-1 dimension's stride aside)
+STRIDED = 2  # positive (or zero) strides: slices with steps or gaps, broadcasts
+NEGATIVE = 3  # at least one negative stride (numpy's a[::-1])
+LAYOUT_NAMES = ("contiguous", "strided (dense, its dimensions permuted)", "strided", "negatively strided")
 
 
 class UnalignedImport(CopyRequiredError):
@@ -73,16 +74,23 @@ def on_host(device: str) -> bool:
 
 
 def layout_of(shape, strides_in_elements) -> int:
-    """Classify strides (in elements, not bytes) into CONTIGUOUS/STRIDED/NEGATIVE."""
+    """Classify strides (in elements, not bytes) into CONTIGUOUS/PERMUTED/STRIDED/NEGATIVE."""
     if any(s < 0 for s in strides_in_elements):
         return NEGATIVE
-    expected = 1
-    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides_in_elements))):
-        if size != 1 and stride != expected:
-            # a zero-size array is contiguous whatever its strides say
-            return CONTIGUOUS if 0 in tuple(shape) else STRIDED
-        expected *= size
-    return CONTIGUOUS
+    shape = tuple(shape)
+    if 0 in shape:  # a zero-size array is contiguous whatever its strides say
+        return CONTIGUOUS
+    # the dimensions that move (size > 1), innermost first: row-major order, then any order
+    dims = [(stride, size) for size, stride in zip(shape, strides_in_elements) if size != 1]
+    for order, layout in ((dims[::-1], CONTIGUOUS), (sorted(dims), PERMUTED)):
+        expected = 1
+        for stride, size in order:
+            if stride != expected:
+                break
+            expected *= size
+        else:
+            return layout
+    return STRIDED
 
 
 class Source(NamedTuple):
@@ -121,13 +129,16 @@ class Handoff(NamedTuple):
     copies: Callable[[int, bool], str | None]
     dtypes: frozenset = frozenset(dtypes.ALL)
     verify: bool = False
-    #: the least regular layout it takes (see CONTIGUOUS/STRIDED/NEGATIVE)
+    #: the least regular layout it takes (see CONTIGUOUS/PERMUTED/STRIDED/NEGATIVE)
     layouts: int = NEGATIVE
     #: a copy it makes is ALIGN-aligned (False: numpy.array's own allocation, which is not)
     copies_aligned: bool = True
     #: for a ``verify`` hand-off: a cheap test that its result still shares the input's memory, which
     #: the fast path runs under copy=None instead of reading two pointers; None: no such test
     shares: Callable[[Any], bool] | None = None
+    #: its copy is decided by the dtype alone (a packing hand-off) and makes a fresh result each run
+    #: (``Step.by_dtype``)
+    copies_by_dtype: bool = False
 
 
 class Adapter:
@@ -147,8 +158,14 @@ class Adapter:
     #: adapters add the narrow rows they were found to speak, by trying)
     dlpack_export: ClassVar[frozenset] = frozenset(dtypes.ALL)
     dlpack_import: ClassVar[frozenset] = frozenset(dtypes.ALL)
-    #: the least regular layout its DLPack import takes (see CONTIGUOUS/STRIDED/NEGATIVE)
+    #: the least regular layout its DLPack import takes of host memory without copying (see
+    #: CONTIGUOUS/PERMUTED/STRIDED/NEGATIVE); anything beyond is copied first, in the source framework
     dlpack_accepts: ClassVar[int] = STRIDED
+    #: the same for device (GPU) memory; None: as ``dlpack_accepts``
+    dlpack_accepts_device: ClassVar[int | None] = None
+    #: what a result that kept a non-row-major input layout (its DLPack import took it as it is) is
+    #: in this framework, for plan()'s notes; "" where it needs no word (a strided tensor like any other)
+    kept_layout_note: ClassVar[str] = ""
     #: what its DLPack import does with a buffer not ALIGN-aligned: "ok" (takes it),
     #: "copies" (copies it, silently: jax), "refuse" (takes it, but its kernels then
     #: abort the process: tensorflow; the planner copies first)
@@ -239,10 +256,10 @@ class Adapter:
         """A cheap, hashable description of everything ``describe`` would report of ``x``
         that a route depends on (dtype, layout, read-only, device, empty or not, and, when
         ``alignment``, whether the buffer is ALIGN-aligned), for ``convert``'s cache of
-        zero-copy plans, ``Source.requires_grad`` included where the value stays the same
-        (a tf tensor a tape watches); None where ``describe`` would change the value (a
-        tensor that requires grad, a tf.Variable) or the input is unusual: those take the
-        full path.
+        zero-copy plans, ``Source.requires_grad`` included (a tf tensor a tape watches; a torch
+        tensor that requires grad, whose kept plan first runs ``grad_value``); None where
+        ``describe`` would change the value otherwise (a tf.Variable) or the input is unusual:
+        those take the full path.
         Default: None (no fast path)."""
         return None
 
@@ -422,3 +439,9 @@ class Adapter:
         strides and dtype), so a cast of a tree keeps tied weights tied. Default: ``id(x)``
         (override where distinct objects view the same memory: a torch state dict's tied weights)."""
         return id(x)
+
+    def grad_value(self) -> Callable[[Any], Any] | None:
+        """The function ``describe`` applies to an input that takes part in autodiff to get its value
+        (torch: ``Tensor.detach``), for an input ``fast_key`` keys (its key then says so): a plan kept for
+        such inputs runs it first. None (the default): describe keeps such an input as it is."""
+        return None

@@ -9,7 +9,7 @@ from bf16bridge.core import fastpath, registry
 from bf16bridge.core.adapter import StalePlan, UnalignedImport
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core.warn import Once, say
-from bf16bridge.errors import CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
+from bf16bridge.errors import Bf16BridgeError, CopyRequiredError, InvalidArgumentError, UnsupportedTypeError
 
 if TYPE_CHECKING:
     import jax
@@ -151,7 +151,8 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     # the hot path: an input of a kind seen before with these keywords runs its cached plan
     fast = fastpath.plans(type(x), to, copy, fallback, for_compute, on_alias, on_grad, device)
     if fast is not None:
-        hit = fast.find(x, None if fast.state is None else fast.state())
+        k = fast.fast_key(x, fast.alignment)  # (Plans.find, without its frame)
+        hit = None if k is None else fast.plans.get(k if fast.state is None else (k, fast.state()))
         if hit is not None:
             run, messages = hit
             try:
@@ -165,6 +166,35 @@ def convert(x, to, *, copy=None, fallback="error", for_compute=False, on_alias="
     return _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device)
 
 
+def convert_into(out: list, xs, to, copy, fallback, on_alias, on_grad) -> list:
+    """``out`` with ``convert(x, to, copy=copy, fallback=fallback, on_alias=on_alias, on_grad=on_grad)``
+    of each of ``xs`` appended (a bridged call's leaves): the fast path's lookup once for a run of leaves of
+    one type (the adapters' state does not change between them). An error stops it: ``len(out)`` says
+    which leaf raised."""
+    t = fast = state = None
+    for x in xs:
+        if type(x) is not t:
+            t = type(x)
+            fast = fastpath.plans(t, to, copy, fallback, False, on_alias, on_grad, None)
+            state = None if fast is None or fast.state is None else fast.state()
+        if fast is not None:
+            k = fast.fast_key(x, fast.alignment)
+            hit = None if k is None else fast.plans.get(k if fast.state is None else (k, state))
+            if hit is not None:
+                run, messages = hit
+                try:
+                    out.append(run(x))
+                except UnalignedImport:  # (as in convert)
+                    out.append(_convert(x, to, copy, fallback, False, on_alias, on_grad, None))
+                    continue
+                if messages is not None:
+                    for message in messages:
+                        say(message)
+                continue
+        out.append(_convert(x, to, copy, fallback, False, on_alias, on_grad, None))
+    return out
+
+
 def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
     """The full path: describe, plan (and keep the plan where the fast path may run it), say, run."""
     check_keywords(copy, fallback, for_compute, on_alias, on_grad)
@@ -172,11 +202,16 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
     where = find_device(target, device)
     p = _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute,
                             device=where)
-    # kept where the input stays as it is (not a wrapper's value; a torch tensor that drops its grad is
-    # detached) and the call goes on as it will next time (no refusal, no copy instead), and where
-    # device= names the same device every time; once it ran as planned
-    keep = (not p.copies and src.value is x and not (p.drops_grad and on_grad == "error") and on_alias != "copy"
-            and not (p.alias is not None and on_alias == "error")
+    # kept where the input stays as it is (not a wrapper's value), or becomes its value by the adapter's
+    # grad_value (a torch tensor that requires grad, detached: run first), and the call goes on as it will
+    # next time (no refusal, no copy instead), and where device= names the same device every time; once it
+    # ran as planned
+    detach = None if src.value is x or not src.requires_grad or registry.framework_of_type(type(x)) != source else (
+        registry.get(source).grad_value())
+    # a plan that copies is kept only where each copy is decided by the dtype (packing: a fresh result every run)
+    copies_kept = not p.copies or (copy is not False and all(s.by_dtype for s in p.steps if s.copies))
+    keep = (copies_kept and (src.value is x or detach is not None) and not (p.drops_grad and on_grad == "error")
+            and on_alias != "copy" and not (p.alias is not None and on_alias == "error")
             and (device is None or registry.get(target).fixed_device(device)))
     if p.drops_grad and on_grad != "drop":
         if on_grad == "error":
@@ -195,8 +230,8 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
     except UnalignedImport as err:
         return _unaligned(p, err, src, copy, fallback, for_compute, where)
     if keep and as_planned:  # (a plan whose step copied unforeseen is not kept: each call says so)
-        fastpath.remember(x, (to, copy, fallback, for_compute, on_alias, on_grad, device), p, _runner(p, copy),
-                          _messages(p, on_alias, on_grad))
+        fastpath.remember(x, (to, copy, fallback, for_compute, on_alias, on_grad, device), p,
+                          _runner(p, copy, detach), _messages(p, on_alias, on_grad))
     return y
 
 
@@ -215,16 +250,20 @@ def _unaligned(p: Plan, err: UnalignedImport, src: Source, copy, fallback, for_c
     return _run(q, src.value, copy)
 
 
-def _runner(p: Plan, copy) -> Callable[[Any], Any]:
+def _runner(p: Plan, copy, first: Callable[[Any], Any] | None = None) -> Callable[[Any], Any]:
     """Plan ``p`` as one function for the fast path: its steps' own functions (the device's check, and
     the read-only mark) chained, or ``_run`` where copy=False must check a pointer (a step whose copying
     the framework decides; the device). Under copy=None the plan ran as planned on the input it was
-    made for, and inputs of its key are taken to run alike: the hot path reads no pointer."""
+    made for, and inputs of its key are taken to run alike: the hot path reads no pointer. ``first``:
+    what gives the plan's input from the caller's (``Adapter.grad_value``), run before the rest."""
     if copy is False and (p.to_device is not None or any(step.verify for step in p.steps)):
-        return functools.partial(_run, p, copy=False, kept=True)
+        run = functools.partial(_run, p, copy=False, kept=True)
+        return run if first is None else fastpath.chained((first, run))
     # a step with a cheap test of sharing is tested (copy=None: its key may serve an input it copies)
     runs = tuple(_sharing(step) if step.shares is not None and copy is None and not step.copies and p.nbytes
-                 else step.run for step in p.steps)
+                 else _replanning(step) if step.by_dtype else step.run for step in p.steps)
+    if first is not None:
+        runs = (first, *runs)
     dst = registry.get(p.target)
     check = _unplaced(p)
     if check is not None:
@@ -246,6 +285,21 @@ def _sharing(step) -> Callable[[Any], Any]:
         return out
 
     return sharing
+
+
+def _replanning(step) -> Callable[[Any], Any]:
+    """``step.run`` (a copy decided by the dtype: packing), raising ``StalePlan`` where it refuses an input
+    its plan's key took in (a 0-d array to unpack, an odd last dimension to pack, a byte packing would
+    change): the full path plans that input afresh and says what is wrong in the planner's words."""
+    run, label = step.run, step.label
+
+    def replanning(x):
+        try:
+            return run(x)
+        except Bf16BridgeError as err:
+            raise StalePlan(f"{label} refused this input, which the kept plan took in: {err}") from err
+
+    return replanning
 
 
 def _unplaced(p: Plan) -> str | None:

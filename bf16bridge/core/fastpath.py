@@ -1,12 +1,14 @@
-"""The per-type cache of zero-copy plans: an input of a type, layout and keywords seen before runs
+"""The per-type cache of plans: an input of a type, layout and keywords seen before runs
 its cached plan without being described or planned again.
 
 The key holds everything a plan depends on: the input's type and ``Adapter.fast_key`` (dtype,
-layout, alignment where it matters, read-only, device, empty or not), the keywords (``device=``
+layout, alignment where it matters, read-only, device, empty or not, whether it takes part in autodiff:
+a torch tensor that requires grad runs its plan after ``Adapter.grad_value``, a detach), the keywords (``device=``
 among them: a plan is kept for a device only where it needs no move) and the adapters' run-time
 state; a change of the registry empties the cache. An input the key cannot describe
 cheaply (``fast_key`` None) and any route that copies (its copy costs more than planning it) take
-the full path.
+the full path, except a copy decided by the dtype alone (packing: ``Step.by_dtype``), whose plan refuses
+an input its key cannot tell apart (a 0-d array to unpack) by sending it to the full path.
 ``convert`` and ``convert_tree`` share the lookup: ``plans`` once per type, ``Plans.find`` per input.
 """
 
@@ -29,10 +31,12 @@ LIMIT = 4096
 class Plans:
     """The cached zero-copy plans for one input type, target and set of keywords."""
 
-    __slots__ = ("src", "alignment", "plans", "state")
+    __slots__ = ("src", "fast_key", "alignment", "plans", "state")
 
     def __init__(self, src: Adapter, hub: Adapter, dst: Adapter, alignment: bool):
         self.src = src
+        #: ``src.fast_key``, bound once (read for every input)
+        self.fast_key: Callable[[Any, bool], tuple | None] = src.fast_key
         stateful = tuple(a for a in dict.fromkeys((src, hub, dst)) if type(a).state is not Adapter.state)
         #: the run-time state of the adapters a route depends on (jax's x64 flag) as one call;
         #: None where none has any
@@ -48,7 +52,7 @@ class Plans:
     def find(self, x, state: object) -> tuple | None:
         """The cached (run, messages) for ``x`` under the adapters' ``state`` (``self.state()``, read
         once for a call, or once for a whole tree; anything where ``self.state`` is None), or None."""
-        k = self.src.fast_key(x, self.alignment)
+        k = self.fast_key(x, self.alignment)
         if k is None:
             return None
         return self.plans.get(k if self.state is None else (k, state))
@@ -66,7 +70,7 @@ def plans(t: type, to, copy, fallback, for_compute, on_alias, on_grad, device) -
 
 
 def remember(x, key: tuple, p: Plan, run: Callable[[Any], Any], messages: tuple) -> None:
-    """Keep plan ``p`` (zero-copy), made for ``x`` under ``key`` (``plans``' arguments after the
+    """Keep plan ``p`` (zero-copy, or copying by dtype alone), made for ``x`` under ``key`` (``plans``' arguments after the
     type), to run as ``run`` on later inputs of the same kind, saying ``messages``."""
     if len(CACHE) >= LIMIT:
         return
@@ -78,7 +82,7 @@ def remember(x, key: tuple, p: Plan, run: Callable[[Any], Any], messages: tuple)
     # not, starts a new set that reads it (replaced, not changed: a concurrent call keeps the old)
     if fast is None or (read and not fast.alignment):
         fast = CACHE[full] = Plans(src, hub, dst, read)
-    k = src.fast_key(x, fast.alignment)
+    k = fast.fast_key(x, fast.alignment)
     if k is not None and len(fast.plans) < LIMIT:
         fast.plans[k if fast.state is None else (k, fast.state())] = (run, messages or None)
 

@@ -7,6 +7,7 @@ each other). docs/routes.md says where and why copies are placed as they are.
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
@@ -71,6 +72,9 @@ def aligned_empty(shape, dtype="bfloat16", like: str | None = None):
     return x
 
 
+_INTP_MAX = int(np.iinfo(np.intp).max)
+
+
 def _aligned_array(shape, dtype) -> np.ndarray:
     """aligned_empty's numpy array, its arguments checked (our errors, naming them)."""
     try:
@@ -87,10 +91,16 @@ def _aligned_array(shape, dtype) -> np.ndarray:
         raise InvalidArgumentError(f"aligned_empty: dtype {dtype} holds Python objects, no bytes, or a sub-array; "
                                    "pass a numeric dtype (a sub-array's shape goes into the shape), or use np.empty")
     n = math.prod(shape) * dtype.itemsize
-    if n > np.iinfo(np.intp).max - ALIGN:
+    if n > _INTP_MAX - ALIGN:
         raise InvalidArgumentError(f"aligned_empty: shape {shape} of {dtype} is {n} bytes, more than any "
                                    "array can address")
     return aligned_bytes(n).view(dtype).reshape(shape)
+
+
+def _address(raw: np.ndarray) -> int:
+    """The address of a fresh, writable uint8 array's first byte (without building
+    ``__array_interface__``'s dict, for small allocations made on every packed conversion)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(raw))
 
 
 def aligned_bytes(n: int, like: int | None = None) -> np.ndarray:
@@ -98,11 +108,11 @@ def aligned_bytes(n: int, like: int | None = None) -> np.ndarray:
     ``n >= PAGE_MATCH_FROM``, at ``like``'s offset within a page, rounded up to ALIGN."""
     if like is None or n < PAGE_MATCH_FROM:
         raw = np.empty(n + ALIGN, dtype=np.uint8)
-        start = (-raw.__array_interface__["data"][0]) % ALIGN
+        start = (-_address(raw)) % ALIGN
     else:
         raw = np.empty(n + PAGE, dtype=np.uint8)
         at = -(-(like % PAGE) // ALIGN) * ALIGN  # a multiple of ALIGN, PAGE itself at most
-        start = (at - raw.__array_interface__["data"][0]) % PAGE
+        start = (at - _address(raw)) % PAGE
     return raw[start:start + n]
 
 

@@ -27,6 +27,9 @@ class Step:
     run: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
     #: a cheap test that ``run``'s result still shares its input's memory (``Handoff.shares``)
     shares: Callable[[Any], bool] | None = field(default=None, compare=False, repr=False)
+    #: its copy is decided by the dtype alone (packing, unpacking) and makes a fresh result each run:
+    #: the fast path may keep a plan whose copies are all such
+    by_dtype: bool = False
 
     def __str__(self) -> str:
         how = f"copy ({self.reason})" if self.copies else "zero-copy"

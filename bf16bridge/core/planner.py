@@ -174,13 +174,13 @@ def _packings(s: Node, a: Adapter, q: _Search):
         carrier = dtypes.BITS_OF[packed]
         yield 1, Step("pack", a.name, a.label_pack.format(dtype=packed), carrier, True,
                       f"{q.target} holds {s.dtype} packed {dtypes.ROWS[packed].packing} a byte ({packed})",
-                      run=partial(a.pack, dtype=packed)), _fresh(a, carrier, s.host)._replace(carries=packed)
+                      run=partial(a.pack, dtype=packed), by_dtype=True), _fresh(a, carrier, s.host)._replace(carries=packed)
     carried = s.carries or ""
     unpacked = dtypes.PACKED.get(carried)
     if unpacked is not None and unpacked in q.goal | _wider(q.goal) and a.holds(unpacked):
         yield 1, Step("unpack", a.name, a.label_unpack.format(dtype=unpacked), unpacked, True,
                       f"{carried} holds {dtypes.ROWS[carried].packing} values a byte; {unpacked} holds one",
-                      run=partial(a.unpack, dtype=carried)), _fresh(a, unpacked, s.host)
+                      run=partial(a.unpack, dtype=carried), by_dtype=True), _fresh(a, unpacked, s.host)
 
 
 def _copies_here(s: Node, a: Adapter, q: _Search) -> bool:
@@ -233,13 +233,19 @@ def _handoffs(s: Node, a: Adapter, b: Adapter, q: _Search):
         if entered is not None and not (reason and q.copy is False):
             yield b.import_copy_cost if reason else 0, Step(
                 "handoff", b.name, h.label, s.dtype, reason is not None, reason or "",
-                verify=h.verify, run=h.run, shares=h.shares), entered
+                verify=h.verify, run=h.run, shares=h.shares, by_dtype=h.copies_by_dtype and reason is not None), entered
+
+
+def _takes(b: Adapter, host: bool) -> int:
+    """The least regular layout ``b``'s DLPack import takes of host (``host``) or device memory."""
+    on_device = b.dlpack_accepts_device
+    return b.dlpack_accepts if host or on_device is None else on_device
 
 
 def _dlpacks(s: Node, a: Adapter, b: Adapter, q: _Search):
     """A DLPack hand-over between frameworks."""
     unaligned = b.dlpack_unaligned if not s.aligned else "ok"
-    if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= b.dlpack_accepts
+    if (s.dtype in a.dlpack_export and s.dtype in b.dlpack_import and s.layout <= _takes(b, s.host)
             and unaligned != "refuse"):
         copies = unaligned == "copies"
         entered = _enter(s, a, b, copies)
@@ -541,6 +547,8 @@ def _outcome(route: Route, source: str, target: str, readonly: bool, nonempty: b
                  f"write kills the process); pass copy=True (or on_alias='copy') to write safely")
     if alias is not None:
         notes.append(alias)
+    if shares and final.layout != CONTIGUOUS and dst_adapter.kept_layout_note:
+        notes.append(f"the {target} result keeps the input's layout, zero-copy: {dst_adapter.kept_layout_note}")
     if shares and dst_adapter.immutable and not src_adapter.immutable and not readonly:
         notes.append(f"the {target} result shares the {source} input's memory: writing to the input "
                      f"afterwards changes it; pass copy=True to decouple them")

@@ -42,6 +42,7 @@ class BridgedFunction:
         self.vmap_method = vmap_method
         self.jit = jit
         self.static = Static(fn, static_argnums, static_argnames)
+        self._static_named = bool(self.static)  # (read on every call: no __bool__ frame)
         self._specs: dict = {}  # output specs by input signature, for declared-shape callers
         self._memo: dict = {}  # (caller, signature, wanted gradients) -> what the caller's adapter keeps
         self._compiled = Compiler(self)  # the callee compiled, by signature (BridgeHooks.compile)
@@ -73,7 +74,7 @@ class BridgedFunction:
         caller = caller_of(leaves, self.fn)
         if caller is None or caller == self.callee:
             return self.fn(*args, **kwargs)
-        if self.static:
+        if self._static_named:
             self.static.check(args, kwargs)
         adapter = registry.get(caller)
         hooks = registry.hooks(caller, BridgeHooks)

@@ -24,7 +24,7 @@ from bf16bridge.adapters.hooks import BridgeHooks
 from bf16bridge.core import fpenv
 from bf16bridge.core import registry
 from bf16bridge.core.adapter import Adapter
-from bf16bridge.core.convert import OnGrad, convert, plan
+from bf16bridge.core.convert import OnGrad, convert, convert_into, plan
 from bf16bridge.errors import Bf16BridgeError, InputWrittenError, UnsupportedDtypeError, UnsupportedTypeError
 from bf16bridge.functions import callee as running
 from bf16bridge.functions.declared import DeclaredResults
@@ -82,11 +82,10 @@ class ForeignCall(DeclaredResults):
     # -- the pieces every caller hook uses -----------------------------------------------
     # convert, every leaf both ways: no warning (the bridge says what crosses), gradients by the bridge
     def _inputs(self, leaves):
-        copy, to, fallback = True if self.copy_inputs else None, self.callee, self.fallback
+        to = self.callee
         out: list = []
         try:
-            for x in leaves:
-                out.append(convert(x, to, copy=copy, fallback=fallback, on_alias="allow", on_grad="drop"))
+            convert_into(out, leaves, to, True if self.copy_inputs else None, self.fallback, "allow", "drop")
         except Bf16BridgeError as err:  # which argument, and where a fallback goes
             i = len(out)
             raise self._crossing(err, input_paths(self.skeleton)[i], leaves[i], to) from None
@@ -122,14 +121,13 @@ class ForeignCall(DeclaredResults):
         self.out_skeleton = skeleton
 
     def _outputs(self, out_leaves, to):
-        fallback, out = self.fallback, []
-        for i, y in enumerate(out_leaves):
-            try:
-                out.append(convert(y, to, fallback=fallback, on_alias="allow", on_grad="drop"))
-            except Bf16BridgeError as err:  # which function and result, and where a fallback goes
-                at = [j for j in range(len(out_leaves) + len(self.numbers)) if j not in dict(self.numbers)]
-                raise self._crossing(err, result_paths(self.out_skeleton)[at[i]], y, to) from None
-        return out
+        out: list = []
+        try:
+            return convert_into(out, out_leaves, to, None, self.fallback, "allow", "drop")
+        except Bf16BridgeError as err:  # which function and result, and where a fallback goes
+            i = len(out)
+            at = [j for j in range(len(out_leaves) + len(self.numbers)) if j not in dict(self.numbers)]
+            raise self._crossing(err, result_paths(self.out_skeleton)[at[i]], out_leaves[i], to) from None
 
     def _with_numbers(self, outs: list, to: str) -> list:
         """``outs`` with the results' Python numbers put back at their places, as 0-d tensors of ``to``

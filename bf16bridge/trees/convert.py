@@ -78,17 +78,25 @@ def _leaf_converter(to, keywords: tuple, pending: dict, kept: list | None) -> Ca
     copy, fallback, for_compute, on_alias, on_grad, device = keywords
     kw = dict(copy=copy, fallback=fallback, for_compute=for_compute, on_alias=on_alias, on_grad=on_grad,
               device=device)
-    fasts: dict = {}  # type -> (its cached plans, the adapters' state), or False: none
+    # type -> (its adapter's fast_key, whether it reads alignment, the cached plans by key, the adapters'
+    # state: None where they have none), or False: no plans for the type
+    fasts: dict = {}
+
+    def lookup(t: type):
+        fast = fastpath.plans(t, to, copy, fallback, for_compute, on_alias, on_grad, device)
+        if fast is None:
+            return False
+        return fast.fast_key, fast.alignment, fast.plans, None if fast.state is None else (fast.state(),)
 
     def leaf(x, path):
         try:
-            t = type(x)
-            got: Any = fasts.get(t)
+            got = fasts.get(type(x))
             if got is None:
-                fast = fastpath.plans(t, to, copy, fallback, for_compute, on_alias, on_grad, device)
-                got = fasts[t] = False if fast is None else (fast, None if fast.state is None else fast.state())
+                got = fasts[type(x)] = lookup(type(x))
             if got is not False:
-                hit = got[0].find(x, got[1])
+                fast_key, alignment, table, state = got
+                k = fast_key(x, alignment)
+                hit = None if k is None else table.get(k) if state is None else table.get((k, state[0]))
                 if hit is not None:
                     run, messages = hit
                     try:
@@ -127,7 +135,7 @@ def _as_is(to, copy, fallback, for_compute, device=None) -> Callable[[Any], bool
         fast = fastpath.plans(type(x), target, copy, fallback, for_compute, "allow", "drop", device)
         if fast is None:
             return None
-        k = fast.src.fast_key(x, fast.alignment)  # (alignment read where the fast path reads it)
+        k = fast.fast_key(x, fast.alignment)  # (alignment read where the fast path reads it)
         return None if k is None else (type(x), fast.alignment, k)
 
     def as_is(x) -> bool:

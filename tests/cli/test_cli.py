@@ -87,7 +87,10 @@ def test_matrix_text_states_its_assumptions_and_the_inputs_that_copy():
     lines = text.splitlines()
     copies = [line for line in lines if line.startswith(("default numpy allocation", "read-only numpy",
                                                          "transposed 2-D torch")) and " copy " in line]
-    assert len(copies) == 5, "\n".join(lines)  # unaligned -> jax, tf; read-only -> torch; transposed -> jax, tf
+    # unaligned -> jax, tf; read-only -> torch; transposed -> tf, and -> jax unless jax keeps a permuted layout
+    from bf16bridge.adapters.jax import probe
+
+    assert len(copies) == (4 if probe.takes_permuted() else 5), "\n".join(lines)
 
 
 @pytest.mark.frameworks("torch", "jax", "tensorflow")

@@ -5,6 +5,8 @@ bridging imports no framework, one imported later is still asked about its compi
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -126,8 +128,9 @@ def test_a_framework_imported_after_the_first_call_is_still_asked_about_its_comp
 
 
 @pytest.mark.frameworks("torch")
-def test_examples_run():
-    """The examples under examples/ are part of the docs: they run, and check themselves."""
+def test_examples_run(monkeypatch):
+    """The examples under examples/ are part of the docs: they run, and check themselves (each as its
+    own command line, without pytest's arguments)."""
     import pathlib
     import runpy
 
@@ -135,4 +138,5 @@ def test_examples_run():
     scripts = sorted(here.glob("*.py"))
     assert len(scripts) >= 2
     for script in scripts:
+        monkeypatch.setattr(sys, "argv", [str(script)])
         runpy.run_path(str(script), run_name="__main__")

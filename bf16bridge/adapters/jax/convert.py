@@ -1,5 +1,6 @@
 """JAX: the planner's facts and the conversion primitives. Arrays are immutable; its DLPack import is
-zero-copy only for a contiguous buffer on a 64-byte boundary (it copies silently otherwise), and its
+zero-copy only for a dense buffer on a 64-byte boundary (it copies an unaligned one silently, and refuses
+gaps), in another dimension order too where this jax computes on such an array (probe), and its
 bit-casts copy, so bf16 reaches numpy through ``numpy.asarray`` and comes from numpy through
 ``jax.device_put``. What this jax holds and does is found by the trials of ``probe`` on first read."""
 
@@ -13,9 +14,9 @@ import numpy as np
 
 from bf16bridge.adapters import dlpack
 from bf16bridge.adapters.jax import internals, probe
-from bf16bridge.core import dtypes, formats, versions
-from bf16bridge.core.adapter import (ALIGN, CONTIGUOUS, STRIDED, Adapter, Handoff, Source, UnalignedImport,
-                                     parse_device)
+from bf16bridge.core import dtypes, formats, registry, versions
+from bf16bridge.core.adapter import (ALIGN, CONTIGUOUS, PERMUTED, Adapter, Handoff, Source, StalePlan,
+                                     UnalignedImport, parse_device)
 from bf16bridge.errors import UnsupportedDtypeError, UnsupportedTypeError
 
 versions.require("jax", jax.__version__)
@@ -30,10 +31,11 @@ def _packs_copy(layout, aligned):
 
 
 def _put_packed(a):
-    """``jax.device_put`` of a sub-byte array (one value a byte in numpy): jax packs it keeping each
-    byte's low bits, so a byte ml_dtypes reads otherwise (a view of other bytes) is refused first."""
-    formats.refuse_changed_padding(a.view(np.uint8), a.dtype.name, f"jax.device_put of {a.dtype.name} (jax packs it)")
-    return jax.device_put(a)
+    """``jax.numpy.asarray`` of a sub-byte array (one value a byte in numpy; placed as ``jax.device_put``
+    places it, with less Python on the way): jax packs it keeping each byte's low bits, so a byte
+    ml_dtypes reads otherwise (a view of other bytes) is refused first."""
+    formats.refuse_changed_padding(a.view(np.uint8), a.dtype.name, "jax.numpy.asarray (jax packs it)")
+    return jnp.asarray(a)
 
 
 def _device_put_copies(layout, aligned):
@@ -70,10 +72,11 @@ def _capsule(x):
 
 
 def _import_aligned(obj):
-    """``Adapter.importer_aligned``: jax's import, refusing to copy an unaligned buffer."""
+    """``Adapter.importer_aligned``: jax's import, refusing to copy an unaligned buffer, and handing a
+    buffer whose strides it refuses (one a kept plan took for a transpose) back to convert's full path."""
     try:
         return jnp.from_dlpack(obj, copy=False)
-    except ValueError as err:
+    except Exception as err:  # noqa: BLE001 - jax's refusal, whatever this jax calls its error type
         try:
             unaligned = dlpack.data_ptr(obj) % ALIGN != 0
         except Exception:  # noqa: BLE001 - no pointer to read: jax's own error stands
@@ -82,7 +85,20 @@ def _import_aligned(obj):
             raise UnalignedImport(
                 "jax.numpy.from_dlpack would copy this buffer (not 64-byte aligned), which its source "
                 "described as aligned; pass copy=True") from err
+        if _beyond_permuted(obj):
+            raise StalePlan("jax.numpy.from_dlpack takes no strides with gaps or repeats, which this input has; "
+                            "pass copy=None") from err
         raise
+
+
+def _beyond_permuted(obj) -> bool:
+    """Whether a DLPack producer of a registered framework is less regular than dense in some order
+    (described afresh: this runs only where jax's import refused it)."""
+    try:
+        source = registry.framework_of(obj)
+        return registry.get(source).describe(obj).layout > PERMUTED
+    except Exception:  # noqa: BLE001 - not a tensor we describe: jax's own error stands
+        return False
 
 
 def _device_name(d) -> str:
@@ -112,7 +128,11 @@ def _key(entry):
 class JaxAdapter(Adapter):
     name = "jax"
     immutable = True
-    dlpack_accepts = CONTIGUOUS
+    # device memory in another order is untried (a GPU import may refuse it): copied row-major first
+    dlpack_accepts_device = CONTIGUOUS
+    kept_layout_note = ("a jax array in another dimension order than row-major (as jax.numpy.from_dlpack gives), "
+                        "which jax computes on (jax.jit too), numpy.asarray copies, and a function compiled ahead "
+                        "of time (jax.jit(f).lower(...).compile()) refuses")
     dlpack_unaligned = "copies"
     bitview_free = False  # lax.bitcast_convert_type makes a new buffer
     # jax.device_put of an unaligned buffer against an aligned copy and a zero-copy device_put (docs/benchmarks.md)
@@ -125,6 +145,11 @@ class JaxAdapter(Adapter):
     @functools.cached_property
     def copies_aligned(self) -> bool:  # type: ignore[override]
         return probe.allocates_aligned()
+
+    @property
+    def dlpack_accepts(self) -> int:  # type: ignore[override]
+        # a transpose kept as it is where this jax computes on it, by trying on the host (probe)
+        return PERMUTED if probe.takes_permuted() else CONTIGUOUS
 
     @functools.cached_property
     def dlpack_export(self) -> frozenset:  # type: ignore[override]
@@ -165,11 +190,11 @@ class JaxAdapter(Adapter):
                     dtypes=shared - rows.asarray_copies, verify=True, layouts=CONTIGUOUS, shares=_a_view),
         ]
         if rows.put_copies or rows.asarray_copies:
-            out += [Handoff("numpy", "jax", "jax.device_put (packs)", _put_packed, _packs_copy,
-                            dtypes=rows.put_copies, copies_aligned=aligned),
+            out += [Handoff("numpy", "jax", "jax.numpy.asarray (packs)", _put_packed, _packs_copy,
+                            dtypes=rows.put_copies, copies_aligned=aligned, copies_by_dtype=True),
                     # numpy.array: its own writable copy (numpy.asarray's would be read-only)
                     Handoff("jax", "numpy", "numpy.array (unpacks)", np.array, _packs_copy,
-                            dtypes=rows.put_copies | rows.asarray_copies, copies_aligned=False)]
+                            dtypes=rows.put_copies | rows.asarray_copies, copies_aligned=False, copies_by_dtype=True)]
         return out
 
     def state(self):
@@ -198,7 +223,7 @@ class JaxAdapter(Adapter):
             # dense, in row-major order unless imported over DLPack in another, and 64-byte aligned where
             # this jax allocates so (copies_aligned; it imports anything else by copying); else the
             # pointer says, where it matters
-            layout=CONTIGUOUS if _row_major(x) else STRIDED, aligned=self.copies_aligned or not alignment or self.data_ptr(x) % ALIGN == 0,
+            layout=CONTIGUOUS if _row_major(x) else PERMUTED, aligned=self.copies_aligned or not alignment or self.data_ptr(x) % ALIGN == 0,
             readonly=False, device=_device_name(dev),
         )
 

@@ -193,6 +193,29 @@ def refuses_unaligned() -> bool:
 
 
 @functools.cache
+def takes_permuted() -> bool:
+    """Whether jax's DLPack import takes a host buffer in another dimension order (a transpose, a
+    permute) as it is, into an array it computes on with the right values: jax 0.10 does; jax 0.4.30
+    takes it, and then its first operation on the array fails (XLA's layout assertion). Tried on
+    transposed and permuted 64-byte aligned numpy arrays: the pointer kept, the values read and
+    computed on. (Strides with gaps or repeats jax refuses, in every version tried.)"""
+    base = aligned_empty((2, 3, 4), np.uint16)
+    base[...] = np.arange(base.size, dtype=np.uint16).reshape(base.shape)
+    try:
+        with jax.ensure_compile_time_eval():
+            for view in (base.reshape(6, 4).T, base.transpose(2, 0, 1)):
+                x = jnp.from_dlpack(view)
+                x.block_until_ready()
+                if x.unsafe_buffer_pointer() != base.ctypes.data:
+                    return False
+                if not (np.array_equal(np.asarray(x), view) and np.array_equal(np.asarray(x + 1), view + 1)):
+                    return False
+    except Exception:  # noqa: BLE001 - jax's refusal, whatever this jax calls its error type
+        return False
+    return True
+
+
+@functools.cache
 def allocates_aligned() -> bool:
     """Whether every jax array starts on an ALIGN boundary: jax 0.10 copies an unaligned numpy buffer
     into one it allocates aligned; jax 0.4.30 on CPU takes it as it is and allocates its own 16-byte
@@ -294,7 +317,7 @@ class JaxProbe(ProbeHooks):
 
     def facts(self):
         return {"x64": _x64_fact(), "aligned import": _import_fact(), "pure_callback vmap_method": _vmap_fact(),
-                "buffer_callback": _buffer_fact(), "aligned buffers": _aligned_fact()}
+                "buffer_callback": _buffer_fact(), "aligned buffers": _aligned_fact(), "permuted import": _permuted_fact()}
 
     def narrow_compute(self, dtype):
         if not registry.get(self.name).holds(dtype):
@@ -333,6 +356,16 @@ def _import_fact():
         "run it, and convert's hot path reads no input's alignment for them" if refuses else
         "jax.numpy.from_dlpack(copy=False) took a buffer not 64-byte aligned: convert's hot path reads each "
         "input's alignment for routes into jax")
+
+
+def _permuted_fact():
+    takes = takes_permuted()
+    return takes, (
+        "jax.numpy.from_dlpack takes a host buffer in another dimension order (a transpose) as it is, and "
+        "computes on it: such a torch or numpy input crosses into jax zero-copy (strides with gaps are copied "
+        "first)" if takes else
+        f"jax {jax.__version__}'s DLPack import of a host buffer in another dimension order (a transpose) "
+        "gives an array it cannot compute on, or copies: such inputs are copied row-major before crossing into jax")
 
 
 def _vmap_fact():

@@ -84,6 +84,9 @@ def _to_capsule(x):
     return to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
 
 
+_detach = torch.Tensor.detach
+
+
 def _empty(shape, dtype, device, nbytes: int, like=None):
     """``torch.empty``, but a large host tensor in numpy's memory, ALIGN-aligned: numpy's large
     allocations get huge pages (``memory.FRESH_MEMORY_FROM``). ``like``: a tensor of that shape,
@@ -200,9 +203,9 @@ class TorchAdapter(Adapter):
         return _no_data(x)
 
     def fast_key(self, x, alignment):
-        # describe detaches, restrides or refuses these: the full path
-        if (x.requires_grad or x.is_nested or x.layout is not _STRIDED or x.is_meta or 1 in x.shape
-                or _dual_level() >= 0):  # (inside a dual_level: describe asks for a tangent)
+        # describe refuses or restrides these, or asks for a tangent (inside a dual_level): the full path
+        # (a meta tensor is keyed by its device, for which no plan is kept: describe refuses it)
+        if x.is_nested or x.layout is not _STRIDED or 1 in x.shape or _dual_level() >= 0:
             return None
         if type(x) is not _Tensor and type(x) is not _Parameter:  # a DTensor, a fake or wrapper subclass:
             return None  # describe decides (a frozen Parameter is a plain tensor: the checks below hold for it)
@@ -216,14 +219,20 @@ class TorchAdapter(Adapter):
                 if not at:  # freed at offset 0, a zero tensor
                     return None
                 if contiguous:  # a freed storage under an offset view (FSDP's flat parameters): its size
-                    storage, offset = x.untyped_storage(), x.storage_offset()
-                    if storage.nbytes() < n + offset * x.element_size() or (offset and not storage.data_ptr()):
-                        return None  # (a zero tensor's storage raises there)
+                    storage = x.untyped_storage()
+                    base = storage.data_ptr()  # (a zero tensor's storage raises here)
+                    if not base or storage.nbytes() < at - base + n:
+                        return None
                 elif _no_data(x) is not None:
                     return None
         except (NotImplementedError, RuntimeError):  # torch.func's wrappers
             return None
-        return (x.dtype, x.device, contiguous, not n, x.is_conj() or x.is_neg(), alignment and at % ALIGN == 0)
+        # requires_grad: describe's value is the tensor detached (grad_value), its plans kept apart
+        return (x.dtype, x.is_cpu or x.device, CONTIGUOUS if contiguous else layout_of(x.shape, x.stride()), not n,
+                x.is_conj() or x.is_neg(), alignment and at % ALIGN == 0, x.requires_grad)
+
+    def grad_value(self):
+        return _detach
 
     def data_ptr(self, x) -> int:
         return x.data_ptr()
