@@ -28,7 +28,7 @@ import numpy as np
 import bf16bridge as bb
 
 from .checkpoints import gpt2_shapes
-from .functions import compare
+from .timing import compare
 from .harness import machine
 
 #: GPT-2 small, and a small stand-in for --quick

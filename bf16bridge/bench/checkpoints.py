@@ -4,6 +4,11 @@
     python -m bf16bridge.bench.checkpoints --layers 2 # smaller, for a quick look
     python -m bf16bridge.bench.checkpoints --first    # only open + first tensor, bb and safetensors into
                                                 # numpy and torch, 1 GiB file, 7 processes each
+    python -m bf16bridge.bench.checkpoints --first --many  # the same, of 850 float32 64x64 tensors
+
+The harness's part (``bf16bridge bench --only checkpoints``) also times open + first tensor of a file
+of many small tensors (MANY_*: 850 float32 64x64, written by safetensors), whose header is most of the
+work, ours and safetensors' into numpy and torch.
 
 Each loader runs in a fresh process (so one run's pages and allocator caches do not help the
 next) on a file already in the page cache (written just before: this measures the loaders, not
@@ -136,6 +141,40 @@ def write(path: str, layers: int, ours: bool = False) -> int:
     return sum(a.nbytes for a in tensors.values())
 
 
+#: the many-tensor file: this many float32 tensors of this shape, written by safetensors; opening it is
+#: mostly reading its header (about 77 KB of JSON), which a file of many small tensors makes large
+MANY_TENSORS, MANY_SHAPE, MANY_DTYPE = 850, (64, 64), "float32"
+
+
+def write_many(path: str) -> int:
+    """The many-tensor file, written by safetensors' own serializer (numpy buffers), as ``write`` writes."""
+    from safetensors import TensorSpec, serialize_file
+
+    rng = np.random.default_rng(0)
+    tensors = {f"model.layers.{i}.weight": rng.standard_normal(MANY_SHAPE).astype(MANY_DTYPE)
+               for i in range(MANY_TENSORS)}
+    specs = {k: TensorSpec(dtype=MANY_DTYPE, shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for k, a in tensors.items()}
+    serialize_file(specs, path)
+    return sum(a.nbytes for a in tensors.values())
+
+
+def first_many(path: str, repeat: int) -> dict:
+    """Open + first tensor of the many-tensor file, FIRST's loaders interleaved, ``repeat`` fresh processes each:
+    the best time of each (the same child as the part's other rows, only opening and reading)."""
+    times: dict[str, list[float]] = {name: [] for name in FIRST}
+    errors: dict[str, dict] = {}
+    for _ in range(repeat):  # interleaved: a busy moment of a shared machine hits every loader alike
+        for name in FIRST:
+            if name not in errors:
+                r = run(path, 1, (name,), first_only=True)[name]
+                if "error" in r:
+                    errors[name] = r
+                else:
+                    times[name].append(r["first_s"])
+    return {name: errors.get(name) or {"first_s": min(times[name])} for name in FIRST}
+
+
 def run(path: str, repeat: int = 3, loaders=None, first_only: bool = False) -> dict:
     """Each loader's best time of ``repeat`` fresh processes, and its largest peak (``first_only``:
     only the time to open the file and have its first tensor; ``loaders``: these of LOADERS)."""
@@ -206,28 +245,41 @@ def bench(quick: bool, log=print) -> dict:
                 if "error" not in r:
                     again = run(path, 1, (name,), first_only=True)[name]
                     r["first_s"] = min(r["first_s"], again.get("first_s", r["first_s"]))
+        os.remove(path)
+        many_path = os.path.join(d, "many.safetensors")
+        many_bytes = write_many(many_path)
+        many_results = first_many(many_path, cfg["first_repeat"])
+        many = {"tensors": MANY_TENSORS, "shape": list(MANY_SHAPE), "dtype": MANY_DTYPE, "nbytes": many_bytes,
+                "file_bytes": os.path.getsize(many_path), "repeat": cfg["first_repeat"], "results": many_results}
     for name, r in results.items():
         log(f"  {name}: " + (f"fails: {r['error']}" if "error" in r else
                              f"first {r['first_s'] * 1e3:.1f} ms, load {r['load_s'] * 1e3:.1f} ms, "
                              f"peak extra {r['peak_load'] / 2**20:.0f} MiB"))
+    for name, r in many_results.items():
+        log(f"  {MANY_TENSORS} tensors, {name}: " + (f"fails: {r['error']}" if "error" in r else
+                                                       f"first {r['first_s'] * 1e3:.2f} ms"))
     return {"mode": mode, "machine": machine(), "writer": "safetensors", "layers": cfg["layers"],
             "repeat": cfg["repeat"], "first_repeat": cfg["first_repeat"], "nbytes": nbytes, "file_bytes": file_bytes,
             "zero_copy": list(ZERO_COPY),
-            "results": results, "wall_s": time.perf_counter() - t0}
+            "results": results, "many": many, "wall_s": time.perf_counter() - t0}
 
 
 #: the rows of the open + first tensor target (``--first``): ours and safetensors' into numpy and torch
 FIRST = ("bb.load numpy", "safetensors.numpy", "bb.load torch", "safetensors.torch")
 
 
-def first(layers: int = 70, repeat: int = 7) -> str:
+def first(layers: int = 70, repeat: int = 7, many: bool = False) -> str:
     """Only open + first tensor, ours against safetensors' (numpy, torch), fresh processes: min and
-    median of ``repeat``, a quick look at the one target the full part takes a minute to judge."""
+    median of ``repeat``, a quick look at the one target the full part takes a minute to judge
+    (``many``: of the many-tensor file instead of GPT-2's shapes)."""
     import statistics
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "gpt2.safetensors")
-        write(path, layers)
+        if many:
+            write_many(path)
+        else:
+            write(path, layers)
         rows: dict[str, list] = {name: [] for name in FIRST}
         for _ in range(repeat):  # interleaved: a busy moment of a shared machine hits every loader alike
             for name in FIRST:
@@ -235,7 +287,8 @@ def first(layers: int = 70, repeat: int = 7) -> str:
                 rows[name].append(r.get("first_s", float("nan")) if "error" not in r else float("nan"))
                 if "error" in r:
                     print(f"{name}: {r['error']}", file=sys.stderr)
-    lines = [f"open + first tensor, {layers} layers, {repeat} fresh processes each", "",
+    what = f"{MANY_TENSORS} {MANY_DTYPE} tensors" if many else f"{layers} layers"
+    lines = [f"open + first tensor, {what}, {repeat} fresh processes each", "",
              "| loader | min | median |", "|---|---|---|"]
     for name, ts in rows.items():
         lines.append(f"| {name} | {min(ts) * 1e3:.2f} ms | {statistics.median(ts) * 1e3:.2f} ms |")
@@ -252,10 +305,13 @@ def main(argv=None) -> int:
     parser.add_argument("--first", action="store_true",
                         help="only open + first tensor into numpy and torch, ours and safetensors' (--layers 70 "
                              "and --repeat 7 unless given)")
+    parser.add_argument("--many", action="store_true",
+                        help=f"with --first: of a file of {MANY_TENSORS} {MANY_DTYPE} tensors (the harness's "
+                             "many-tensor rows) instead of GPT-2's shapes")
     args = parser.parse_args(argv)
     if args.first:
         given = argv if argv is not None else sys.argv[1:]
-        print(first(args.layers if "--layers" in given else 70, args.repeat if "--repeat" in given else 7))
+        print(first(args.layers if "--layers" in given else 70, args.repeat if "--repeat" in given else 7, args.many))
         return 0
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "gpt2.safetensors")

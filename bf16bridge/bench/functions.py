@@ -8,8 +8,6 @@ targets are judged on the fastest (the least disturbed by other load), and the r
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,48 +18,9 @@ import bf16bridge as bb
 from bf16bridge.errors import Bf16BridgeWarning
 
 from .harness import SIZES, machine, pairs, sample
+from .timing import BUDGET_S, MIN_ROUNDS, QUICK_BUDGET_S, QUICK_MIN_ROUNDS, compare, ready as _ready
 from .loss_step import bench_mlp_step, one_torch_thread
 from .raw import from_tf, raw_routes
-
-BUDGET_S, QUICK_BUDGET_S = 1.5, 0.03  # seconds a comparison runs, all contenders together
-MIN_ROUNDS, QUICK_MIN_ROUNDS = 20, 3
-
-
-def _ready(y):
-    for v in y if isinstance(y, (list, tuple)) else (y,):
-        if hasattr(v, "block_until_ready"):
-            v.block_until_ready()
-    return y
-
-
-def compare(contenders: dict, *, quick: bool) -> dict:
-    """Seconds a call of each contender: {"best", "median", "calls"}.
-
-    The contenders alternate call by call (the order rotating each round), so a burst of other
-    load on this shared machine hits each alike; each call is timed alone, less the cost of
-    timing an empty call."""
-    budget, min_rounds = (QUICK_BUDGET_S, QUICK_MIN_ROUNDS) if quick else (BUDGET_S, MIN_ROUNDS)
-    fns = list(contenders.items())
-    for _, fn in fns:  # warm up
-        _ready(fn())
-        _ready(fn())
-    clock = time.perf_counter
-    floor = min(_time_one(clock, lambda: None) for _ in range(200))
-    times: dict = {k: [] for k in contenders}
-    start, rounds = clock(), 0
-    while rounds < min_rounds or clock() - start < budget:
-        k = rounds % len(fns)
-        for name, fn in fns[k:] + fns[:k]:
-            times[name].append(max(0.0, _time_one(clock, fn) - floor))
-        rounds += 1
-    return {k: {"best": min(v), "median": statistics.median(v), "calls": len(v)} for k, v in times.items()}
-
-
-def _time_one(clock, fn) -> float:
-    t0 = clock()
-    _ready(fn())
-    return clock() - t0
-
 
 def _mods() -> tuple[Any, Any, Any, Any, Any]:
     import jax
@@ -161,12 +120,16 @@ AUTODIFF = ("torch", "jax", "tensorflow")
 
 
 class _Raw:
-    """The raw DLPack moves a hand-written wrapper uses (bf16, contiguous, aligned inputs)."""
+    """The raw moves a hand-written wrapper uses (bf16, contiguous, aligned inputs): of the public calls,
+    the cheapest per call (raw.py's choices; torch -> jax detaches: Tensor.__dlpack__ refuses a tensor
+    that requires grad)."""
 
     def __init__(self):
         ml, torch, jax, jnp, tf = _mods()
         imp = tf.experimental.dlpack.from_dlpack
         bf16 = ml.bfloat16
+        to_capsule, from_capsule = torch.utils.dlpack.to_dlpack, torch.utils.dlpack.from_dlpack
+        tf_capsule = tf.experimental.dlpack.to_dlpack
 
         def np_to_tf(a):
             if a.ctypes.data % 64:  # tensorflow's kernels abort on an unaligned import (FACTS.md)
@@ -175,13 +138,13 @@ class _Raw:
 
         self.move = {
             ("torch", "jax"): lambda t: jnp.from_dlpack(t.detach()),
-            ("jax", "torch"): torch.from_dlpack,
-            ("torch", "tensorflow"): lambda t: imp(t.detach().__dlpack__()),
-            ("tensorflow", "torch"): from_tf(torch.from_dlpack),
+            ("jax", "torch"): lambda j: from_capsule(j.__dlpack__()),
+            ("torch", "tensorflow"): lambda t: imp(to_capsule(t)),
+            ("tensorflow", "torch"): lambda x: from_capsule(tf_capsule(x)),
             ("jax", "tensorflow"): lambda j: imp(j.__dlpack__()),
             ("tensorflow", "jax"): from_tf(jnp.from_dlpack),
-            ("numpy", "torch"): lambda a: torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16),
-            ("torch", "numpy"): lambda t: np.from_dlpack(t.detach().view(torch.uint16)).view(bf16),
+            ("numpy", "torch"): lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16),
+            ("torch", "numpy"): lambda t: t.detach().view(torch.int16).numpy().view(bf16),
             ("numpy", "tensorflow"): np_to_tf,
             ("tensorflow", "numpy"): lambda x, _in=from_tf(np.from_dlpack): _in(tf.bitcast(x, tf.uint16)).view(bf16),
         }
@@ -371,12 +334,33 @@ def _bench_bridged(quick: bool, log) -> list[dict]:
                         quick=quick)
             rf = compare({"bridge": lambda: _ready(bridged(*plain)), "hand-written": lambda: _ready(base_fwd(*plain))},
                          quick=quick)
-            rows.append({"caller": caller, "callee": callee, "same_bits": bool(same and same_fwd),
-                         "forward_backward": r, "forward": rf})
+            row: dict[str, Any] = {"caller": caller, "callee": callee, "same_bits": bool(same and same_fwd),
+                                   "forward_backward": r, "forward": rf}
+            if caller == "torch":
+                row.update(_forward_grad_inputs(bridged, base_fwd, grad_xs, quick))
+            rows.append(row)
             log(f"  bridged {caller:>10} -> {callee:<10} fwd+bwd {r['bridge']['best'] * 1e6:8.1f} us vs "
                 f"{r['hand-written']['best'] * 1e6:8.1f} us; fwd {rf['bridge']['best'] * 1e6:7.1f} us vs "
-                f"{rf['hand-written']['best'] * 1e6:7.1f} us{'' if same and same_fwd else '  (BITS DIFFER)'}")
+                f"{rf['hand-written']['best'] * 1e6:7.1f} us{'' if same and same_fwd else '  (BITS DIFFER)'}"
+                + (f"; fwd, inputs require grad {row['forward_grad_inputs']['bridge']['best'] * 1e6:7.1f} us vs "
+                   f"{row['forward_grad_inputs']['hand-written']['best'] * 1e6:7.1f} us"
+                   f"{'' if row['same_bits_grad_inputs'] else '  (BITS DIFFER)'}" if caller == "torch" else ""))
     return rows
+
+
+def _forward_grad_inputs(bridged, base_fwd, grad_xs: list, quick: bool) -> dict:
+    """A torch caller's forward-only call on inputs that require grad (a model's parameters in
+    inference, under ``torch.no_grad()``): the bridged call against the hand-written forward, whose
+    moves take such tensors as they are."""
+    torch = _mods()[1]
+
+    def fwd(f):
+        with torch.no_grad():
+            return _ready(f(*grad_xs))
+
+    same = np.array_equal(_bits(fwd(bridged)), _bits(fwd(base_fwd)))
+    return {"forward_grad_inputs": compare({"bridge": lambda: fwd(bridged), "hand-written": lambda: fwd(base_fwd)},
+                                           quick=quick), "same_bits_grad_inputs": bool(same)}
 
 
 def bench_bridged_jit(quick: bool, log) -> list[dict]:
@@ -461,14 +445,15 @@ def _peer_cases() -> dict:
 def _peer_tools(peers: dict | None) -> dict[str, dict]:
     """Each tool's call for each direction tried: {tool: {(source, target): call}}."""
     ml, torch, jax, jnp, tf = _mods()
-    raws = raw_routes()
     tools = {
         "bf16bridge": {("torch", "jax"): lambda t: bb.convert(t, "jax"),
                        ("torch", "tensorflow"): lambda t: bb.convert(t, "tensorflow"),
                        ("torch", "numpy"): lambda t: bb.convert(t, "numpy"),
                        ("jax", "torch"): lambda j: bb.convert(j, "torch", on_alias="allow")},
-        "raw DLPack": {k: raws[k] for k in (("torch", "jax"), ("torch", "tensorflow"), ("torch", "numpy"),
-                                            ("jax", "torch"))},
+        "raw DLPack": {("torch", "jax"): jnp.from_dlpack,
+                       ("torch", "tensorflow"): lambda t: tf.experimental.dlpack.from_dlpack(t.__dlpack__()),
+                       ("torch", "numpy"): lambda t: np.from_dlpack(t.view(torch.uint16)).view(ml.bfloat16),
+                       ("jax", "torch"): torch.from_dlpack},
         "the framework's own call": {("torch", "jax"): jnp.asarray, ("torch", "tensorflow"): tf.convert_to_tensor,
                                      ("torch", "numpy"): lambda t: t.numpy(), ("jax", "torch"): torch.asarray},
     }

@@ -4,7 +4,7 @@ calls a user would write instead, as ratios in one run (``bf16bridge bench --onl
 For bf16 and every narrow float dtype, float32 -> dtype and dtype -> float32: our kernel (the
 default call, and on one thread), ml_dtypes' ``astype`` (the reference: the same bits) and, where
 torch holds the dtype, torch's own ``.to()``. The contenders alternate call by call
-(``functions.compare``); each keeps its fastest and its median call. What was timed is checked
+(``timing.compare``); each keeps its fastest and its median call. What was timed is checked
 in the run: each contender's result against ml_dtypes' ``astype``, bit for bit (ours must agree;
 torch's differences are counted, with examples). The input is float32 normals scaled to the
 dtype's range, and its last sixteenth random float32 bit patterns (NaN, inf, subnormals,
@@ -23,7 +23,7 @@ import numpy as np
 from bf16bridge import kernels
 from bf16bridge.core import dtypes
 
-from .functions import compare
+from .timing import compare
 from .harness import SIZES, held_by_numpy, machine
 
 QUICK_SIZES, FULL_SIZES = ("1 KiB", "1 MiB"), ("1 KiB", "32 MiB")

@@ -13,7 +13,9 @@ from .units import ratio as _ratio, secs as _t, size as _b, times_cell as _times
 
 ZERO_COPY_RAW_RATIO, ZERO_COPY_SLACK_S = 1.5, 10e-6
 SPEEDUP_AT = {"256 MiB": 1000, "32 MiB": 100}
-COPY_RATIO = KERNEL_RATIO = IMPORT_RATIO = 1.5
+COPY_RATIO = IMPORT_RATIO = 1.5
+#: a kernel (float32 <-> bf16) against its bandwidth floor, both the fastest of calls alternated
+KERNEL_RATIO = 1.2
 #: the smallest size the bandwidth targets (a route that must copy against memcpy, a kernel against
 #: its floor) are judged at: below it the fixed cost of a call outweighs the bytes (--quick's 1 MiB)
 BANDWIDTH_FROM = "32 MiB"
@@ -71,6 +73,16 @@ def _bandwidth_targets(res: dict) -> list[tuple[str, bool, str]]:
     and above (smaller sizes are on the page, not judged)."""
     out = []
     for c in res["copying"]:
+        if c.get("copies") is False:  # a layout its target's import keeps: judged as a zero-copy route
+            for at in (c, c["small"]):
+                limit = ZERO_COPY_RAW_RATIO * at["raw"]["median"] + ZERO_COPY_SLACK_S
+                out.append((f"zero-copy route {c['case']} ({at['size']}): at most 1.5x the raw call + 10 us",
+                            at["bridge"]["median"] <= limit, f"bridge {_t(at['bridge']['median'])}, raw "
+                            f"{_t(at['raw']['median'])} (limit {_t(limit)})"))
+            growth = c["bridge"]["median"] / c["small"]["bridge"]["median"]
+            out.append((f"zero-copy route {c['case']}: time independent of size ({c['small']['size']} -> "
+                        f"{c['size']}, at most 1.5x)", growth <= 1.5, _x(growth)))
+            continue
         if not _judged(c["size"]):
             continue
         ratio = c["bridge"]["median"] / c["memcpy"]["median"]
@@ -82,9 +94,9 @@ def _bandwidth_targets(res: dict) -> list[tuple[str, bool, str]]:
         out.append((f"copying route {c['case']} ({c['size']}): within 1.5x of memcpy", ratio <= COPY_RATIO, how))
     for k in res["kernels"]:
         if "time" in k and k["impl"].startswith("kernels.") and "auto" in k["impl"] and _judged(k["size"]):
-            ratio = k["time"]["median"] / k["floor"]
-            out.append((f"kernel {k['kernel']} ({k['size']}): within 1.5x of the bandwidth floor",
-                        ratio <= KERNEL_RATIO, f"{_x(ratio)} ({_t(k['time']['median'])} vs floor {_t(k['floor'])})"))
+            ratio, how = _kernel_ratio(k)
+            out.append((f"kernel {k['kernel']} ({k['size']}): within {KERNEL_RATIO:g}x of the bandwidth floor",
+                        ratio <= KERNEL_RATIO, how))
     return out
 
 
@@ -184,7 +196,9 @@ def _pair_tables(res: dict) -> list[str]:
 
 
 def _copy_sections(res: dict) -> list[str]:
-    unjudged = "" if all(_judged(c["size"]) for c in res["copying"]) else (
+    copying = [c for c in res["copying"] if c.get("copies") is not False]
+    kept = [c for c in res["copying"] if c.get("copies") is False]
+    unjudged = "" if all(_judged(c["size"]) for c in copying) else (
         f" Not judged below {BANDWIDTH_FROM}: the fixed cost of a call outweighs the bytes there.")
     lines = ["", "## Routes that must copy", "",
              "Each against a memcpy into fresh memory (`np.copy`) of the same bytes, measured next to it."
@@ -193,7 +207,18 @@ def _copy_sections(res: dict) -> list[str]:
                    [(c["case"], c["size"], _t(c["bridge"]["median"]), _t(c["memcpy"]["median"]),
                      _x(c["bridge"]["median"] / c["memcpy"]["median"]),
                      f"`{c['own']['code']}` {_t(c['own']['median'])}" if "own" in c else "", "; ".join(c["reasons"]))
-                    for c in res["copying"]], "markdown")]
+                    for c in copying], "markdown")]
+    if kept:
+        lines += ["", "## Layouts the target's import keeps (zero-copy)", "",
+                  "Inputs that copied until the target's DLPack import was found (by trying, per version: the jax "
+                  "fact `permuted import`) to keep their layout, so `bb.plan` says zero-copy: each against the raw "
+                  "call (`bench/raw.py`), alternated with it, at two sizes. Target: at most 1.5x the raw call + "
+                  "10 us, and no slower at the larger size than 1.5x the smaller.", "",
+                  table(["input", "size", "bridge", "raw call", "ratio", "memcpy of the same bytes"],
+                        [(c["case"], at["size"], _t(at["bridge"]["median"]), _t(at["raw"]["median"]),
+                          _x(at["bridge"]["median"] / at["raw"]["median"]),
+                          _t(c["memcpy"]["median"]) if at is c else "")
+                         for c in kept for at in (c["small"], c)], "markdown")]
     if res.get("import_copy_cost"):
         lines += ["", "## What an import's own copy costs (`Adapter.import_copy_cost`)", "",
                   "An adapter whose import copies an unaligned buffer itself declares what that copy costs against "
@@ -209,16 +234,38 @@ def _copy_sections(res: dict) -> list[str]:
     return lines
 
 
+def _kernel_ratio(k: dict) -> tuple[float, str]:
+    """A kernel row's ratio to its floor, and the numbers as text: of the fastest calls where the kernel
+    alternated with the floor's memcpy ("floor_best"), else (results saved before) of the medians."""
+    med = k["time"]["median"] / k["floor"]
+    if "floor_best" not in k:
+        return med, f"{_x(med)} ({_t(k['time']['median'])} vs floor {_t(k['floor'])})"
+    best = k["time"]["best"] / k["floor_best"]
+    return best, (f"{_x(best)} (fastest calls: {_t(k['time']['best'])} vs floor {_t(k['floor_best'])}; "
+                  f"medians: {_x(med)}, {_t(k['time']['median'])} vs {_t(k['floor'])})")
+
+
+def _kernel_cells(k: dict, alternated: bool) -> tuple:
+    """A kernel row's cells: its time, its floor and their ratio (the fastest, then the median)."""
+    med = k["time"]["median"] / k["floor"]
+    if not alternated:
+        return k["size"], k["kernel"], k["impl"], _t(k["time"]["median"]), _t(k["floor"]), _x(med)
+    return (k["size"], k["kernel"], k["impl"], _times_cell(k["time"]), f"{_t(k['floor_best'])} ({_t(k['floor'])})",
+            f"{_x(k['time']['best'] / k['floor_best'])} ({_x(med)})")
+
+
 def _kernel_and_import_sections(res: dict) -> list[str]:
     unjudged = "" if all(_judged(k["size"]) for k in res["kernels"]) else (
         f" Not judged below {BANDWIDTH_FROM}: the fixed cost of a call outweighs the bytes there.")
+    alternated = all("floor_best" in k for k in res["kernels"] if "time" in k)
     lines = ["", "## Kernels", "",
              "The floor is the bytes a conversion must read and write (6 bytes an element) at the bandwidth "
              "of a memcpy into memory already there, measured in the same run (the kernels write into `out=`)."
-             + unjudged, ""]
+             + (" The implementations and that memcpy alternate call by call; a cell shows the fastest call and, "
+                "in parentheses, the median; a ratio is of the fastest calls (of the medians in parentheses), "
+                "and so is the target's." if alternated else "") + unjudged, ""]
     lines.append(table(["size", "conversion", "implementation", "time", "floor", "ratio to floor"],
-                       [(k["size"], k["kernel"], k["impl"], _t(k["time"]["median"]), _t(k["floor"]),
-                         _x(k["time"]["median"] / k["floor"])) if "time" in k else
+                       [_kernel_cells(k, alternated) if "time" in k else
                         (k["size"], k["kernel"], k["impl"], _b(k["peak_extra_bytes"]), "", "")
                         for k in res["kernels"]], "markdown"))
     imp = res["import"]
@@ -344,7 +391,26 @@ def function_targets(fres: dict) -> list[tuple[str, bool, str]]:
                     f"{len(rs) - len(missed)} of {len(rs)} met; worst {w['caller']} -> {w['callee']}: {_x(q)} "
                     f"({_t(w[part]['bridge']['best'])} vs {_t(w[part]['hand-written']['best'])})"
                     + (f"; missed: {', '.join(missed)}" if missed else "")))
-    return out + _loss_step_targets(fres)
+    return out + _grad_inputs_targets(fres) + _loss_step_targets(fres)
+
+
+def _grad_inputs_targets(fres: dict) -> list[tuple[str, bool, str]]:
+    """A torch caller's forward-only call whose inputs require grad (under torch.no_grad): at most
+    BRIDGED_RATIO the hand-written forward, in each direction measured (none in results saved before)."""
+    rs = [r for r in fres.get("bridged") or () if "forward_grad_inputs" in r]
+    if not rs:
+        return []
+    ratios = [(_ratio(r["forward_grad_inputs"], "bridge", "hand-written"), r) for r in rs]
+    missed = [f"{r['caller']} -> {r['callee']} {_x(q)}" for q, r in ratios if q > BRIDGED_RATIO]
+    bits = [f"{r['caller']} -> {r['callee']}" for r in rs if not r["same_bits_grad_inputs"]]
+    q, w = max(ratios, key=lambda p: p[0])
+    return [(f"bridged function, three 64x64 bf16 torch inputs that require grad, forward only (torch.no_grad): "
+             f"at most 1.3x the hand-written forward in each of the {len(rs)} directions", not missed and not bits,
+             f"{len(rs) - len(missed)} of {len(rs)} met; worst {w['caller']} -> {w['callee']}: {_x(q)} "
+             f"({_t(w['forward_grad_inputs']['bridge']['best'])} vs "
+             f"{_t(w['forward_grad_inputs']['hand-written']['best'])})"
+             + (f"; missed: {', '.join(missed)}" if missed else "")
+             + (f"; **bits differ**: {', '.join(bits)}" if bits else ""))]
 
 
 def _loss_step_targets(fres: dict) -> list[tuple[str, bool, str]]:
@@ -452,14 +518,16 @@ def _tree_and_bridged_markdown(fres: dict) -> list[str]:
                       _x(_ratio(tm, "bridge", "raw loop")),
                       f"{_times_cell(tm[ALLOW])}, {_x(_ratio(tm, ALLOW, 'raw loop'))}" if ALLOW in tm else ""))
     lines += ["", f"## convert_tree of a GPT-2-small-shaped state dict ({fres['tree'][0]['tensors']} bf16 tensors)",
-              "", "Against a dict comprehension of the raw per-tensor calls. Target: at most 1.2x.", "",
+              "", "Against a dict comprehension of the raw per-tensor calls (`bf16bridge/bench/raw.py`'s: the cheapest "
+              "public zero-copy call of each pair). Target: at most 1.2x.", "",
               table(["direction", "raw loop", "convert_tree (default)", "ratio", "on_alias='allow': time, ratio"],
                     cells, "markdown")]
     lines += ["", "## Bridged functions against a hand-written wrapper", "",
               "`(a @ b) * c` on three 64x64 bf16 tensors, written in the callee (jax: `jax.jit`-compiled), called "
               "from the caller's tensors; forward and backward is the caller's own vjp with a 64x64 cotangent "
               "(torch `autograd.grad`, eager `jax.vjp`, `tf.GradientTape`). The hand-written wrappers "
-              "(`bf16bridge/bench/functions.py: baseline`) use raw DLPack moves: a torch `autograd.Function` around "
+              "(`bf16bridge/bench/functions.py: baseline`) use the cheapest raw moves (DLPack capsules straight over, "
+              "numpy's own hand-off to torch): a torch `autograd.Function` around "
               "the callee's vjp; for a jax caller `jax.custom_vjp` + `jax.pure_callback`, whose backward "
               "recomputes the forward with the callee's vjp as the bridge's does (a callback cannot keep the "
               "pullback); for tensorflow `tf.custom_gradient`. Forward only: the caller's tensors need no "
@@ -467,6 +535,16 @@ def _tree_and_bridged_markdown(fres: dict) -> list[str]:
               "(its threads fight jax's and tensorflow's pools on this 2-core machine). \"Same bits\": the bridge "
               "and the wrapper return the same output and gradients, bit for bit. Target: at most 1.3x.", "",
               _bridged_table(fres["bridged"])]
+    grad_rows = [r for r in fres["bridged"] if "forward_grad_inputs" in r]
+    if grad_rows:
+        cells = [(f"{r['caller']} -> {r['callee']}", _times_cell(r["forward_grad_inputs"]["hand-written"]),
+                  _times_cell(r["forward_grad_inputs"]["bridge"]),
+                  _x(_ratio(r["forward_grad_inputs"], "bridge", "hand-written")),
+                  "yes" if r["same_bits_grad_inputs"] else "**no**") for r in grad_rows]
+        lines += ["", "Forward only, the torch inputs requiring grad (a model's parameters in inference: the call "
+                  "under `torch.no_grad()`), against the hand-written forward, whose moves take such tensors as "
+                  "they are. Target: at most 1.3x.", "",
+                  table(["caller -> callee", "fwd hand-written", "fwd bridge", "ratio", "same bits"], cells, "markdown")]
     if fres.get("bridged_jit"):
         lines += ["", "## Bridged functions under jax.jit against a hand-written pure_callback wrapper", "",
                   "The same function and inputs, called from a `jax.jit`-compiled caller: forward and backward is a "

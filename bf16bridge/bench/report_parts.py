@@ -75,6 +75,20 @@ def part_targets(parts: dict) -> list[tuple[str, bool, str]]:
             share = r["peak_load"] / size
             out.append((f"checkpoint: peak extra RSS of {name} (zero-copy) under 5% of the file",
                         share < CKPT_RSS_SHARE, f"{_b(r['peak_load'])} of {_b(size)} ({share:.1%})"))
+        many = ck.get("many")  # open + first tensor of a file of many small tensors (results before it: none)
+        for fw in ("numpy", "torch") if many else ():
+            what = (f"checkpoint open + first tensor, {many['tensors']}-tensor header, into {fw}: no slower than "
+                    f"safetensors.{fw}")
+            ours, ref = many["results"][f"bb.load {fw}"], many["results"][f"safetensors.{fw}"]
+            if "error" in ours or "error" in ref:
+                out.append((what, "error" not in ours, f"bb fails: {ours['error']}" if "error" in ours else
+                            f"{_t(ours['first_s'])}; safetensors.{fw} fails: {ref['error']}"))
+                continue
+            out.append((what, ours["first_s"] <= ref["first_s"],
+                        f"{_t(ours['first_s'])} vs {_t(ref['first_s'])} ({_x(ours['first_s'] / ref['first_s'])})"))
+    # -- narrow dtypes (bf16bridge/bench/dtypes.py)
+    if parts.get("dtypes"):
+        out += dtype_targets(parts["dtypes"])
     if parts.get("kernels"):
         out += kernel_targets(parts["kernels"])
     if parts.get("casting"):
@@ -92,6 +106,28 @@ def _left_out(part: dict) -> list[str]:
     return ["", "Left out in this run: " + "; ".join(f"{r['dtype']} ({r['why']})" for r in part["left_out"]) + "."]
 
 
+#: torch's packed fp4 into numpy and jax (unpacked, a copy) against the hand unpacking of its nibbles,
+#: at every size: its per-call cost may add this much at 1 KiB (issue 31)
+FP4_RATIO = 1.5
+
+
+def dtype_targets(dt: dict) -> list[tuple[str, bool, str]]:
+    """The narrow dtypes part: torch's packed fp4 through the bridge within FP4_RATIO of the hand
+    unpacking, with its bits, in medians of calls alternated with it (results saved before judged alike)."""
+    out = []
+    for r in dt["rows"]:
+        if r["dtype"] != "float4_e2m1fn_x2":
+            continue
+        b, w = r["bridge"], r["workaround"]
+        ratio = b["median"] / w["median"]
+        out.append((f"{r['dtype']} {r['source']} -> {r['target']} at {r['size']}: at most {FP4_RATIO:g}x the "
+                    "hand unpacking, same bits", ratio <= FP4_RATIO and w["same_bits"],
+                    f"{_x(ratio)} ({_t(b['median'])} vs {_t(w['median'])}, medians"
+                    + (f"; fastest calls {_t(b['best'])} vs {_t(w['best'])}" if "best" in b and "best" in w else "")
+                    + ")" + ("" if w["same_bits"] else "; the bits differ")))
+    return out
+
+
 def _dtypes_markdown(dt: dict) -> list[str]:
     lines = ["", "## Narrow dtypes beside bf16 (fp8, fp4)", "",
              f"Written by `bf16bridge bench{' --quick' if dt['mode'] == 'quick' else ''} --only dtypes` on "
@@ -99,7 +135,8 @@ def _dtypes_markdown(dt: dict) -> list[str]:
              "Per ordered pair, in one run: `bb.convert` of the narrow tensor, `bb.convert` of a bf16 tensor of "
              "the same bytes for the same pair, and the usual workaround (widen to float32 in the source, move "
              "the float32, narrow in the target; for torch's packed fp4, the hand unpacking of the nibbles). "
-             "Ratios are the other's median over the bridge's: above 1, the bridge is faster. Copies: from "
+             "Ratios are the other's median over the bridge's: above 1, the bridge is faster (fp4: the bridge and "
+             "the hand unpacking alternate call by call). Copies: from "
              "`bb.plan`. Same bits: the workaround's result against the input, bit for bit.", *_left_out(dt)]
     for label in dt["sizes"]:
         rows = [r for r in dt["rows"] if r["size"] == label]
@@ -142,7 +179,20 @@ def _checkpoints_markdown(ck: dict) -> list[str]:
             + ". Peak extra RSS over the process's RSS "
             "before the load (VmHWM); \"touch\" reads one byte of every page of every result.", "",
             table(["loader", "open + first tensor", "load", "load + touch", "peak extra RSS: load",
-                   "peak extra RSS: load + touch"], cells, "markdown")]
+                   "peak extra RSS: load + touch"], cells, "markdown"), *_many_markdown(ck.get("many"))]
+
+
+def _many_markdown(many: dict | None) -> list[str]:
+    """The checkpoint part's many-tensor file: open + first tensor, ours and safetensors'."""
+    if not many:
+        return []
+    cells = [(name, f"fails: {r['error']}" if "error" in r else _t(r["first_s"])) for name, r in many["results"].items()]
+    return ["", f"Open + first tensor of a file of many small tensors: {many['tensors']} {many['dtype']} tensors of "
+                f"{'x'.join(map(str, many['shape']))} ({_b(many['file_bytes'])}, its header most of what opening "
+                f"reads), written by safetensors; the best of {many['repeat']} fresh processes each, the loaders "
+                "interleaved. bb.load rows: `bb.open(path)` and `get` of the first key; safetensors rows: "
+                "`safe_open` and `get_tensor` of the first key.", "",
+            table(["loader", "open + first tensor"], cells, "markdown")]
 
 
 #: convert_shards against the hand torch.from_dlpack loop over the same shards: its checks, indices and

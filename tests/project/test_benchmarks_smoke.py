@@ -98,6 +98,8 @@ def _check_parts(doc: str, parts: dict) -> None:
     ck = parts["checkpoints"]["results"]
     assert all("error" not in ck[f"bb.load {fw}"] for fw in ("numpy", "torch", "jax", "tensorflow"))
     assert "safetensors.torch" in ck and "error" not in ck["safetensors.torch"]
+    many = parts["checkpoints"]["many"]["results"]  # the 850-tensor header, ours and safetensors'
+    assert many and all("error" not in r for r in many.values())
     sh = parts["shards"]
     assert sh["mode"] == "quick" and sh["shards"] == 8 and all(v > 0 for v in sh["ratios"].values())
 
