@@ -100,7 +100,7 @@ def _aligned_array(shape, dtype) -> np.ndarray:
 def _address(raw: np.ndarray) -> int:
     """The address of a fresh, writable uint8 array's first byte (without building
     ``__array_interface__``'s dict, for small allocations made on every packed conversion)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(raw))
+    return ctypes.addressof(ctypes.c_char.from_buffer(raw))  # type: ignore[arg-type]  # (an ndarray is a buffer)
 
 
 def aligned_bytes(n: int, like: int | None = None) -> np.ndarray:
