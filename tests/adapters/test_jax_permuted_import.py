@@ -202,3 +202,31 @@ def test_writes_through_the_torch_input_are_seen_in_jax_as_the_plan_notes():
 def test_the_probe_states_the_fact():
     takes, why = probe.HOOKS.facts()["permuted import"]
     assert takes == probe.takes_permuted() and "transpose" in why
+
+
+def test_a_traced_bridged_call_tries_the_layout_before_its_callback_runs(monkeypatch):
+    """The trial computes on jax: inside a callback of a program over several devices it would wait on
+    the device the callback holds (a hang under jax 0.4.30): staging the callback asks it first."""
+    import inspect
+
+    import jax
+    import torch
+
+    from bf16bridge.adapters.jax import callback
+
+    in_callback = []
+    real = probe.takes_permuted
+
+    def spy():  # whether this ask comes from inside a running callback (its host-side functions)
+        in_callback.append(any(f.function in {"fwd_cb", "bwd_cb", "_host_results", "_fill"} for f in inspect.stack()))
+        return real()
+
+    monkeypatch.setattr(probe, "takes_permuted", spy)
+    assert callback.probe is probe
+
+    @bb.bridge("torch")
+    def f(x):
+        return torch.sin(x)
+
+    jax.block_until_ready(jax.jit(f)(jax.numpy.ones((4, 2), "float32")))
+    assert in_callback and not in_callback[0], in_callback

@@ -43,6 +43,9 @@ class HostCall:
         #: reads as one value a byte (wrong values, writes past the end): pure_callback unpacks them
         names = (dtypes.name_of_numpy(np.dtype(a.dtype)) for a in (*in_avals, *avals))
         packed = probe.narrow_rows().put_copies
+        # the layout trial computes on jax: tried now, while tracing, never first inside the callback (where
+        # planning a conversion into jax asks it, and a computation can wait on the device the callback holds)
+        probe.takes_permuted()
         self.packed: list[str] = sorted({n for n in names if n is not None and n in packed})
         self._pure = functools.partial(self._pure_callback)
         self._on_host = functools.partial(self._buffer_callback, self._fill)
