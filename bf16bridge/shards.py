@@ -20,10 +20,9 @@ from bf16bridge.adapters.hooks import ShardHooks
 from bf16bridge.core.autograph import plain_python
 from bf16bridge.core import dtypes
 from bf16bridge import kernels
-from bf16bridge.core import fastpath, registry
-from bf16bridge.core.adapter import UnalignedImport
+from bf16bridge.core import registry
 from bf16bridge.core.sharding import Layout, bounds
-from bf16bridge.core.convert import Fallback, OnAlias, OnGrad, check_keywords, convert
+from bf16bridge.core.convert import Fallback, OnAlias, OnGrad, check_keywords, convert, convert_into
 from bf16bridge.core.warn import gathered, warn_gathered
 from bf16bridge.errors import Bf16BridgeError, InvalidArgumentError, UnsupportedTypeError
 
@@ -152,48 +151,18 @@ def _local_shards(x, source: str, to: str) -> tuple:
 
 
 def _convert_pieces(pieces, target: str, copy, fallback, on_alias, on_grad) -> list[Shard]:
-    """Each piece's tensor moved to ``target`` as ``convert`` moves it; what every shard would
-    warn is said once, with the number of shards. The fast path's cached plans are looked up once
-    per tensor type for the call (as convert_tree does), each shard by its own fast key."""
-    out: list[Shard] = []
-    pending: dict = {}
-    fasts: dict = {}  # type -> (its cached plans, the adapters' state), or False: none
-    for index, device, tensor, replica in pieces:
+    """Each piece's tensor moved to ``target`` as ``convert`` moves it (``convert_into``: the fast
+    path's plans looked up once per tensor type for the call); what every shard would warn is said
+    once, with the number of shards."""
+    tensors: list = []
+    with gathered() as pending:
         try:
-            t = type(tensor)
-            got: Any = fasts.get(t)
-            if got is None:
-                fast = fastpath.plans(t, target, copy, fallback, False, on_alias, on_grad, None)
-                got = fasts[t] = False if fast is None else (fast, None if fast.state is None else fast.state())
-            hit = got[0].find(tensor, got[1]) if got is not False else None
-            y = _run_cached(hit, tensor, pending) if hit is not None else _NOT_RUN
-            if y is _NOT_RUN:
-                with gathered() as said:
-                    y = convert(tensor, target, copy=copy, fallback=fallback, on_alias=on_alias, on_grad=on_grad)
-                for message, n in said.items():
-                    pending[message] = pending.get(message, 0) + n
+            convert_into(tensors, [tensor for _, _, tensor, _ in pieces], target, copy, fallback, on_alias, on_grad)
         except Bf16BridgeError as err:
+            index, device = pieces[len(tensors)][:2]
             raise type(err)(f"the shard {_show(index)} on {device}: {err}") from err
-        out.append(Shard(index, device, y, replica))
     warn_gathered(pending, lambda n: f"{n} shard{'' if n == 1 else 's'}: ")
-    return out
-
-
-_NOT_RUN = object()
-
-
-def _run_cached(hit: tuple, tensor, pending: dict) -> Any:
-    """A cached plan ``hit`` (run, messages) run on ``tensor``, its messages counted in ``pending``;
-    ``_NOT_RUN`` where its import refused an unaligned buffer (convert plans it afresh)."""
-    run, messages = hit
-    try:
-        y = run(tensor)
-    except UnalignedImport:
-        return _NOT_RUN
-    if messages is not None:
-        for message in messages:
-            pending[message] = pending.get(message, 0) + 1
-    return y
+    return [Shard(index, device, y, replica) for (index, device, _, replica), y in zip(pieces, tensors)]
 
 
 @plain_python
