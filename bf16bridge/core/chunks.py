@@ -102,7 +102,8 @@ def _on_threads(kernel, src, dst, chunk: int, workers: int, bar: Progress) -> No
 
     def work(show: bool) -> None:
         while not stop:
-            lo = next(pieces) * chunk
+            with lock:  # (a shared iterator is atomic under the GIL only: free-threaded Python too)
+                lo = next(pieces) * chunk
             if lo >= n:
                 return
             try:
