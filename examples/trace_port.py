@@ -4,12 +4,16 @@
     python examples/trace_port.py gelu_tanh           # a planted mistake, named at the layer it first touches
     python examples/trace_port.py --dtype bfloat16 mask_off_by_one
     python examples/trace_port.py --html trace.html eps   # the report with its per-layer plot
+    python examples/trace_port.py --grads rms_stop_gradient   # a mistake only the gradients show
     python examples/trace_port.py --time              # a trace against the two models' plain runs
 
 The mistakes: eps (LayerNorm eps 1e-6 in the port, 1e-5 in torch), gelu_tanh (jax.nn.gelu's default, the
 tanh form), softmax_bf16 (the attention's softmax in bf16), untransposed (blocks.0.attn.o's torch weight
 used as the flax kernel as it is), mask_off_by_one (each position sees the next one too), rms_one_plus
-(RMSNorm's weight applied as 1 + w; the model then uses RMSNorm).
+(RMSNorm's weight applied as 1 + w), rms_stop_gradient (RMSNorm's normaliser under stop_gradient: the forward
+is the same, the gradients are not); with an rms_ mistake the model uses RMSNorm.
+
+tests/parity/trace_cases.py loads this file for the trace tests' models: one definition of them.
 """
 
 import argparse
@@ -27,6 +31,8 @@ import torch.nn.functional as F
 import bf16bridge as bb
 
 V, D, H, LAYERS, S, B = 64, 32, 2, 2, 8, 2
+#: the tied head is embed.attend in flax: paired by hand (the names cannot say it)
+PAIRS = {"head": "embed:attend"}
 
 
 # -- torch: the original ---------------------------------------------------------------------------------
@@ -86,18 +92,20 @@ class Model(torch.nn.Module):
 # -- flax linen: the port (each mistake behind a flag) -----------------------------------------------
 class RMSNorm(nn.Module):
     one_plus: bool = False
+    stop_gradient: bool = False
 
     @nn.compact
     def __call__(self, x):
         w = self.param("scale", nn.initializers.ones, (x.shape[-1],)).astype(jnp.float32)
         x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-5)
+        inv = jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-5)
+        y = x32 * (jax.lax.stop_gradient(inv) if self.stop_gradient else inv)
         return (y * (1 + w if self.one_plus else w)).astype(x.dtype)
 
 
 def fnorm(bugs, rms: bool, name: str):
     if rms:
-        return RMSNorm("rms_one_plus" in bugs, name=name)
+        return RMSNorm("rms_one_plus" in bugs, "rms_stop_gradient" in bugs, name=name)
     return nn.LayerNorm(epsilon=1e-6 if "eps" in bugs else 1e-5, name=name)
 
 
@@ -179,7 +187,7 @@ def timed(torch_model, flax_model, variables, ids, n=15):
             torch_model(t_ids)
         jax.block_until_ready(flax_model.apply(variables, j_ids))
     runs = {"plain": plain,
-            "trace": lambda: bb.parity.trace(torch_model, (flax_model, variables), ids, pairs={"head": "embed:attend"})}
+            "trace": lambda: bb.parity.trace(torch_model, (flax_model, variables), ids, pairs=PAIRS)}
     times = {k: [] for k in runs}
     for f in runs.values():
         f()
@@ -201,7 +209,7 @@ def main():
     ap.add_argument("--html", help="write the report, with its plot, to this file")
     ap.add_argument("--time", action="store_true")
     args = ap.parse_args()
-    rms = "rms_one_plus" in args.bugs
+    rms = any(b.startswith("rms_") for b in args.bugs)
     torch.manual_seed(0)
     torch_model = Model(rms).to(getattr(torch, args.dtype)).eval()
     bugs = frozenset(args.bugs)
@@ -211,7 +219,7 @@ def main():
         torch.set_num_threads(1)  # torch's and XLA's thread pools would fight over a small machine's cores
         timed(torch_model, flax_model, variables, ids)
         return
-    rep = bb.parity.trace(torch_model, (flax_model, variables), ids, pairs={"head": "embed:attend"}, grads=args.grads)
+    rep = bb.parity.trace(torch_model, (flax_model, variables), ids, pairs=PAIRS, grads=args.grads)
     print(rep)
     if args.html:
         with open(args.html, "w") as f:

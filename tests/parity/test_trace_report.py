@@ -53,7 +53,7 @@ def test_markdown_is_a_table_of_every_row(mask_bug):
     table = md[:md.index("### gradients")]
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and ln.endswith((" ok |", " BEYOND |"))]
     assert len(rows) == 26 and rows[6].startswith("| 6 | blocks.0.attn | blocks_0.attn | 2x8x32 |")
-    assert md.startswith("## trace: model_a TorchModel (torch) against model_b FlaxModel (jax): FAILED")
+    assert md.startswith("## trace: model_a Model (torch) against model_b FModel (jax): FAILED")
 
 
 def test_the_html_plots_each_layer_s_error_beside_its_budget(mask_bug):

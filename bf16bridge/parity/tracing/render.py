@@ -5,10 +5,44 @@ from __future__ import annotations
 
 import html as _html
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from bf16bridge.parity.tracing.report import TraceReport
+from bf16bridge.parity.tracing.records import CastFix, Divergence, GradRow, LayerRow
+
+
+class TraceReportLike(Protocol):
+    """What the rendering reads of a trace report (report.TraceReport has it; render does not import it)."""
+
+    @property
+    def frameworks(self) -> tuple[str, str]: ...
+    @property
+    def models(self) -> tuple[str, str]: ...
+    @property
+    def reference(self) -> str: ...
+    @property
+    def k(self) -> float: ...
+    @property
+    def layers(self) -> tuple[LayerRow, ...]: ...
+    @property
+    def first_divergence(self) -> Divergence | None: ...
+    @property
+    def unpaired_a(self) -> tuple[str, ...]: ...
+    @property
+    def unpaired_b(self) -> tuple[str, ...]: ...
+    @property
+    def grads(self) -> tuple[GradRow, ...]: ...
+    @property
+    def grad_divergence(self) -> GradRow | None: ...
+    @property
+    def grads_unpaired_a(self) -> tuple[str, ...]: ...
+    @property
+    def grads_unpaired_b(self) -> tuple[str, ...]: ...
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+    @property
+    def cast(self) -> CastFix | None: ...
+    @property
+    def passed(self) -> bool: ...
 
 
 def _g(x) -> str:
@@ -25,7 +59,7 @@ def _name(n: str) -> str:
     return n or "(model)"
 
 
-def _head(rep: TraceReport) -> list[str]:
+def _head(rep: TraceReportLike) -> list[str]:
     verdict = "passed" if rep.passed else "FAILED"
     budget = (f"budget {rep.k:g} roundings times sqrt(depth), or 4 times the reference side's own error where "
               "larger" if "float64" in rep.reference else f"budget {2 * rep.k:g} roundings times sqrt(depth)")
@@ -50,13 +84,13 @@ _COLUMNS = ("#", "layer (model_a)", "layer (model_b)", "shape", "error", "budget
             "verdict")
 
 
-def _rows(rep: TraceReport) -> list[tuple]:
+def _rows(rep: TraceReportLike) -> list[tuple]:
     return [(str(r.index), _name(r.layer_a), _name(r.layer_b), "x".join(map(str, r.shape)) or "()", _g(r.error),
              _g(r.budget), _g(r.verdict.own), _g(r.sqnr_db), _g(r.loss_db), "ok" if r.passed else "BEYOND")
             for r in rep.layers]
 
 
-def _grad_rows(rep: TraceReport) -> list[tuple]:
+def _grad_rows(rep: TraceReportLike) -> list[tuple]:
     return [(g.name_a, g.name_b + (" (T)" if g.transposed else ""), "x".join(map(str, g.shape)), _g(g.verdict.error),
              _g(g.verdict.budget), _g(g.verdict.own), _g(g.verdict.sqnr_db), "ok" if g.passed else "BEYOND")
             for g in rep.grads]
@@ -65,7 +99,7 @@ def _grad_rows(rep: TraceReport) -> list[tuple]:
 _GRAD_COLUMNS = ("parameter (model_a)", "parameter (model_b)", "shape", "error", "budget", "own", "SQNR dB", "verdict")
 
 
-def _tail(rep: TraceReport) -> list[str]:
+def _tail(rep: TraceReportLike) -> list[str]:
     out = []
     if rep.unpaired_a:
         out.append("unpaired in model_a: " + ", ".join(map(_name, rep.unpaired_a)))
@@ -87,7 +121,7 @@ def _table(head, rows) -> list[str]:
     return ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *rows)]
 
 
-def text(rep: TraceReport) -> str:
+def text(rep: TraceReportLike) -> str:
     out = _head(rep) + [""] + _table(_COLUMNS, _rows(rep))
     if rep.grads:
         out += ["", "gradients:"] + _table(_GRAD_COLUMNS, _grad_rows(rep))
@@ -101,7 +135,7 @@ def _md_table(head, rows) -> list[str]:
         ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
 
 
-def markdown(rep: TraceReport) -> str:
+def markdown(rep: TraceReportLike) -> str:
     out = [f"## {_head(rep)[0]}", ""] + [f"- {line}" for line in _head(rep)[1:]] + [""]
     out += _md_table(_COLUMNS, _rows(rep))
     if rep.grads:
@@ -119,7 +153,7 @@ def _y(v: float, lo: float, hi: float, top: float, h: float) -> float:
     return top + h * (1 - (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)))
 
 
-def plot(rep: TraceReport, width: int = 760, height: int = 280) -> str:
+def plot(rep: TraceReportLike, width: int = 760, height: int = 280) -> str:
     """Each layer's error (roundings, log scale) beside its budget and the reference side's own error, as SVG."""
     rows = rep.layers
     if not rows:
@@ -164,7 +198,7 @@ def _html_table(head, rows) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def html(rep: TraceReport) -> str:
+def html(rep: TraceReportLike) -> str:
     head = _head(rep)
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>bf16bridge trace</title><style>body{font-family:"
            "sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;"
