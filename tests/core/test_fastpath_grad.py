@@ -22,9 +22,11 @@ def _grad_tensor(n: int = 64):
 
 @pytest.fixture
 def described(monkeypatch):
-    """The inputs the torch adapter describes (the full path), in order: a kept plan describes none."""
-    from bf16bridge.core import registry
+    """The inputs the torch adapter describes (the full path), in order: a kept plan describes none
+    (the cache emptied first: another test's tensors may have kept a plan under these keys)."""
+    from bf16bridge.core import fastpath, registry
 
+    fastpath.clear()
     adapter, seen = registry.get("torch"), []
     describe = adapter.describe
 
