@@ -277,3 +277,21 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_STATUS["code"])
+
+
+@pytest.fixture
+def torch_described(monkeypatch):
+    """The inputs the torch adapter describes (the full path), in order: a kept plan describes none
+    (the cache emptied first: another test's tensors may have kept a plan under these keys)."""
+    from bf16bridge.core import fastpath, registry
+
+    fastpath.clear()
+    adapter, seen = registry.get("torch"), []
+    describe = adapter.describe
+
+    def counting(x, **kw):
+        seen.append(x)
+        return describe(x, **kw)
+
+    monkeypatch.setattr(adapter, "describe", counting)
+    return seen

@@ -94,8 +94,10 @@ class NumpyAdapter(Adapter):
         if type(x) is not np.ndarray:
             return None  # scalars, masked arrays and other subclasses: the full path
         f = x.flags
-        if not (f.c_contiguous and f.aligned) or x.size <= 1 or 1 in x.shape:
-            return None  # (a dimension of size 0 or 1 may carry a negative stride: the full path)
+        if not (f.c_contiguous and f.aligned) or x.size <= 1:
+            return None  # (empty and one-element arrays: the full path)
+        if 1 in x.shape and min(x.strides) < 0:
+            return None  # a size-1 dimension's negative stride: describe's NEGATIVE, the full path
         dt = x.dtype
         if alignment or dt.alignment < dt.itemsize:  # complex: numpy's alignment is half an element
             ptr = data_pointer(x)  # an ndarray itself (checked above)

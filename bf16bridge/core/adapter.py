@@ -257,7 +257,7 @@ class Adapter:
         that a route depends on (dtype, layout, read-only, device, empty or not, and, when
         ``alignment``, whether the buffer is ALIGN-aligned), for ``convert``'s cache of
         zero-copy plans, ``Source.requires_grad`` included (a tf tensor a tape watches; a torch
-        tensor that requires grad, whose kept plan first runs ``grad_value``); None where
+        tensor that requires grad, whose kept plan first runs ``kept_value``); None where
         ``describe`` would change the value otherwise (a tf.Variable) or the input is unusual:
         those take the full path.
         Default: None (no fast path)."""
@@ -440,8 +440,9 @@ class Adapter:
         (override where distinct objects view the same memory: a torch state dict's tied weights)."""
         return id(x)
 
-    def grad_value(self) -> Callable[[Any], Any] | None:
-        """The function ``describe`` applies to an input that takes part in autodiff to get its value
-        (torch: ``Tensor.detach``), for an input ``fast_key`` keys (its key then says so): a plan kept for
-        such inputs runs it first. None (the default): describe keeps such an input as it is."""
+    def kept_value(self, x, source: Source) -> Callable[[Any], Any] | None:
+        """Where ``describe`` gave ``x`` another value (``source.value``) and ``fast_key`` says so in its
+        key: the function that gives that value from any input of the key (torch: detached where it
+        requires grad, a row-major view where a size-1 dimension's stride is odd), which a plan kept for
+        them runs first. None (the default): plans for such inputs are not kept."""
         return None

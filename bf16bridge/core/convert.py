@@ -203,14 +203,13 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
     p = _planner().plan_for(src, source, target, copy=copy, fallback=fallback, for_compute=for_compute,
                             device=where)
     # kept where the input stays as it is (not a wrapper's value), or becomes its value by the adapter's
-    # grad_value (a torch tensor that requires grad, detached: run first), and the call goes on as it will
-    # next time (no refusal, no copy instead), and where device= names the same device every time; once it
-    # ran as planned
-    detach = None if src.value is x or not src.requires_grad or registry.framework_of_type(type(x)) != source else (
-        registry.get(source).grad_value())
+    # kept_value (a torch tensor detached, restrided: run first), and the call goes on as it will next time
+    # (no refusal, no copy instead), and where device= names the same device every time; once it ran as planned
+    first = None if src.value is x or registry.framework_of_type(type(x)) != source else (
+        registry.get(source).kept_value(x, src))
     # a plan that copies is kept only where each copy is decided by the dtype (packing: a fresh result every run)
     copies_kept = not p.copies or (copy is not False and all(s.by_dtype for s in p.steps if s.copies))
-    keep = (copies_kept and (src.value is x or detach is not None) and not (p.drops_grad and on_grad == "error")
+    keep = (copies_kept and (src.value is x or first is not None) and not (p.drops_grad and on_grad == "error")
             and on_alias != "copy" and not (p.alias is not None and on_alias == "error")
             and (device is None or registry.get(target).fixed_device(device)))
     if p.drops_grad and on_grad != "drop":
@@ -231,7 +230,7 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
         return _unaligned(p, err, src, copy, fallback, for_compute, where)
     if keep and as_planned:  # (a plan whose step copied unforeseen is not kept: each call says so)
         fastpath.remember(x, (to, copy, fallback, for_compute, on_alias, on_grad, device), p,
-                          _runner(p, copy, detach), _messages(p, on_alias, on_grad))
+                          _runner(p, copy, first), _messages(p, on_alias, on_grad))
     return y
 
 
@@ -255,7 +254,7 @@ def _runner(p: Plan, copy, first: Callable[[Any], Any] | None = None) -> Callabl
     the read-only mark) chained, or ``_run`` where copy=False must check a pointer (a step whose copying
     the framework decides; the device). Under copy=None the plan ran as planned on the input it was
     made for, and inputs of its key are taken to run alike: the hot path reads no pointer. ``first``:
-    what gives the plan's input from the caller's (``Adapter.grad_value``), run before the rest."""
+    what gives the plan's input from the caller's (``Adapter.kept_value``), run before the rest."""
     if copy is False and (p.to_device is not None or any(step.verify for step in p.steps)):
         run = functools.partial(_run, p, copy=False, kept=True)
         return run if first is None else fastpath.chained((first, run))

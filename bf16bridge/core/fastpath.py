@@ -3,7 +3,7 @@ its cached plan without being described or planned again.
 
 The key holds everything a plan depends on: the input's type and ``Adapter.fast_key`` (dtype,
 layout, alignment where it matters, read-only, device, empty or not, whether it takes part in autodiff:
-a torch tensor that requires grad runs its plan after ``Adapter.grad_value``, a detach), the keywords (``device=``
+a torch tensor that requires grad runs its plan after ``Adapter.kept_value``, a detach), the keywords (``device=``
 among them: a plan is kept for a device only where it needs no move) and the adapters' run-time
 state; a change of the registry empties the cache. An input the key cannot describe
 cheaply (``fast_key`` None) and any route that copies (its copy costs more than planning it) take

@@ -2,7 +2,9 @@
 leaves such a stride arbitrary) leaves as a row-major view of the same memory (the torch adapter's
 describe): DLPack would hand the odd stride on, and a jax array over it is one numpy.asarray
 copies, so torch -> jax -> numpy under copy=False would be refused although nothing needs a copy.
-A plan the fast path kept for another tensor of the dtype never runs on such a tensor as it is."""
+A plan the fast path kept for another tensor of the dtype never runs on such a tensor as it is; a plan
+kept for such tensors gives each the row-major view first (and a tensor with row-major size-1
+dimensions runs its kept plan as any other)."""
 
 import numpy as np
 import pytest
@@ -33,7 +35,7 @@ def _tensor(shape, strides, dtype):
 @pytest.mark.parametrize("shape,strides", ODD, ids=str)
 def test_torch_to_jax_to_numpy_stays_zero_copy(shape, strides, dtype):
     t = _tensor(shape, strides, dtype)
-    for _ in range(2):  # (the second call as the first: a size-1 tensor is planned afresh)
+    for _ in range(2):  # (the second call runs the plan kept for such tensors: it restrides too)
         j = bb.convert(t, "jax", copy=False)
         a = bb.convert(j, "numpy", copy=False)
         assert ptr(j) == ptr(a) == t.data_ptr()
@@ -64,3 +66,32 @@ def test_numpy_results_get_row_major_strides(shape, strides, dtype):
     assert ptr(a) == t.data_ptr()
     assert a.strides == np.empty(shape, a.dtype).strides  # row-major
     np.testing.assert_array_equal(bits(a), bits(t))
+
+
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("to", ["numpy", "jax", "tensorflow", "torch"])
+@pytest.mark.parametrize("grad", [False, True], ids=["plain", "requires_grad"])
+def test_size_1_tensors_take_the_kept_plan_and_odd_ones_stay_apart(to, grad, torch_described):
+    """Row-major and odd size-1 strides, each after the other: each kind keeps its own plan (nothing
+    torch_described again), and every result has the input's bits over its memory, row-major."""
+    import torch
+
+    plain = [_tensor((1, 4), (4, 1), "bfloat16"), _tensor((2, 1, 3), (3, 3, 1), "bfloat16")]
+    odd = [_tensor((1, 4), (0, 1), "bfloat16"), _tensor((2, 1, 3), (3, 7, 1), "bfloat16")]
+    if grad:
+        plain, odd = [t.requires_grad_() for t in plain], [t.requires_grad_() for t in odd]
+    kw = {"on_grad": "drop"}
+    for t in (plain[0], odd[0]):  # each kind planned once
+        bb.convert(t, to, **kw)
+    torch_described.clear()
+    for _ in range(2):
+        for t in (*plain, *odd):
+            y = bb.convert(t, to, **kw)
+            a = y if to == "torch" else bb.convert(y, "numpy", on_alias="allow")  # (torch's: not torch_described here)
+            np.testing.assert_array_equal(bits(a), bits(t.detach()))
+            if to in ("numpy", "jax", "torch"):  # zero-copy both ways (tensorflow imports row-major only)
+                assert ptr(a) == t.data_ptr(), (to, t.shape, t.stride())
+            if to == "torch":
+                assert y.stride() == tuple(np.empty(t.shape).strides[i] // 8 for i in range(t.dim()))
+                assert not y.requires_grad
+    assert not torch_described, [(tuple(t.shape), t.stride()) for t in torch_described]

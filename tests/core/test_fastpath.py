@@ -159,3 +159,33 @@ def test_cached_plan_still_warns_and_still_verifies():
     for _ in range(3):
         y = bb.to_numpy(bb.to_jax(t, copy=False), copy=False)
         assert ptr(y) == ptr(t)
+
+
+def _size_1_arrays() -> dict:
+    """bf16 arrays numpy calls C-contiguous whose size-1 dimension has a stride of each kind."""
+    base = aligned_copy(bf16_ramp(64)).reshape(8, 8)
+    row = base[:1]  # (1, 8), row-major
+    out = {"row-major": row, "stride 0": base[0][None], "negative stride": row[::-1],
+           "odd stride": np.lib.stride_tricks.as_strided(row, row.shape, (48, 2))}
+    assert all(a.flags.c_contiguous and 1 in a.shape for a in out.values())
+    assert min(out["negative stride"].strides) < 0 and out["stride 0"].strides[0] == 0
+    return out
+
+
+@pytest.mark.parametrize("to", ["torch", "jax", "tensorflow"])
+@pytest.mark.parametrize("kind", ["stride 0", "odd stride", "negative stride"])
+def test_a_size_1_dimension_s_stride_gets_what_the_full_path_gives(kind, to):
+    """numpy arrays with a size-1 dimension run the plan kept for a row-major one only where their
+    stride is no matter (not negative: torch refuses those even where numpy calls them contiguous)."""
+    from bf16bridge.core import fastpath
+
+    arrays = _size_1_arrays()
+    fastpath.clear()
+    full = bb.plan(arrays[kind], to=to)
+    want = bb.convert(arrays[kind], to)
+    for _ in range(2):
+        bb.convert(arrays["row-major"], to)  # its plan kept
+        y = bb.convert(arrays[kind], to)
+        np.testing.assert_array_equal(bits(y), bits(want))
+        np.testing.assert_array_equal(bits(y), bits(np.ascontiguousarray(arrays[kind])))
+        assert (ptr(y) == ptr(arrays[kind])) == (not full.copies), (kind, str(full))

@@ -20,33 +20,15 @@ def _grad_tensor(n: int = 64):
     return torch.arange(n, dtype=torch.float32).to(torch.bfloat16).requires_grad_()
 
 
-@pytest.fixture
-def described(monkeypatch):
-    """The inputs the torch adapter describes (the full path), in order: a kept plan describes none
-    (the cache emptied first: another test's tensors may have kept a plan under these keys)."""
-    from bf16bridge.core import fastpath, registry
-
-    fastpath.clear()
-    adapter, seen = registry.get("torch"), []
-    describe = adapter.describe
-
-    def counting(x, **kw):
-        seen.append(x)
-        return describe(x, **kw)
-
-    monkeypatch.setattr(adapter, "describe", counting)
-    return seen
-
-
 @pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
-def test_a_tensor_that_requires_grad_takes_the_kept_plan(to, described):
+def test_a_tensor_that_requires_grad_takes_the_kept_plan(to, torch_described):
     t = _grad_tensor()
     first = bb.convert(t, to, on_grad="drop")
-    assert described  # planned once
-    described.clear()
+    assert torch_described  # planned once
+    torch_described.clear()
     for _ in range(3):
         y = bb.convert(t, to, on_grad="drop")
-        assert not described  # the kept plan: nothing described again
+        assert not torch_described  # the kept plan: nothing described again
         np.testing.assert_array_equal(bits(y), bits(first))
         assert ptr(y) == ptr(t)  # zero-copy, as the plan it keeps
     if to == "torch":  # detached, not the input itself: its gradient does not cross
@@ -106,7 +88,7 @@ def test_a_tree_of_tensors_that_require_grad_warns_once_a_call():
             np.testing.assert_array_equal(bits(out[k]), bits(tree[k]))
 
 
-def test_under_no_grad_leaf_and_non_leaf_tensors_take_kept_plans(described):
+def test_under_no_grad_leaf_and_non_leaf_tensors_take_kept_plans(torch_described):
     import torch
 
     t = _grad_tensor()
@@ -114,10 +96,10 @@ def test_under_no_grad_leaf_and_non_leaf_tensors_take_kept_plans(described):
     assert not non_leaf.is_leaf and non_leaf.requires_grad
     for x in (t, non_leaf, t):
         bb.convert(x, "torch", on_grad="drop")
-        described.clear()
+        torch_described.clear()
         with torch.no_grad():  # still requires grad: the data crosses detached
             y = bb.convert(x, "torch", on_grad="drop")
-        assert not described
+        assert not torch_described
         assert ptr(y) == ptr(x) and not y.requires_grad and y.grad_fn is None
         np.testing.assert_array_equal(bits(y), bits(x))
 

@@ -84,7 +84,19 @@ def _to_capsule(x):
     return to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
 
 
-_detach = torch.Tensor.detach
+def _row_major_view(x):
+    """``x`` (contiguous) with row-major strides on its size-1 dimensions too: a view of the same memory."""
+    shape = tuple(x.shape)
+    return x.as_strided(shape, row_major(shape))
+
+
+def _detached_row_major_view(x):
+    return _row_major_view(x.detach())
+
+
+#: (detached, restrided) -> what gives describe's value from a tensor of such a key (kept_value)
+_KEPT_VALUES = {(False, False): None, (True, False): torch.Tensor.detach, (False, True): _row_major_view,
+                (True, True): _detached_row_major_view}
 
 
 def _empty(shape, dtype, device, nbytes: int, like=None):
@@ -185,10 +197,10 @@ class TorchAdapter(Adapter):
         shape = tuple(x.shape)
         if x.is_contiguous():
             layout = CONTIGUOUS
-            if 1 in shape:
+            if 1 in shape and x.stride() != row_major(shape):
                 # torch hands a size-1 dimension's arbitrary stride over DLPack, and numpy.asarray of
                 # jax's import then copies: send row-major strides
-                x = x.as_strided(shape, row_major(shape))
+                x = _row_major_view(x)
         else:
             layout = layout_of(shape, x.stride())
         return Source(
@@ -203,15 +215,16 @@ class TorchAdapter(Adapter):
         return _no_data(x)
 
     def fast_key(self, x, alignment):
-        # describe refuses or restrides these, or asks for a tangent (inside a dual_level): the full path
+        # describe refuses these, or asks for a tangent (inside a dual_level): the full path
         # (a meta tensor is keyed by its device, for which no plan is kept: describe refuses it)
-        if x.is_nested or x.layout is not _STRIDED or 1 in x.shape or _dual_level() >= 0:
+        if x.is_nested or x.layout is not _STRIDED or _dual_level() >= 0:
             return None
         if type(x) is not _Tensor and type(x) is not _Parameter:  # a DTensor, a fake or wrapper subclass:
             return None  # describe decides (a frozen Parameter is a plain tensor: the checks below hold for it)
         # nor a tensor without memory behind it (_no_data's question, in few calls for the contiguous
         # case every hot call is; any doubt goes to describe, which says why)
         contiguous = x.is_contiguous()
+        shape = x.shape
         n = x.nbytes
         try:
             at = x.data_ptr()
@@ -227,12 +240,16 @@ class TorchAdapter(Adapter):
                     return None
         except (NotImplementedError, RuntimeError):  # torch.func's wrappers
             return None
-        # requires_grad: describe's value is the tensor detached (grad_value), its plans kept apart
-        return (x.dtype, x.is_cpu or x.device, CONTIGUOUS if contiguous else layout_of(x.shape, x.stride()), not n,
-                x.is_conj() or x.is_neg(), alignment and at % ALIGN == 0, x.requires_grad)
+        # requires_grad, and a size-1 dimension's odd stride: describe's value is the tensor detached, a
+        # row-major view (kept_value), their plans kept apart
+        return (x.dtype, x.is_cpu or x.device, CONTIGUOUS if contiguous else layout_of(shape, x.stride()), not n,
+                x.is_conj() or x.is_neg(), alignment and at % ALIGN == 0, x.requires_grad,
+                contiguous and 1 in shape and x.stride() != row_major(shape))
 
-    def grad_value(self):
-        return _detach
+    def kept_value(self, x, source):
+        detach = source.requires_grad and x.requires_grad  # (a tangent: keyed only outside a dual level)
+        restride = source.layout == CONTIGUOUS and 1 in source.shape and x.stride() != row_major(source.shape)
+        return _KEPT_VALUES[detach, restride]
 
     def data_ptr(self, x) -> int:
         return x.data_ptr()
