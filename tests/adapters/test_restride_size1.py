@@ -73,7 +73,7 @@ def test_numpy_results_get_row_major_strides(shape, strides, dtype):
 @pytest.mark.parametrize("grad", [False, True], ids=["plain", "requires_grad"])
 def test_size_1_tensors_take_the_kept_plan_and_odd_ones_stay_apart(to, grad, torch_described):
     """Row-major and odd size-1 strides, each after the other: each kind keeps its own plan (nothing
-    torch_described again), and every result has the input's bits over its memory, row-major."""
+    described again), and every result has the input's bits over its memory, row-major."""
     import torch
 
     plain = [_tensor((1, 4), (4, 1), "bfloat16"), _tensor((2, 1, 3), (3, 3, 1), "bfloat16")]
