@@ -94,17 +94,23 @@ class NumpyAdapter(Adapter):
         if type(x) is not np.ndarray:
             return None  # scalars, masked arrays and other subclasses: the full path
         f = x.flags
-        if not (f.c_contiguous and f.aligned) or x.size <= 1:
-            return None  # (empty and one-element arrays: the full path)
-        if 1 in x.shape and min(x.strides) < 0:
-            return None  # a size-1 dimension's negative stride: describe's NEGATIVE, the full path
+        if not f.aligned or not x.size:
+            return None  # (empty arrays: the full path)
         dt = x.dtype
+        if not f.c_contiguous:
+            layout = _layout(x.shape, x.strides, dt.itemsize)
+            if layout is None:
+                return None
+        elif 1 in x.shape and min(x.strides) < 0:
+            return None  # a size-1 dimension's negative stride: describe's NEGATIVE, the full path
+        else:
+            layout = CONTIGUOUS
         if alignment or dt.alignment < dt.itemsize:  # complex: numpy's alignment is half an element
             ptr = data_pointer(x)  # an ndarray itself (checked above)
             if not dt.itemsize or ptr % dt.itemsize:  # (itemsize 0: jax's float0; describe refuses it)
                 return None  # describe copies it: the full path
-            return (dt, f.writeable, False, alignment and ptr % ALIGN == 0)
-        return (dt, f.writeable, False, False)
+            return (dt, f.writeable, layout, alignment and ptr % ALIGN == 0)
+        return (dt, f.writeable, layout, False)
 
     def data_ptr(self, x) -> int:
         return x.__array_interface__["data"][0]
@@ -215,6 +221,17 @@ class NumpyAdapter(Adapter):
 
 
 ADAPTER = NumpyAdapter()
+
+
+def _layout(shape, strides, itemsize: int) -> int | None:
+    """describe's layout of an array numpy does not call C-contiguous; None where a stride is no whole
+    number of elements (a structured array's field: describe copies it)."""
+    elements = []
+    for st in strides:
+        if st % itemsize:
+            return None
+        elements.append(st // itemsize)
+    return layout_of(shape, elements)
 
 
 def _widen_bf16(x: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -172,6 +172,37 @@ def _size_1_arrays() -> dict:
     return out
 
 
+def _other_layouts() -> dict:
+    """bf16 arrays of the layouts besides row-major, and of no or one element."""
+    base = aligned_copy(bf16_ramp(64)).reshape(8, 8)
+    return {"transposed": base.T, "stepped": base[:, ::2], "reversed": base[::-1], "0-d": base[0, 0, ...],
+            "one element": base[:1, :1], "empty": base[:0]}
+
+
+@pytest.mark.parametrize("to", ["torch", "jax", "tensorflow"])
+@pytest.mark.parametrize("kind", ["transposed", "stepped", "reversed", "0-d", "one element", "empty"])
+def test_a_numpy_layout_runs_its_kept_plan_as_the_full_path_would(kind, to, monkeypatch):
+    """Each layout keeps a plan of its own where its route copies nothing (described once, then not),
+    and gives what a fresh plan gives: bits, and memory shared or not."""
+    from bf16bridge.core import fastpath, registry
+
+    a = _other_layouts()[kind]
+    fastpath.clear()
+    full = bb.plan(a, to=to)
+    adapter, seen = registry.get("numpy"), []
+    describe = adapter.describe
+    monkeypatch.setattr(adapter, "describe", lambda x, **kw: (seen.append(x), describe(x, **kw))[1])
+    for _ in range(3):
+        for other in _other_layouts().values():  # each kind's plan beside the others'
+            bb.convert(other, to)
+        seen.clear()
+        y = bb.convert(a, to)
+        np.testing.assert_array_equal(bits(y), bits(np.ascontiguousarray(a)))
+        if a.size:  # (an empty array's pointer says nothing)
+            assert (ptr(y) == ptr(a)) == (not full.copies), (kind, str(full))
+    assert bool(seen) == (full.copies or kind == "empty"), (kind, str(full))  # (empty arrays: the full path)
+
+
 @pytest.mark.parametrize("to", ["torch", "jax", "tensorflow"])
 @pytest.mark.parametrize("kind", ["stride 0", "odd stride", "negative stride"])
 def test_a_size_1_dimension_s_stride_gets_what_the_full_path_gives(kind, to):
