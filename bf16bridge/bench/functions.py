@@ -44,10 +44,21 @@ def _interop():
 # -- 1. convert of 1 KiB, every pair, against the raw call and torch_jax_interop -------------
 
 
+#: the shape of each convert row set: 1 KiB flat, and the same bytes with a size-1 dimension (a batch of one)
+CONVERT_SHAPES = {"rows": (512,), "rows_batch_of_one": (1, 512)}
+
+
 def bench_convert(quick: bool, log) -> dict:
-    raws = raw_routes()
     peers, peer_error = _interop()
-    base = sample(SIZES["1 KiB"])
+    out: dict = {"peer_error": peer_error}
+    for key, shape in CONVERT_SHAPES.items():
+        out[key] = _convert_rows(sample(SIZES["1 KiB"]).reshape(shape), peers if key == "rows" else None, quick, log)
+    return out
+
+
+def _convert_rows(base: np.ndarray, peers: dict | None, quick: bool, log) -> list[dict]:
+    """``bb.convert`` of ``base`` (bf16) on every pair against the raw call (and the peers where given)."""
+    raws = raw_routes()
     rows = []
     for s, d in pairs():
         if (s, d) not in raws:
@@ -64,8 +75,9 @@ def bench_convert(quick: bool, log) -> dict:
             warnings.simplefilter("ignore", Bf16BridgeWarning)  # the default call's warning is timed, not shown
             r = compare(contenders, quick=quick)
         rows.append({"source": s, "target": d, "copies": p.copies, "warns": p.alias is not None, "times": r})
-        log(f"  convert 1 KiB {s:>10} -> {d:<10} " + "  ".join(f"{k} {v['best'] * 1e6:.2f} us" for k, v in r.items()))
-    return {"rows": rows, "peer_error": peer_error}
+        log(f"  convert 1 KiB {base.shape} {s:>10} -> {d:<10} "
+            + "  ".join(f"{k} {v['best'] * 1e6:.2f} us" for k, v in r.items()))
+    return rows
 
 
 # -- 2. convert_tree of a GPT-2-small-shaped state dict ---------------------------------------

@@ -347,13 +347,16 @@ def function_targets(fres: dict) -> list[tuple[str, bool, str]]:
         return max(rs, key=lambda r: r["times"][key]["best"] / (CONVERT_RATIO * r["times"]["raw"]["best"]
                                                                + CONVERT_SLACK_S))
 
-    for label, key, rs in (("default call", "bridge", rows),
-                           ("on_alias='allow' where the default warns", ALLOW, [r for r in rows if ALLOW in r["times"]])):
+    ones = fres["convert"].get("rows_batch_of_one", [])  # (results saved before these rows had none)
+    for what, key, rs in (("1 KiB (default call)", "bridge", rows),
+                          ("1 KiB (on_alias='allow' where the default warns)", ALLOW,
+                           [r for r in rows if ALLOW in r["times"]]),
+                          ("a 1 x 512 tensor, a size-1 dimension (default call)", "bridge", ones)):
         if not rs:
             continue
         missed = [f"{r['source']} -> {r['target']}" for r in rs if not _convert_ok(r["times"], key)]
         w = worst(rs, key)
-        out.append((f"convert of 1 KiB ({label}): at most 1.3x the raw call + 1 us on every pair ({len(rs)})",
+        out.append((f"convert of {what}: at most 1.3x the raw call + 1 us on every pair ({len(rs)})",
                     not missed, f"{len(rs) - len(missed)} of {len(rs)} met; worst {w['source']} -> {w['target']}: "
                     f"{_t(w['times'][key]['best'])} vs raw {_t(w['times']['raw']['best'])} "
                     f"(limit {_t(CONVERT_RATIO * w['times']['raw']['best'] + CONVERT_SLACK_S)})"
@@ -506,6 +509,14 @@ def function_markdown(fres: dict) -> list[str]:
                      "on_alias='allow': time, ratio, target", "torch_jax_interop"], cells, "markdown")]
     if conv.get("peer_error"):
         lines += ["", f"torch_jax_interop did not import: `{conv['peer_error']}`."]
+    if conv.get("rows_batch_of_one"):
+        lines += ["", "The same 1 KiB as a 1 x 512 tensor (a size-1 dimension, as a batch of one has). Target: at most "
+                  "1.3x raw + 1 us.", "",
+                  table(["pair", "raw call", "bridge (default)", "ratio", "target met"],
+                        [(f"{r['source']} -> {r['target']}", _times_cell(r["times"]["raw"]),
+                          _times_cell(r["times"]["bridge"]), _x(_ratio(r["times"], "bridge", "raw")),
+                          "yes" if _convert_ok(r["times"]) else "**no**") for r in conv["rows_batch_of_one"]],
+                        "markdown")]
     return lines + _tree_and_bridged_markdown(fres) + _loss_step_markdown(fres) + _peers_markdown(fres["peers"])
 
 

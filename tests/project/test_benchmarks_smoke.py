@@ -159,6 +159,9 @@ def _check_functions(doc: str, fres: dict) -> None:
     n = len(registry.names())
     conv = fres["convert"]["rows"]
     assert len(conv) == n * (n - 1) and all(r["times"]["bridge"]["best"] > 0 < r["times"]["raw"]["best"] for r in conv)
+    ones = fres["convert"]["rows_batch_of_one"]  # the same pairs with a size-1 dimension, on the page too
+    assert [(r["source"], r["target"]) for r in ones] == [(r["source"], r["target"]) for r in conv]
+    assert "The same 1 KiB as a 1 x 512 tensor" in doc and "convert of a 1 x 512 tensor" in doc
     assert {(r["source"], r["target"]) for r in conv if "bridge, on_alias='allow'" in r["times"]} == {
         ("jax", "torch"), ("tensorflow", "torch")}, "the pairs that warn by default are timed with on_alias='allow' too"
     assert [(r["source"], r["target"]) for r in fres["tree"]] == [
