@@ -101,8 +101,8 @@ class NumpyAdapter(Adapter):
             layout = _layout(x.shape, x.strides, dt.itemsize)
             if layout is None:
                 return None
-        elif 1 in x.shape and min(x.strides) < 0:
-            return None  # a size-1 dimension's negative stride: describe's NEGATIVE, the full path
+        elif 1 in x.shape and _layout(x.shape, x.strides, dt.itemsize) != CONTIGUOUS:
+            return None  # a size-1 dimension's stride negative, or no whole number of elements: the full path
         else:
             layout = CONTIGUOUS
         if alignment or dt.alignment < dt.itemsize:  # complex: numpy's alignment is half an element

@@ -220,3 +220,21 @@ def test_a_size_1_dimension_s_stride_gets_what_the_full_path_gives(kind, to):
         np.testing.assert_array_equal(bits(y), bits(want))
         np.testing.assert_array_equal(bits(y), bits(np.ascontiguousarray(arrays[kind])))
         assert (ptr(y) == ptr(arrays[kind])) == (not full.copies), (kind, str(full))
+
+
+@pytest.mark.parametrize("to", ["numpy", "torch", "jax", "tensorflow"])
+def test_a_one_element_field_of_a_structured_array_gets_the_full_path_s_copy(to):
+    """numpy calls a one-element field C-contiguous whatever its stride; a stride of no whole number of
+    elements makes describe copy it, so a plan kept for a plain one-element array does not serve it."""
+    from bf16bridge.core import fastpath
+
+    plain = aligned_copy(np.arange(4, dtype=np.complex64))[:1]
+    records = aligned_copy(np.zeros(4 + 3 * 12, np.uint8))[4:].view([("pad", "V4"), ("v", np.complex64)])
+    field = records["v"][:1]  # at a whole number of elements from a 64-byte boundary, its stride not
+    assert field.flags.c_contiguous and field.flags.aligned and field.strides == (12,) and ptr(field) % 8 == 0
+    fastpath.clear()
+    for _ in range(2):
+        bb.convert(plain, to)  # its plan kept
+        p, y = bb.plan(field, to=to), bb.convert(field, to)
+        assert p.copies and ptr(y) != ptr(field), str(p)
+        np.testing.assert_array_equal(bits(y), bits(np.ascontiguousarray(field)))
