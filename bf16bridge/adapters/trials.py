@@ -1,9 +1,14 @@
-"""Trials an adapter runs on its framework's own casts: does a cast keep every value as ml_dtypes does?"""
+"""Trials an adapter runs on its framework's own casts: does a cast keep every value as ml_dtypes does?
+And ``Bounded``: a trial kept once found, which a caller that may hold what it waits for waits on boundedly."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Generic, NamedTuple, TypeVar
 
 from bf16bridge.core import dtypes, formats
 
@@ -129,3 +134,194 @@ def allocation_offsets(make: Callable[[int], Any], pointer: Callable[[Any], int]
     once, so each is a block of its own; ``pointer(x)``: its data address)."""
     kept = [make(n) for n in ALLOCATION_SIZES]
     return tuple(pointer(x) % 64 for x in kept)
+
+
+# -- trials a caller may not wait on to the end --------------------------------------------------------
+
+T = TypeVar("T")
+#: guards every Bounded trial's answers and runs
+_LOCK = threading.Lock()
+#: (trial, args) a hurried caller gave up on that still run: a hurried caller waits for no trial meanwhile
+#: (what holds one, a device a callback holds, holds the others)
+_STALLED: set = set()
+#: answers that landed after a conservative one was given in their place
+_REVISED = [0]
+#: per thread: how many conservative answers were given in it (``kept`` keeps nothing computed on one)
+_GIVEN = threading.local()
+#: the threads trials run in, each with its trial's wait: the process waits that long for each at exit
+_THREADS: dict[threading.Thread, float] = {}
+_AT_EXIT: list = []  # _join_at_exit, once registered
+
+
+def _join_at_exit() -> None:
+    """Wait a while for trials still running in threads of their own: ending the interpreter under one
+    stops it inside its framework's native code, which aborts the process."""
+    for thread, wait in list(_THREADS.items()):
+        thread.join(wait)
+
+
+def revision() -> int:
+    """How many trials' answers landed after a conservative answer was given in their place: 0 in a
+    process where none was. Caches of what an adapter declares from its trials key on it."""
+    return _REVISED[0]
+
+
+def given_here() -> int:
+    """How many conservative answers Bounded trials gave in this thread."""
+    return getattr(_GIVEN, "count", 0)
+
+
+class CacheInfo(NamedTuple):
+    """How many answers a trial keeps (as functools' cache_info says it)."""
+
+    currsize: int
+
+
+class _Run:
+    """One run of a trial: ``done`` set when it ends, ``error`` what it raised."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class Bounded(Generic[T]):
+    """A trial kept once found (as functools.cache keeps it), run where it is asked; a hurried caller
+    (``hurried()``: one that may hold what the trial waits for) runs it in a thread of its own instead
+    (``context(*args)``: the caller's settings it needs there) and waits at most ``wait`` seconds, or not
+    at all while another trial it gave up on still runs. A caller that stops waiting gets
+    ``conservative(*args)`` (an answer that costs a copy at most), which is not kept; the trial's own
+    answer is kept when it lands (``revision()`` counts those)."""
+
+    def __init__(self, trial: Callable[..., T], conservative: Callable[..., T], hurried: Callable[[], bool],
+                 wait: float, context: Callable[..., ContextManager] | None = None):
+        functools.update_wrapper(self, trial)
+        self.trial, self.conservative, self.hurried, self.wait, self.context = (
+            trial, conservative, hurried, wait, context)
+        self.answers: dict[tuple, T] = {}
+        self.runs: dict[tuple, _Run] = {}
+        self.given: set[tuple] = set()  # the arguments a conservative answer was given for
+
+    def __call__(self, *args) -> T:
+        try:
+            return self.answers[args]
+        except KeyError:
+            return self._ask(args, self.hurried())
+
+    def found(self, *args) -> T:
+        """The trial's own answer, waited for however long it takes."""
+        try:
+            return self.answers[args]
+        except KeyError:
+            return self._ask(args, False)
+
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo(len(self.answers))
+
+    def cache_clear(self) -> None:
+        with _LOCK:
+            self.answers.clear()
+
+    def _ask(self, args: tuple, hurried: bool) -> T:
+        while True:
+            with _LOCK:
+                if args in self.answers:
+                    return self.answers[args]
+                run = self.runs.get(args)
+                new = run is None
+                if run is None:
+                    run = self.runs[args] = _Run()
+                stalled = bool(_STALLED)
+            if new and not hurried:
+                self._run(args, run, away=False)
+            elif new:
+                self._start(args, run)
+            if not run.done.wait((0 if stalled else self.wait) if hurried else None):
+                return self._give(args)
+            if run.error is not None:
+                raise run.error
+
+    def _start(self, args: tuple, run: _Run) -> None:
+        thread = threading.Thread(target=self._run, args=(args, run, True), daemon=True,
+                                  name=f"bf16bridge trial {self.trial.__name__}")
+        with _LOCK:
+            if not _AT_EXIT:
+                _AT_EXIT.append(atexit.register(_join_at_exit))
+            _THREADS[thread] = self.wait
+        thread.start()
+
+    def _run(self, args: tuple, run: _Run, away: bool) -> None:
+        """Run the trial, keep its answer (or the error it raised, for whoever waits), end ``run``."""
+        error: BaseException | None = None
+        try:
+            with self.context(*args) if away and self.context is not None else contextlib.nullcontext():
+                answer = self.trial(*args)
+        except BaseException as err:  # noqa: BLE001 - raised again to every caller waiting on this run
+            error = err
+        with _LOCK:
+            if error is None:
+                self.answers[args] = answer
+                if args in self.given:
+                    _REVISED[0] += 1
+            self.given.discard(args)
+            _STALLED.discard((self, args))
+            del self.runs[args]
+            _THREADS.pop(threading.current_thread(), None)
+        run.error = error
+        run.done.set()
+
+    def _give(self, args: tuple) -> T:
+        """The conservative answer, for a caller that stopped waiting (the trial's, had it just landed)."""
+        with _LOCK:
+            if args in self.answers:
+                return self.answers[args]
+            if args in self.runs:
+                _STALLED.add((self, args))
+                self.given.add(args)
+        _GIVEN.count = given_here() + 1
+        return self.conservative(*args)
+
+
+def kept(fn: Callable[..., T]) -> Callable[..., T]:
+    """functools.cache for a function of Bounded trials' answers, which keeps nothing it computed on a
+    conservative answer."""
+    answers: dict[tuple, T] = {}
+
+    @functools.wraps(fn)
+    def ask(*args):
+        try:
+            return answers[args]
+        except KeyError:
+            pass
+        before = given_here()
+        answer = fn(*args)
+        if given_here() == before:
+            answers[args] = answer
+        return answer
+
+    ask.cache_info = lambda: CacheInfo(len(answers))  # type: ignore[attr-defined]
+    ask.cache_clear = answers.clear  # type: ignore[attr-defined]
+    return ask
+
+
+class kept_property:
+    """``functools.cached_property`` for what an adapter declares from Bounded trials: a value computed
+    on a conservative answer is not kept (asked again, it follows the trial's own answer once landed)."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self.fn, self.name = fn, fn.__name__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        before = given_here()
+        value = self.fn(obj)
+        if given_here() == before:
+            obj.__dict__[self.name] = value  # (read from the instance from now on, as cached_property's)
+        return value

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bf16bridge.adapters import dlpack
+from bf16bridge.adapters import dlpack, trials
 from bf16bridge.adapters.jax import internals, probe
 from bf16bridge.core import dtypes, formats, registry, versions
 from bf16bridge.core.adapter import (ALIGN, CONTIGUOUS, PERMUTED, Adapter, Handoff, Source, StalePlan,
@@ -142,8 +142,8 @@ class JaxAdapter(Adapter):
     label_copy = "jax.numpy.array(copy=True)"
 
     # what jax holds, speaks and allocates, tried on first need (probe), then kept on the instance
-    @functools.cached_property
-    def copies_aligned(self) -> bool:  # type: ignore[override]
+    @trials.kept_property
+    def copies_aligned(self) -> bool:
         return probe.allocates_aligned()
 
     @property
@@ -151,20 +151,20 @@ class JaxAdapter(Adapter):
         # a transpose kept as it is where this jax computes on it, by trying on the host (probe)
         return PERMUTED if probe.takes_permuted() else CONTIGUOUS
 
-    @functools.cached_property
-    def dlpack_export(self) -> frozenset:  # type: ignore[override]
+    @trials.kept_property
+    def dlpack_export(self) -> frozenset:
         return frozenset(dtypes.ALL) | probe.narrow_rows().dlpack_out
 
-    @functools.cached_property
-    def dlpack_import(self) -> frozenset:  # type: ignore[override]
+    @trials.kept_property
+    def dlpack_import(self) -> frozenset:
         return frozenset(dtypes.ALL) | probe.narrow_rows().dlpack_in
 
-    @functools.cached_property
-    def narrow_held(self) -> frozenset:  # type: ignore[override]
+    @trials.kept_property
+    def narrow_held(self) -> frozenset:
         return probe.narrow_rows().held
 
-    @functools.cached_property
-    def narrow_why(self) -> dict:  # type: ignore[override]
+    @trials.kept_property
+    def narrow_why(self) -> dict:
         return probe.narrow_rows().why
 
     def cannot_hold(self, dtype):
@@ -198,7 +198,9 @@ class JaxAdapter(Adapter):
         return out
 
     def state(self):
-        return jax.config.jax_enable_x64
+        # x64 narrows 64-bit dtypes; a trial's answer landing after a conservative one (asked inside a
+        # callback: probe) changes what this adapter declares
+        return jax.config.jax_enable_x64, trials.revision()
 
     def no_data(self, x):
         return DELETED if not isinstance(x, _Tracer) and x.is_deleted() else None

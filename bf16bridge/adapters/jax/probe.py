@@ -1,30 +1,69 @@
 """What this jax holds, speaks, casts and allocates, found by trying on first need (never at import),
 and the capability probe's hooks (devices, facts, fp8 compute). Each trial runs once, outside any
-jax trace (a first use may come under jit), and is kept, keyed on jax's x64 flag where it matters."""
+jax trace (a first use may come under jit), and is kept, keyed on jax's x64 flag where it matters.
+A trial asked inside a jax callback is waited for boundedly (``trials.Bounded``): its computation can
+wait for the device the callback holds."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import NamedTuple
+import sys
+from types import FrameType
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bf16bridge.adapters import dlpack
+from bf16bridge.adapters import dlpack, trials
 from bf16bridge.adapters.hooks import ProbeHooks
 from bf16bridge.adapters.jax import internals
-from bf16bridge.adapters.trials import allocation_offsets, cast_matches, float_row, rounds_as_ml_dtypes
+from bf16bridge.adapters.trials import (Bounded, allocation_offsets, cast_matches, float_row, kept,
+                                       rounds_as_ml_dtypes)
 from bf16bridge.core import dtypes, registry
 from bf16bridge.core.adapter import ALIGN
 from bf16bridge.core.memory import aligned_empty
 
 #: dtypes jax narrows unless its x64 flag is on
 WIDE = frozenset({"int64", "uint64", "float64", "complex128"})
+#: how long a trial asked inside a jax callback is waited for: far above a trial's own time on a loaded
+#: machine (compiles included); past it the trial is taken to wait for the device the callback holds
+CALLBACK_WAIT_S = 5.0
 
 
 def x64() -> bool:
     return bool(jax.config.jax_enable_x64)
+
+
+def inside_callback() -> bool:
+    """Whether this call comes from inside a jax callback (pure_callback, io_callback, jax.debug.callback):
+    a frame of jax's own callback machinery (its ``_wrapped_callback``, jax 0.4.30 to 0.10) on the stack."""
+    f: FrameType | None = sys._getframe(1)
+    while f is not None:
+        if "callback" in f.f_code.co_name and f.f_globals.get("__name__", "").startswith("jax."):
+            return True
+        f = f.f_back
+    return False
+
+
+def revision() -> int:
+    """Counts the trials whose answer landed after a conservative one was given in its place (0 where none
+    was): what jax declares from its trials, and the routes planned on that, key on it."""
+    return trials.revision()
+
+
+def _trial(conservative: Callable, context: Callable | None = None) -> Callable[[Callable], Bounded]:
+    """A trial kept once found; asked inside a jax callback, waited for at most CALLBACK_WAIT_S, and past
+    that answered ``conservative(*args)`` (not kept) while it runs on (``trials.Bounded``)."""
+    return lambda trial: Bounded(trial, conservative, inside_callback, CALLBACK_WAIT_S, context)
+
+
+def _x64_as(src: str, dst: str, wide: bool | None):
+    """The x64 setting a trial keyed on ``wide`` runs under in a thread of its own (jax's is per thread)."""
+    if wide is None:
+        return contextlib.nullcontext()
+    return jax.enable_x64(wide) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64(wide)
 
 
 class Rows(NamedTuple):
@@ -39,7 +78,15 @@ class Rows(NamedTuple):
     asarray_copies: frozenset  # numpy.asarray copies it from jax
 
 
-@functools.cache
+def _untried_rows() -> Rows:
+    """narrow_rows' answer while its trial cannot finish: no row held, each saying why."""
+    why = {name: (f"jax's trial of {name} did not finish inside a jax callback (its computation waits for the "
+                  f"device the callback holds): convert a {name} array into jax once outside a callback first")
+           for name in dtypes.LOW_PRECISION}
+    return Rows(frozenset(), why, frozenset(), frozenset(), frozenset(), frozenset(), frozenset())
+
+
+@_trial(_untried_rows)
 def narrow_rows() -> Rows:
     """The narrow rows, each tried once on a small aligned array on the host."""
     found: dict[str, set] = {k: set() for k in ("held", "out", "into", "views", "put", "asarray")}
@@ -127,7 +174,7 @@ def _lowers(names) -> set:
     return ok
 
 
-@functools.cache
+@kept
 def shared() -> frozenset:
     """The dtypes whose hand-offs with numpy are zero-copy as for any other (aligned, contiguous)."""
     rows = narrow_rows()
@@ -139,7 +186,7 @@ def casts(src: str, dst: str) -> bool:
     return _casts(src, dst, x64() if src in WIDE or dst in WIDE else None)
 
 
-@functools.lru_cache(maxsize=None)
+@_trial(lambda src, dst, wide: False, _x64_as)
 def _casts(src: str, dst: str, wide: bool | None) -> bool:
     with jax.ensure_compile_time_eval():
         return cast_matches(src, dst, lambda a: np.asarray(jax.device_put(a).astype(dtypes.numpy_dtype(dst))))
@@ -152,7 +199,7 @@ def rounds_as_ml_dtypes_here(src: str, dst: str) -> bool:
     return _rounds(src, dst, x64() if src in WIDE or dst in WIDE else None)
 
 
-@functools.lru_cache(maxsize=None)
+@_trial(lambda src, dst, wide: False, _x64_as)  # (False: cast by ml_dtypes in numpy, its bits)
 def _rounds(src: str, dst: str, wide: bool | None) -> bool:
     to = dtypes.numpy_dtype(dst)
     cpu = jax.local_devices(backend="cpu")[0]
@@ -166,14 +213,14 @@ def host_cast(src_dtype: np.dtype, dst: str) -> bool:
     return _host_cast(src_dtype, dst, x64())
 
 
-@functools.lru_cache(maxsize=None)
+@kept
 def _host_cast(src_dtype: np.dtype, dst: str, wide: bool) -> bool:
     src = dtypes.name_of_numpy(src_dtype)
     return (src is not None and src != dst and float_row(src) and float_row(dst)
             and not rounds_as_ml_dtypes_here(src, dst))
 
 
-@functools.cache
+@_trial(lambda: False)  # (False: the hot path reads each input's alignment)
 def refuses_unaligned() -> bool:
     """Whether ``jnp.from_dlpack(x, copy=False)`` refuses a buffer not ALIGN-aligned (a ValueError, as
     jax 0.10 does) and takes an aligned one without copying (jax 0.4.30 takes an unaligned one as it is)."""
@@ -192,7 +239,7 @@ def refuses_unaligned() -> bool:
     return False
 
 
-@functools.cache
+@_trial(lambda: False)  # (False: such inputs are copied row-major first)
 def takes_permuted() -> bool:
     """Whether jax's DLPack import takes a host buffer in another dimension order (a transpose, a
     permute) as it is, into an array it computes on with the right values: jax 0.10 does; jax 0.4.30
@@ -215,7 +262,7 @@ def takes_permuted() -> bool:
     return True
 
 
-@functools.cache
+@_trial(lambda: False)  # (False: a jax array's pointer is read where a route depends on it)
 def allocates_aligned() -> bool:
     """Whether every jax array starts on an ALIGN boundary: jax 0.10 copies an unaligned numpy buffer
     into one it allocates aligned; jax 0.4.30 on CPU takes it as it is and allocates its own 16-byte
@@ -350,7 +397,7 @@ def _x64_fact():
 
 
 def _import_fact():
-    refuses = refuses_unaligned()
+    refuses = refuses_unaligned.found()
     return refuses, (
         "jax.numpy.from_dlpack(copy=False) refuses a buffer not 64-byte aligned: zero-copy routes into jax "
         "run it, and convert's hot path reads no input's alignment for them" if refuses else
@@ -359,7 +406,7 @@ def _import_fact():
 
 
 def _permuted_fact():
-    takes = takes_permuted()
+    takes = takes_permuted.found()
     return takes, (
         "jax.numpy.from_dlpack takes a host buffer in another dimension order (a transpose) as it is, and "
         "computes on it: such a torch or numpy input crosses into jax zero-copy (strides with gaps are copied "
@@ -391,7 +438,7 @@ def _buffer_fact():
 
 
 def _aligned_fact():
-    aligned = allocates_aligned()
+    aligned = allocates_aligned.found()
     return aligned, (
         "jax allocates its buffers 64-byte aligned: a jax array is aligned, read without a pointer" if aligned else
         "jax allocates buffers not 64-byte aligned: a jax array's pointer is read where a route depends on it "
