@@ -175,6 +175,9 @@ class Adapter:
     bitview_free: ClassVar[bool | None] = True
     #: its own copies are ALIGN-aligned
     copies_aligned: ClassVar[bool] = True
+    #: ``fast_key`` reads an input's alignment cheaply; False (tensorflow: a DLPack capsule each): a plan
+    #: that copies for an unaligned input is not kept, as its key would read every later input's alignment
+    alignment_cheap: ClassVar[bool] = True
     #: its kernels (copy, astype) can read a buffer that is not ALIGN-aligned. False
     #: (tensorflow: they abort the process): the planner copies or widens such a tensor
     #: in another framework, through steps plan() shows

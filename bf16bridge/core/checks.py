@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, Callable
 
 from bf16bridge.core import dtypes, registry
-from bf16bridge.core.adapter import Source
+from bf16bridge.core.adapter import STRIDED, Source
 from bf16bridge.core.plan import size
 from bf16bridge.errors import CopyTooLargeError, ShapeTooLargeError, UnsupportedDtypeError
 
@@ -41,6 +42,33 @@ def check_copy_size(src: Source, source: str, target: str, steps: tuple) -> None
             "memory; a broadcast or expanded view is small only until copied: convert the un-broadcast "
             "tensor and broadcast it in the target framework"
         )
+
+
+def size_guard(src: Source, source: str, target: str, steps: tuple,
+               shape_dtype: Callable[[Any], tuple]) -> Callable[[Any], Any] | None:
+    """For a plan the fast path keeps: the size checks above, made of each later input of its key (its
+    shape read by the source adapter's ``shape_dtype``) before it runs, as the planner made them of ``src``; None where no input of
+    the key can fail them (no copy, and a dense layout: memory that exists, which every framework addresses)."""
+    copies = [s for s in steps if s.copies and s.kind not in ("to_host", "place")]
+    if not copies and src.layout < STRIDED:
+        return None
+    # the most elements an input may have and pass both checks (each check's own arithmetic, per element)
+    limits = [limit // dtypes.itemsize(s.dtype) for s in steps
+              if (limit := registry.get(s.framework).max_nbytes) is not None and dtypes.itemsize(s.dtype)]
+    if copies and MEMORY_LIMIT is not None:
+        limits.append(MEMORY_LIMIT // max(dtypes.itemsize(s.dtype) or 1 for s in copies))
+    if not limits:
+        return None
+    most = min(limits)
+
+    def sized(x):
+        shape = shape_dtype(x)[0]
+        if math.prod(shape) > most:  # the planner's own check says why, in its words
+            check_copy_size(src._replace(shape=shape), source, target, steps)
+            check_addressable(src._replace(shape=shape), source, target, steps)
+        return x
+
+    return sized
 
 
 def packing_fails(src: Source, steps: tuple) -> bool:

@@ -207,10 +207,11 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
     # (no refusal, no copy instead), and where device= names the same device every time; once it ran as planned
     first = None if src.value is x or registry.framework_of_type(type(x)) != source else (
         registry.get(source).kept_value(x, src))
-    # a plan that copies is kept only where each copy is decided by the dtype (packing: a fresh result every run)
-    copies_kept = not p.copies or (copy is not False and all(s.by_dtype for s in p.steps if s.copies))
-    keep = (copies_kept and (src.value is x or first is not None) and not (p.drops_grad and on_grad == "error")
-            and on_alias != "copy" and not (p.alias is not None and on_alias == "error")
+    # a plan that copies is kept too (each run copies afresh, sized as the planner sized it), but not a move
+    # to a device
+    keep = ((not p.copies or (copy is not False and p.to_device is None)) and (src.value is x or first is not None)
+            and not (p.drops_grad and on_grad == "error") and on_alias != "copy"
+            and not (p.alias is not None and on_alias == "error")
             and (device is None or registry.get(target).fixed_device(device)))
     if p.drops_grad and on_grad != "drop":
         if on_grad == "error":
@@ -228,10 +229,52 @@ def _convert(x, to, copy, fallback, for_compute, on_alias, on_grad, device):
         y, as_planned = _ran(p, src.value, copy)
     except UnalignedImport as err:
         return _unaligned(p, err, src, copy, fallback, for_compute, where)
-    if keep and as_planned:  # (a plan whose step copied unforeseen is not kept: each call says so)
-        fastpath.remember(x, (to, copy, fallback, for_compute, on_alias, on_grad, device), p,
-                          _runner(p, copy, first), _messages(p, on_alias, on_grad))
+    # (a plan whose step copied unforeseen is not kept: each call says so); a copying plan's key reads the
+    # alignment only where the plan depends on it, and only where the source reads it cheaply
+    if keep and as_planned:
+        aligned = p.copies and _alignment_matters(src, source, target, copy, fallback, for_compute, where)
+        if not aligned or registry.get(source).alignment_cheap:
+            _remember(x, (to, copy, fallback, for_compute, on_alias, on_grad, device), p, src, first,
+                      aligned if p.copies else None)
     return y
+
+
+def _remember(x, key: tuple, p: Plan, src: Source, first, aligned: bool | None) -> None:
+    """Keep ``p`` for the fast path (``fastpath.remember``), run after ``first`` (``kept_value``) and the
+    planner's size checks where a later input of the key could fail them."""
+    from bf16bridge.core.checks import size_guard  # (with the planner: not at import)
+
+    sized = size_guard(src, p.source, p.target, p.steps, registry.get(p.source).shape_dtype)
+    if sized is not None:
+        first = sized if first is None else fastpath.chained((sized, first))
+    copy, on_alias, on_grad = key[1], key[4], key[5]
+    fastpath.remember(x, key, p, _runner(p, copy, first), _messages(p, on_alias, on_grad), aligned)
+
+
+def _alignment_matters(src: Source, source, target, copy, fallback, for_compute, where) -> bool:
+    """Whether the plan for ``src`` would differ for an input of the other alignment (asked of a plan that
+    copies: a copy for the layout makes a buffer of its own, which later steps take whatever the input's
+    alignment was). Asked on each call of an input whose plan is not kept: the answer is kept per kind."""
+    args = (src._replace(value=None, shape=(), nbytes=0, owner=None), source, target, copy, fallback, for_compute,
+            where, registry.get(source).state(), registry.get(target).state())
+    try:
+        return _steps_differ_by_alignment(*args)
+    except TypeError:  # an unhashable device object: asked afresh
+        return _steps_differ_by_alignment.__wrapped__(*args)
+
+
+@functools.lru_cache(maxsize=256)
+def _steps_differ_by_alignment(src: Source, source, target, copy, fallback, for_compute, where, *state) -> bool:
+    # (the adapters' state in the arguments: jax's x64 flag changes a route)
+    def steps(aligned: bool) -> list:
+        p = _planner().plan_for(src._replace(aligned=aligned), source, target, copy=copy, fallback=fallback,
+                                for_compute=for_compute, device=where)
+        return [(s.kind, s.framework, s.label, s.dtype, s.copies) for s in p.steps]  # (not why: the reason's words)
+
+    try:
+        return steps(True) != steps(False)
+    except Bf16BridgeError:
+        return True
 
 
 def _unaligned(p: Plan, err: UnalignedImport, src: Source, copy, fallback, for_compute, where):
@@ -410,3 +453,6 @@ def to_tensorflow(x, *, copy: bool | None = None, fallback: Fallback = "error", 
     """``convert(x, "tensorflow", ...)``"""
     return convert(x, "tensorflow", copy=copy, fallback=fallback, for_compute=for_compute,
                    on_alias=on_alias, on_grad=on_grad, device=device)
+
+
+registry.on_change(_steps_differ_by_alignment.cache_clear)

@@ -6,9 +6,10 @@ layout, alignment where it matters, read-only, device, empty or not, whether it 
 a torch tensor that requires grad runs its plan after ``Adapter.kept_value``, a detach), the keywords (``device=``
 among them: a plan is kept for a device only where it needs no move) and the adapters' run-time
 state; a change of the registry empties the cache. An input the key cannot describe
-cheaply (``fast_key`` None) and any route that copies (its copy costs more than planning it) take
-the full path, except a copy decided by the dtype alone (packing: ``Step.by_dtype``), whose plan refuses
-an input its key cannot tell apart (a 0-d array to unpack) by sending it to the full path.
+cheaply (``fast_key`` None) takes the full path. A plan that copies is kept too: each run copies afresh,
+after the planner's size checks (``checks.size_guard``), and a copy decided by the dtype alone (packing:
+``Step.by_dtype``) refuses an input its key cannot tell apart (a 0-d array to unpack) by sending it to the
+full path; a move to a device is not kept.
 ``convert`` and ``convert_tree`` share the lookup: ``plans`` once per type, ``Plans.find`` per input.
 """
 
@@ -29,7 +30,7 @@ LIMIT = 4096
 
 
 class Plans:
-    """The cached zero-copy plans for one input type, target and set of keywords."""
+    """The cached plans for one input type, target and set of keywords."""
 
     __slots__ = ("src", "fast_key", "alignment", "plans", "state")
 
@@ -69,15 +70,17 @@ def plans(t: type, to, copy, fallback, for_compute, on_alias, on_grad, device) -
         return None
 
 
-def remember(x, key: tuple, p: Plan, run: Callable[[Any], Any], messages: tuple) -> None:
-    """Keep plan ``p`` (zero-copy, or copying by dtype alone), made for ``x`` under ``key`` (``plans``' arguments after the
-    type), to run as ``run`` on later inputs of the same kind, saying ``messages``."""
+def remember(x, key: tuple, p: Plan, run: Callable[[Any], Any], messages: tuple, read: bool | None = None) -> None:
+    """Keep plan ``p``, made for ``x`` under ``key`` (``plans``' arguments after the type), to run as ``run``
+    on later inputs of the same kind, saying ``messages``. ``read``: whether the plan depends on the input's
+    alignment, where the caller knows (else ``alignment_read``'s answer)."""
     if len(CACHE) >= LIMIT:
         return
     src, hub, dst = registry.get(p.source), registry.get(registry.HUB), registry.get(p.target)
     full = (type(x), *key)
     fast = CACHE.get(full)
-    read = alignment_read(p, dst)
+    if read is None:
+        read = alignment_read(p, dst)
     # the plans of one key share its use of alignment: a plan that needs it read, where the key did
     # not, starts a new set that reads it (replaced, not changed: a concurrent call keeps the old)
     if fast is None or (read and not fast.alignment):

@@ -61,3 +61,18 @@ def test_a_dtype_of_no_bytes_is_our_error(to, shape):
             bb.convert(_float0(shape), to)
     with pytest.raises(bb.UnsupportedDtypeError):
         bb.plan(_float0(shape), to)
+
+
+@pytest.mark.frameworks("torch")
+@pytest.mark.parametrize("to", ["numpy", "jax", "tensorflow"])
+def test_after_a_small_view_of_its_kind_the_huge_one_is_still_our_error(huge_view, to):
+    """A plan kept for a small expanded view (zero-copy into numpy, a copy into jax and tensorflow)
+    runs the planner's size checks on the next view of its kind before anything else."""
+    import torch
+
+    small = torch.zeros(1, dtype=torch.bfloat16).expand(4, 4)
+    for _ in range(2):
+        bb.convert(small, to)
+    error = ShapeTooLargeError if to == "numpy" else bb.CopyTooLargeError
+    with pytest.raises(error, match="un-broadcast"):
+        bb.convert(huge_view, to)

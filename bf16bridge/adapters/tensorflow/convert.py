@@ -117,6 +117,7 @@ class TensorflowAdapter(Adapter):
     dlpack_accepts = CONTIGUOUS  # anything else: "Invalid strides array from DLPack"
     # it imports any buffer, but the first op on one not 64-byte aligned aborts the process: never hand it one
     dlpack_unaligned = "refuse"
+    alignment_cheap = False  # (its pointer costs a DLPack capsule)
     label_bitview = "tf.bitcast({dtype})"
     label_import = "tf.experimental.dlpack.from_dlpack"
     label_copy = "copy into a new aligned tensor"
