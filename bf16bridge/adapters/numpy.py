@@ -224,7 +224,7 @@ ADAPTER = NumpyAdapter()
 
 
 def _layout(shape, strides, itemsize: int) -> int | None:
-    """describe's layout of an array numpy does not call C-contiguous; None where a stride is no whole
+    """describe's layout class of an array, from its strides in bytes; None where a stride is no whole
     number of elements (a structured array's field: describe copies it)."""
     elements = []
     for st in strides:

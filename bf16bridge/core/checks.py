@@ -46,9 +46,10 @@ def check_copy_size(src: Source, source: str, target: str, steps: tuple) -> None
 
 def size_guard(src: Source, source: str, target: str, steps: tuple,
                shape_dtype: Callable[[Any], tuple]) -> Callable[[Any], Any] | None:
-    """For a plan the fast path keeps: the size checks above, made of each later input of its key (its
-    shape read by the source adapter's ``shape_dtype``) before it runs, as the planner made them of ``src``; None where no input of
-    the key can fail them (no copy, and a dense layout: memory that exists, which every framework addresses)."""
+    """For a plan the fast path keeps: the size checks above, made of each later input of its key before
+    it runs (its shape read by the source adapter's ``shape_dtype``), as the planner made them of ``src``;
+    None where no input of the key can fail them (no copy, and a dense layout: memory that exists, which
+    every framework addresses)."""
     copies = [s for s in steps if s.copies and s.kind not in ("to_host", "place")]
     if not copies and src.layout < STRIDED:
         return None
