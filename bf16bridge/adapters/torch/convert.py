@@ -69,8 +69,8 @@ def _resolved(x):
             f"(a lazy view) that torch itself cannot materialise ({err}); convert the tensor the view was "
             "made from, and negate or conjugate in the target framework") from err
     shape = tuple(out.shape)
-    if 1 in shape and out.stride() != row_major(shape):  # (DLPack would hand a size-1 dim's stride over)
-        out = out.as_strided(shape, row_major(shape))
+    if _odd_size_1_stride(out, shape):  # (DLPack would hand a size-1 dim's stride over)
+        out = _row_major_view(out)
     return out
 
 
@@ -82,6 +82,11 @@ def _to_capsule(x):
     # Tensor.__dlpack__ checks what describe has already made true (no grad, no conj bit,
     # strided) and synchronises streams, which host memory has none of; a subclass keeps its own
     return to_dlpack(x) if type(x) is torch.Tensor else x.__dlpack__()
+
+
+def _odd_size_1_stride(x, shape) -> bool:
+    """Whether a size-1 dimension of ``x`` (of ``shape``, contiguous) has a stride row-major would not give."""
+    return 1 in shape and x.stride() != row_major(shape)
 
 
 def _row_major_view(x):
@@ -197,7 +202,7 @@ class TorchAdapter(Adapter):
         shape = tuple(x.shape)
         if x.is_contiguous():
             layout = CONTIGUOUS
-            if 1 in shape and x.stride() != row_major(shape):
+            if _odd_size_1_stride(x, shape):
                 # torch hands a size-1 dimension's arbitrary stride over DLPack, and numpy.asarray of
                 # jax's import then copies: send row-major strides
                 x = _row_major_view(x)
@@ -244,11 +249,11 @@ class TorchAdapter(Adapter):
         # row-major view (kept_value), their plans kept apart
         return (x.dtype, x.is_cpu or x.device, CONTIGUOUS if contiguous else layout_of(shape, x.stride()), not n,
                 x.is_conj() or x.is_neg(), alignment and at % ALIGN == 0, x.requires_grad,
-                contiguous and 1 in shape and x.stride() != row_major(shape))
+                contiguous and _odd_size_1_stride(x, shape))
 
     def kept_value(self, x, source):
         detach = source.requires_grad and x.requires_grad  # (a tangent: keyed only outside a dual level)
-        restride = source.layout == CONTIGUOUS and 1 in source.shape and x.stride() != row_major(source.shape)
+        restride = source.layout == CONTIGUOUS and _odd_size_1_stride(x, source.shape)
         return _KEPT_VALUES[detach, restride]
 
     def data_ptr(self, x) -> int:
